@@ -1,0 +1,64 @@
+// GPU discovery (NVML through dlopen, so nothing links the driver) and the choice of the GPU pool
+// this node's workers use: inherited CUDA_VISIBLE_DEVICES, --gpus, --exclude-gpus, imbalance checks.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace launch {
+
+struct GpuInfo {
+  int index = 0;  // NVML index (PCI bus order, as nvidia-smi shows)
+  std::string uuid;
+  std::string name;
+  uint64_t memory_bytes = 0;
+  int sm_count = -1;  // -1 when NVML cannot tell
+};
+
+class DeviceInventory {
+ public:
+  virtual ~DeviceInventory() = default;
+  // The GPUs of this machine; empty with a reason in `why_none` when there are none.
+  virtual std::vector<GpuInfo> ListGpus(std::string* why_none) = 0;
+};
+
+// Reads the GPUs through libnvidia-ml.so.1, loaded at run time.
+class NvmlInventory : public DeviceInventory {
+ public:
+  std::vector<GpuInfo> ListGpus(std::string* why_none) override;
+};
+
+class FakeInventory : public DeviceInventory {
+ public:
+  explicit FakeInventory(std::vector<GpuInfo> gpus) : gpus_(std::move(gpus)) {}
+  std::vector<GpuInfo> ListGpus(std::string* why_none) override {
+    if (gpus_.empty() && why_none) *why_none = "no GPU in the fake inventory";
+    return gpus_;
+  }
+
+ private:
+  std::vector<GpuInfo> gpus_;
+};
+
+struct GpuPool {
+  std::vector<std::string> tokens;  // CUDA_VISIBLE_DEVICES entries for the workers
+  std::vector<GpuInfo> gpus;        // the same GPUs, described
+  bool from_nvml_indices = false;   // tokens are NVML indices we chose (no inherited variable)
+  std::vector<std::string> warnings;
+};
+
+struct GpuSelection {
+  std::optional<std::string> inherited_cuda_visible_devices;
+  std::vector<std::string> gpus;     // --gpus: indices or UUIDs (empty: all)
+  std::vector<std::string> exclude;  // --exclude-gpus
+};
+
+// The pool: the inherited CUDA_VISIBLE_DEVICES if set, else every GPU, narrowed by --gpus and
+// minus --exclude-gpus. Names that match no GPU are errors naming the value.
+absl::StatusOr<GpuPool> SelectGpuPool(const std::vector<GpuInfo>& all, const GpuSelection& sel);
+
+}  // namespace launch

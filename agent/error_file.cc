@@ -1,0 +1,67 @@
+#include "agent/error_file.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace launch {
+namespace {
+
+using google::protobuf::Struct;
+using google::protobuf::Value;
+
+std::string ValueText(const Value& v) {
+  switch (v.kind_case()) {
+    case Value::kStringValue: return v.string_value();
+    case Value::kNumberValue: {
+      std::ostringstream s;
+      s.precision(15);
+      s << v.number_value();
+      return s.str();
+    }
+    default: return "";
+  }
+}
+
+const Value* Field(const Struct& s, const char* name) {
+  auto it = s.fields().find(name);
+  return it == s.fields().end() ? nullptr : &it->second;
+}
+
+}  // namespace
+
+absl::StatusOr<ErrorFileInfo> ParseErrorJson(const std::string& json) {
+  Struct root;
+  auto st = google::protobuf::util::JsonStringToMessage(json, &root);
+  if (!st.ok()) return absl::InvalidArgumentError(absl::StrCat("not JSON: ", st.message().as_string()));
+  const Value* msg = Field(root, "message");
+  if (!msg) return absl::InvalidArgumentError("no \"message\" field");
+  ErrorFileInfo info;
+  if (msg->kind_case() == Value::kStringValue) {
+    info.message = msg->string_value();
+  } else if (msg->kind_case() == Value::kStructValue) {
+    const Struct& m = msg->struct_value();
+    if (const Value* text = Field(m, "message")) info.message = ValueText(*text);
+    if (const Value* extra = Field(m, "extraInfo"); extra && extra->has_struct_value()) {
+      const Struct& e = extra->struct_value();
+      if (const Value* ts = Field(e, "timestamp")) info.timestamp = ValueText(*ts);
+      if (const Value* cs = Field(e, "py_callstack")) info.stack = ValueText(*cs);
+    }
+  } else {
+    return absl::InvalidArgumentError("\"message\" is neither text nor an object");
+  }
+  return info;
+}
+
+absl::StatusOr<ErrorFileInfo> ReadErrorFile(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return absl::NotFoundError(absl::StrCat(path, " does not exist"));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ParseErrorJson(ss.str());
+}
+
+}  // namespace launch

@@ -1,0 +1,21 @@
+// Reads torchelastic error files (TORCHELASTIC_ERROR_FILE), as written by Python's @record and by
+// worker_sdk, so the failure summary shows a worker's real error.
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace launch {
+
+struct ErrorFileInfo {
+  std::string message;    // e.g. "RuntimeError: boom"
+  std::string timestamp;  // seconds since the epoch, as written
+  std::string stack;      // py_callstack or the SDK's stack
+};
+
+// NotFound when the file does not exist; InvalidArgument when it is not torchelastic's JSON.
+absl::StatusOr<ErrorFileInfo> ReadErrorFile(const std::string& path);
+absl::StatusOr<ErrorFileInfo> ParseErrorJson(const std::string& json);
+
+}  // namespace launch

@@ -1,0 +1,206 @@
+#include "agent/process.h"
+
+#include <fcntl.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/status_macros.h"
+
+namespace launch {
+
+namespace {
+
+std::vector<char*> CStrings(const std::vector<std::string>& v) {
+  std::vector<char*> out;
+  out.reserve(v.size() + 1);
+  for (const auto& s : v) out.push_back(const_cast<char*>(s.c_str()));
+  out.push_back(nullptr);
+  return out;
+}
+
+absl::Status CheckExecutable(const std::string& path, const std::string& program) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    return absl::NotFoundError(absl::StrCat("program '", program, "' does not exist"));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return absl::PermissionDeniedError(absl::StrCat("program '", program, "' is not a regular file"));
+  }
+  if (::access(path.c_str(), X_OK) != 0) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("program '", program, "' is not executable (chmod +x, or run a .py script)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ResolveExecutable(const std::string& program,
+                                              const std::string& path_env) {
+  if (program.empty()) return absl::InvalidArgumentError("empty program name");
+  if (program.find('/') != std::string::npos) {
+    RETURN_IF_ERROR(CheckExecutable(program, program));
+    return program;
+  }
+  for (absl::string_view dir : absl::StrSplit(path_env, ':', absl::SkipEmpty())) {
+    std::string candidate = absl::StrCat(dir, "/", program);
+    if (CheckExecutable(candidate, program).ok()) return candidate;
+  }
+  return absl::NotFoundError(absl::StrCat("program '", program, "' was not found on PATH"));
+}
+
+absl::StatusOr<pid_t> PosixProcessLauncher::Spawn(const SpawnOptions& opts) {
+  if (opts.argv.empty()) return absl::InvalidArgumentError("empty argv");
+  // Everything the child touches is prepared before fork: after it, only async-signal-safe calls.
+  std::vector<char*> argv = CStrings(opts.argv);
+  std::vector<char*> envp = CStrings(opts.env);
+  const char* cwd = opts.cwd.empty() ? nullptr : opts.cwd.c_str();
+  Pipe exec_status;  // CLOEXEC: closes on a successful exec, carries errno on a failed one
+  if (!MakePipe(&exec_status)) return ErrnoStatus("pipe");
+  const pid_t parent = ::getpid();
+  sigset_t all;
+  sigfillset(&all);
+
+  pid_t pid = ::fork();
+  if (pid < 0) return ErrnoStatus("fork");
+  if (pid == 0) {
+    if (opts.new_process_group) ::setpgid(0, 0);
+    if (opts.parent_death_signal != 0) {
+      ::prctl(PR_SET_PDEATHSIG, opts.parent_death_signal);
+      if (::getppid() != parent) ::_exit(127);  // the parent died before prctl took effect
+    }
+    // The launcher blocks signals for its signalfd; workers start with the defaults.
+    for (int s = 1; s < NSIG; ++s) ::signal(s, SIG_DFL);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    if (opts.stdout_fd >= 0) ::dup2(opts.stdout_fd, STDOUT_FILENO);
+    if (opts.stderr_fd >= 0) ::dup2(opts.stderr_fd, STDERR_FILENO);
+    int err = 0;
+    if (cwd && ::chdir(cwd) != 0) {
+      err = errno;
+    } else {
+      ::execve(argv[0], argv.data(), envp.data());
+      err = errno;
+    }
+    ssize_t ignored = ::write(exec_status.write.get(), &err, sizeof err);
+    (void)ignored;
+    ::_exit(127);
+  }
+  if (opts.new_process_group) ::setpgid(pid, pid);  // also from the parent: no race on signalling
+  exec_status.write.Reset();
+  int child_errno = 0;
+  ssize_t n;
+  do {
+    n = ::read(exec_status.read.get(), &child_errno, sizeof child_errno);
+  } while (n < 0 && errno == EINTR);
+  if (n == sizeof child_errno) {
+    int status;
+    ::waitpid(pid, &status, 0);
+    return ErrnoStatus(absl::StrCat("cannot start '", opts.argv[0], "'"), child_errno);
+  }
+  return pid;
+}
+
+std::string SignalName(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  if (abbrev) return absl::StrCat("SIG", abbrev);
+  return absl::StrCat("signal ", sig);
+}
+
+bool ProcessGroupAlive(pid_t pgid) { return ::kill(-pgid, 0) == 0 || errno == EPERM; }
+
+// ---- OrphanGuard ----
+
+namespace {
+
+// The helper's whole life: async-signal-safe calls on a fixed table, no allocation.
+[[noreturn]] void GuardMain(int read_fd) {
+  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE}) ::signal(s, SIG_IGN);
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  constexpr int kMax = 8192;
+  static pid_t groups[kMax];
+  int count = 0;
+  char buf[512];
+  char line[32];
+  int line_len = 0;
+  for (;;) {
+    ssize_t n = ::read(read_fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    for (ssize_t i = 0; i < n; ++i) {
+      if (buf[i] != '\n') {
+        if (line_len < static_cast<int>(sizeof line) - 1) line[line_len++] = buf[i];
+        continue;
+      }
+      pid_t pg = 0;
+      for (int j = 1; j < line_len; ++j) pg = pg * 10 + (line[j] - '0');
+      if (line_len > 1 && line[0] == '+' && count < kMax) {
+        groups[count++] = pg;
+      } else if (line_len > 1 && line[0] == '-') {
+        for (int j = 0; j < count; ++j) {
+          if (groups[j] == pg) {
+            groups[j] = groups[--count];
+            break;
+          }
+        }
+      }
+      line_len = 0;
+    }
+  }
+  for (int j = 0; j < count; ++j) ::kill(-groups[j], SIGKILL);
+  ::_exit(0);
+}
+
+}  // namespace
+
+absl::Status OrphanGuard::Start() {
+  Pipe p;
+  if (!MakePipe(&p)) return ErrnoStatus("pipe");
+  pid_t pid = ::fork();
+  if (pid < 0) return ErrnoStatus("fork");
+  if (pid == 0) {
+    // Only the read end stays open: EOF then means every copy of the write end is gone.
+    p.write.Reset();
+    for (int fd = 3; fd < 1024; ++fd)
+      if (fd != p.read.get()) ::close(fd);
+    ::setpgid(0, 0);  // out of the terminal's foreground group: Ctrl-C is launch's to handle
+    GuardMain(p.read.get());
+  }
+  pid_ = pid;
+  write_ = std::move(p.write);
+  return absl::OkStatus();
+}
+
+void OrphanGuard::Send(char op, pid_t pgid) {
+  if (!write_.valid()) return;
+  std::string msg = absl::StrCat(std::string(1, op), pgid, "\n");
+  ssize_t ignored = ::write(write_.get(), msg.data(), msg.size());
+  (void)ignored;
+}
+
+void OrphanGuard::Add(pid_t pgid) { Send('+', pgid); }
+void OrphanGuard::Remove(pid_t pgid) { Send('-', pgid); }
+
+void OrphanGuard::Stop() {
+  write_.Reset();
+  if (pid_ > 0) {
+    int status;
+    while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+    }
+    pid_ = -1;
+  }
+}
+
+OrphanGuard::~OrphanGuard() { Stop(); }
+
+}  // namespace launch

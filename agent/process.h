@@ -1,0 +1,73 @@
+// Starting and signalling worker processes: fork/exec with argv vectors only (never a shell),
+// each worker leading its own process group with a parent-death signal.
+#pragma once
+
+#include <sys/types.h>
+
+#include <csignal>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/unique_fd.h"
+
+namespace launch {
+
+struct SpawnOptions {
+  std::vector<std::string> argv;  // argv[0] must be a path (see ResolveExecutable)
+  std::vector<std::string> env;   // KEY=VALUE
+  std::string cwd;                // empty: inherit
+  int stdout_fd = -1;             // child's stdout; -1: inherit
+  int stderr_fd = -1;
+  bool new_process_group = true;
+  int parent_death_signal = SIGKILL;  // 0: none
+};
+
+class ProcessLauncher {
+ public:
+  virtual ~ProcessLauncher() = default;
+  // Returns the pid once the child has exec'd; an exec failure is an error, not a child.
+  virtual absl::StatusOr<pid_t> Spawn(const SpawnOptions& opts) = 0;
+};
+
+class PosixProcessLauncher : public ProcessLauncher {
+ public:
+  absl::StatusOr<pid_t> Spawn(const SpawnOptions& opts) override;
+};
+
+// The path execve needs for `program`: as given when it contains '/', else searched on `path_env`.
+// NotFound / PermissionDenied errors name the program.
+absl::StatusOr<std::string> ResolveExecutable(const std::string& program,
+                                              const std::string& path_env);
+
+// "SIGTERM" for 15, "signal 99" for unknown numbers.
+std::string SignalName(int sig);
+
+// Whether any process is left in process group `pgid`.
+bool ProcessGroupAlive(pid_t pgid);
+
+// Kills every registered worker process group if launch dies, however it dies (kill -9 included):
+// a small helper process forked before any thread exists holds the read end of a pipe and, on
+// EOF, sends SIGKILL to the groups still registered. Workers also get PR_SET_PDEATHSIG; this
+// covers their children, which stay in the worker's group.
+class OrphanGuard {
+ public:
+  OrphanGuard() = default;
+  ~OrphanGuard();
+  OrphanGuard(const OrphanGuard&) = delete;
+  OrphanGuard& operator=(const OrphanGuard&) = delete;
+
+  absl::Status Start();  // call before any thread is created
+  void Add(pid_t pgid);
+  void Remove(pid_t pgid);
+  // Closes the pipe and reaps the helper (with nothing registered it just exits).
+  void Stop();
+  pid_t pid() const { return pid_; }
+
+ private:
+  void Send(char op, pid_t pgid);
+  UniqueFd write_;
+  pid_t pid_ = -1;
+};
+
+}  // namespace launch

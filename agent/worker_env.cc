@@ -1,0 +1,206 @@
+#include "agent/worker_env.h"
+
+#include <cmath>
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+extern char** environ;
+
+namespace launch {
+
+Env CurrentEnv() {
+  Env env;
+  for (char** e = environ; e && *e; ++e) {
+    std::string kv(*e);
+    auto eq = kv.find('=');
+    if (eq == std::string::npos) continue;
+    env.emplace(kv.substr(0, eq), kv.substr(eq + 1));
+  }
+  return env;
+}
+
+std::vector<std::string> EnvToStrings(const Env& env) {
+  std::vector<std::string> out;
+  out.reserve(env.size());
+  for (const auto& [k, v] : env) out.push_back(absl::StrCat(k, "=", v));
+  return out;
+}
+
+absl::StatusOr<ScaledTraining> ScaleTraining(const TrainScaling& t, int world_size) {
+  if (world_size < 1) return absl::InvalidArgumentError("world size must be at least 1");
+  if (t.grad_accum_steps < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.grad_accum_steps=", t.grad_accum_steps, ": expected >= 1"));
+  }
+  ScaledTraining out;
+  int per_step = world_size * t.grad_accum_steps;
+  if (t.per_worker_batch) {
+    out.per_worker_batch = *t.per_worker_batch;
+    out.global_batch = *t.per_worker_batch * per_step;
+  } else if (t.global_batch) {
+    if (*t.global_batch % per_step != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "train.global_batch=", *t.global_batch, " is not divisible by world size ", world_size,
+          " x grad_accum_steps ", t.grad_accum_steps, "; expected a multiple of ", per_step));
+    }
+    out.global_batch = *t.global_batch;
+    out.per_worker_batch = *t.global_batch / per_step;
+  } else {
+    return absl::InvalidArgumentError(
+        "train.base_lr needs train.per_worker_batch or train.global_batch");
+  }
+  int base_batch = t.base_batch ? *t.base_batch
+                   : t.per_worker_batch ? *t.per_worker_batch
+                                        : *t.global_batch;
+  double ratio = static_cast<double>(out.global_batch) / base_batch;
+  switch (t.mode) {
+    case LrScaling::kLinear: out.lr_scale = ratio; break;
+    case LrScaling::kSqrt: out.lr_scale = std::sqrt(ratio); break;
+    case LrScaling::kNone: out.lr_scale = 1; break;
+  }
+  out.lr = t.base_lr * out.lr_scale;
+  return out;
+}
+
+namespace {
+
+std::string FormatDouble(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.10g", v);
+  return buf;
+}
+
+// Sets key unless the user already exported it; returns whether it was set.
+bool SetUnlessUserSet(const Env& parent, Env& env, const std::string& key, const std::string& v) {
+  if (parent.count(key)) return false;
+  env[key] = v;
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<WorkerEnvPlan> BuildWorkerEnvs(const Env& parent, const WorkerGroupSpec& spec,
+                                              const RoundInfo& round,
+                                              const std::vector<std::string>& error_files) {
+  const int n = spec.local_world_size;
+  if (n < 1) return absl::InvalidArgumentError("local world size must be at least 1");
+  if (static_cast<int>(error_files.size()) != n) {
+    return absl::InvalidArgumentError("one error file per local rank expected");
+  }
+  WorkerEnvPlan plan;
+
+  // GPUs: shared (every worker sees the pool, picks LOCAL_RANK) or isolate (own slice).
+  const int pool = static_cast<int>(spec.gpu_pool.size());
+  int per_worker_gpus = 0;
+  if (pool > 0 && spec.gpu_binding == GpuBinding::kIsolate) {
+    if (pool < n) {
+      return absl::InvalidArgumentError(absl::StrCat("--gpu-binding=isolate needs at least one GPU per worker: ",
+                                                     n, " workers, ", pool, " GPUs"));
+    }
+    per_worker_gpus = pool / n;
+    if (pool % n != 0) {
+      plan.notes.push_back(absl::StrCat("gpu-binding isolate: ", per_worker_gpus, " GPU(s) per worker; ",
+                                        pool % n, " GPU(s) of the pool left unused"));
+    }
+  }
+
+  // Threads: the CPUs this process may use, divided among the local workers.
+  int threads = spec.threads_per_worker ? *spec.threads_per_worker
+                                        : std::max(1, spec.usable_cpus / n);
+  std::vector<std::string> thread_vars_set, thread_vars_user;
+
+  // PYTORCH_CUDA_ALLOC_CONF: the user's, else --cuda-alloc-conf, else a default when GPUs are used.
+  std::optional<std::string> alloc_conf = spec.cuda_alloc_conf;
+  if (!alloc_conf && pool > 0) alloc_conf = "max_split_size_mb:128";
+
+  std::optional<ScaledTraining> scaled;
+  if (spec.train) {
+    auto s = ScaleTraining(*spec.train, round.world_size);
+    if (!s.ok()) return s.status();
+    scaled = *s;
+  }
+
+  for (int local = 0; local < n; ++local) {
+    Env env = parent;
+    const int rank = round.rank_offset + local;
+    env["RANK"] = std::to_string(rank);
+    env["LOCAL_RANK"] = std::to_string(local);
+    env["GROUP_RANK"] = std::to_string(round.group_rank);
+    env["ROLE_RANK"] = std::to_string(rank);
+    env["ROLE_NAME"] = spec.role;
+    env["LOCAL_WORLD_SIZE"] = std::to_string(n);
+    env["WORLD_SIZE"] = std::to_string(round.world_size);
+    env["GROUP_WORLD_SIZE"] = std::to_string(round.group_world_size);
+    env["ROLE_WORLD_SIZE"] = std::to_string(round.world_size);
+    env["MASTER_ADDR"] = round.master_addr;
+    env["MASTER_PORT"] = std::to_string(round.master_port);
+    env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(round.restart_count);
+    env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(spec.max_restarts);
+    env["TORCHELASTIC_RUN_ID"] = spec.run_id;
+    env["TORCHELASTIC_USE_AGENT_STORE"] = "False";  // rank 0 hosts the TCPStore, as with torchrun
+    env["TORCHELASTIC_ERROR_FILE"] = error_files[local];
+    SetUnlessUserSet(parent, env, "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
+    env["LAUNCH_ROUND"] = std::to_string(round.round);
+
+    for (const char* var : {"OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) {
+      bool set = SetUnlessUserSet(parent, env, var, std::to_string(threads));
+      if (local == 0) (set ? thread_vars_set : thread_vars_user).push_back(var);
+    }
+
+    if (pool > 0) {
+      env["LAUNCH_GPU_BINDING"] = spec.gpu_binding == GpuBinding::kShared ? "shared" : "isolate";
+      if (spec.gpu_binding == GpuBinding::kShared) {
+        env["CUDA_VISIBLE_DEVICES"] = absl::StrJoin(spec.gpu_pool, ",");
+      } else {
+        std::vector<std::string> mine(spec.gpu_pool.begin() + local * per_worker_gpus,
+                                      spec.gpu_pool.begin() + (local + 1) * per_worker_gpus);
+        env["CUDA_VISIBLE_DEVICES"] = absl::StrJoin(mine, ",");
+      }
+      if (spec.gpu_pool_is_nvml_indices) SetUnlessUserSet(parent, env, "CUDA_DEVICE_ORDER", "PCI_BUS_ID");
+    }
+    if (alloc_conf) SetUnlessUserSet(parent, env, "PYTORCH_CUDA_ALLOC_CONF", *alloc_conf);
+
+    if (scaled) {
+      env["LAUNCH_LR"] = FormatDouble(scaled->lr);
+      env["LAUNCH_LR_SCALE"] = FormatDouble(scaled->lr_scale);
+      env["LAUNCH_PER_WORKER_BATCH"] = std::to_string(scaled->per_worker_batch);
+      env["LAUNCH_GLOBAL_BATCH"] = std::to_string(scaled->global_batch);
+    }
+    plan.envs.push_back(std::move(env));
+  }
+
+  std::string note = absl::StrCat("threads: ");
+  if (!thread_vars_set.empty()) {
+    absl::StrAppend(&note, absl::StrJoin(thread_vars_set, ", "), " = ", threads,
+                    spec.threads_per_worker
+                        ? " (--threads-per-worker)"
+                        : absl::StrCat(" (", spec.usable_cpus, " usable CPUs / ", n, " local workers)"));
+  }
+  if (!thread_vars_user.empty()) {
+    std::vector<std::string> kept;
+    for (const auto& v : thread_vars_user) kept.push_back(absl::StrCat(v, "=", parent.at(v)));
+    absl::StrAppend(&note, thread_vars_set.empty() ? "" : "; ", "kept the user's ",
+                    absl::StrJoin(kept, ", "));
+  }
+  plan.notes.push_back(note);
+  if (scaled) {
+    plan.notes.push_back(absl::StrCat("training: world size ", round.world_size, ", lr ",
+                                      FormatDouble(scaled->lr), " (x", FormatDouble(scaled->lr_scale),
+                                      "), per-worker batch ", scaled->per_worker_batch,
+                                      ", global batch ", scaled->global_batch));
+  }
+  return plan;
+}
+
+Env EnvDiff(const Env& parent, const Env& env) {
+  Env out;
+  for (const auto& [k, v] : env) {
+    auto it = parent.find(k);
+    if (it == parent.end() || it->second != v) out[k] = v;
+  }
+  return out;
+}
+
+}  // namespace launch

@@ -1,0 +1,88 @@
+// The worker environment contract: torchrun's variables plus launch's LAUNCH_ additions.
+// One pure function builds every local worker's environment for one round; it is unit-tested as a table.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace launch {
+
+using Env = std::map<std::string, std::string>;
+
+// The process environment (environ) as a map.
+Env CurrentEnv();
+// "KEY=VALUE" strings, for execve.
+std::vector<std::string> EnvToStrings(const Env& env);
+
+enum class LrScaling { kLinear, kSqrt, kNone };
+enum class GpuBinding { kShared, kIsolate };
+
+// The config's `train:` section: inputs to learning-rate and batch scaling.
+struct TrainScaling {
+  double base_lr = 0;
+  std::optional<int> per_worker_batch;
+  std::optional<int> global_batch;
+  std::optional<int> base_batch;  // the global batch base_lr was tuned for
+  int grad_accum_steps = 1;
+  LrScaling mode = LrScaling::kLinear;
+};
+
+struct ScaledTraining {
+  double lr = 0;
+  double lr_scale = 1;
+  int per_worker_batch = 0;
+  int global_batch = 0;
+};
+
+// lr = base_lr * f(global_batch / base_batch), f = identity, sqrt or 1. base_batch defaults to
+// per_worker_batch when that is given (scale = world size for linear), else to global_batch.
+absl::StatusOr<ScaledTraining> ScaleTraining(const TrainScaling& t, int world_size);
+
+// What stays fixed for the whole run on this node.
+struct WorkerGroupSpec {
+  int local_world_size = 1;
+  std::string role = "default";
+  std::string run_id = "none";
+  int max_restarts = 0;
+  // CUDA_VISIBLE_DEVICES tokens of the GPUs this node's workers may use; empty: no GPUs.
+  std::vector<std::string> gpu_pool;
+  // True when the pool came from NVML indices (not an inherited CUDA_VISIBLE_DEVICES): then
+  // CUDA_DEVICE_ORDER=PCI_BUS_ID makes CUDA's numbering match NVML's.
+  bool gpu_pool_is_nvml_indices = false;
+  GpuBinding gpu_binding = GpuBinding::kShared;
+  std::optional<std::string> cuda_alloc_conf;  // --cuda-alloc-conf
+  std::optional<int> threads_per_worker;       // --threads-per-worker
+  int usable_cpus = 1;
+  std::optional<TrainScaling> train;
+};
+
+// What one rendezvous round decided for this node.
+struct RoundInfo {
+  long round = 1;
+  int group_rank = 0;
+  int group_world_size = 1;
+  int world_size = 1;
+  int rank_offset = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;
+  int restart_count = 0;
+};
+
+struct WorkerEnvPlan {
+  std::vector<Env> envs;           // one per local rank
+  std::vector<std::string> notes;  // what was chosen and why, for one log line each
+};
+
+// error_files[i] is local rank i's TORCHELASTIC_ERROR_FILE.
+absl::StatusOr<WorkerEnvPlan> BuildWorkerEnvs(const Env& parent, const WorkerGroupSpec& spec,
+                                              const RoundInfo& round,
+                                              const std::vector<std::string>& error_files);
+
+// The variables launch sets (for --dry-run output): the keys whose value differs from `parent`.
+Env EnvDiff(const Env& parent, const Env& env);
+
+}  // namespace launch

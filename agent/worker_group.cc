@@ -1,0 +1,362 @@
+#include "agent/worker_group.h"
+
+#include <fcntl.h>
+#include <sys/epoll.h>
+#include <sys/timerfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "agent/error_file.h"
+#include "agent/log_relay.h"
+#include "common/status_macros.h"
+#include "spdlog/spdlog.h"
+
+namespace launch {
+
+const char* GroupStateName(GroupState s) {
+  switch (s) {
+    case GroupState::kInit: return "init";
+    case GroupState::kRendezvous: return "rendezvous";
+    case GroupState::kRunning: return "running";
+    case GroupState::kStopping: return "stopping";
+    case GroupState::kStopped: return "stopped";
+    case GroupState::kSucceeded: return "succeeded";
+    case GroupState::kFailed: return "failed";
+    case GroupState::kInterrupted: return "interrupted";
+  }
+  return "?";
+}
+
+absl::StatusOr<GroupState> NextGroupState(GroupState from, GroupEvent event) {
+  using S = GroupState;
+  using E = GroupEvent;
+  switch (from) {
+    case S::kInit:
+      if (event == E::kJoin) return S::kRendezvous;
+      if (event == E::kSignal) return S::kInterrupted;
+      break;
+    case S::kRendezvous:
+      if (event == E::kAssigned) return S::kRunning;
+      if (event == E::kSignal) return S::kInterrupted;
+      if (event == E::kGiveUp) return S::kFailed;
+      break;
+    case S::kRunning:
+      if (event == E::kAllSucceeded) return S::kSucceeded;
+      if (event == E::kWorkerFailed || event == E::kSignal || event == E::kCoordinatorStop)
+        return S::kStopping;
+      break;
+    case S::kStopping:
+      if (event == E::kAllStopped) return S::kStopped;
+      // More exits or a second signal while stopping change nothing but the urgency.
+      if (event == E::kWorkerFailed || event == E::kSignal || event == E::kCoordinatorStop)
+        return S::kStopping;
+      break;
+    case S::kStopped:
+      if (event == E::kRestart) return S::kRendezvous;
+      if (event == E::kGiveUp) return S::kFailed;
+      if (event == E::kSignal) return S::kInterrupted;
+      break;
+    case S::kSucceeded:
+    case S::kFailed:
+    case S::kInterrupted:
+      break;
+  }
+  return absl::FailedPreconditionError(absl::StrCat("no transition from ", GroupStateName(from),
+                                                    " on event ", static_cast<int>(event)));
+}
+
+namespace {
+
+struct Slot {
+  const WorkerLaunch* launch = nullptr;
+  pid_t pid = -1;
+  bool reaped = false;
+  bool group_gone = false;
+  Clock::TimePoint start{};
+  UniqueFd out_read, err_read, out_file, err_file;
+  std::unique_ptr<LineRelay> out, err;
+  WorkerResult result;
+};
+
+// What an epoll event is for: encoded in data.u64.
+constexpr uint64_t kSignalTag = 1ull << 40;
+constexpr uint64_t kStopTimerTag = 2ull << 40;
+constexpr uint64_t kHeartbeatTag = 3ull << 40;
+constexpr uint64_t kStderrBit = 1ull << 32;
+
+absl::StatusOr<UniqueFd> OpenLog(const std::string& path) {
+  if (path.empty()) return UniqueFd();
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoStatus(absl::StrCat("cannot open log file ", path));
+  return UniqueFd(fd);
+}
+
+void ArmTimer(int fd, std::chrono::milliseconds after, bool periodic) {
+  itimerspec spec{};
+  auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(after).count();
+  if (ns <= 0) ns = 1;  // 0 would disarm
+  spec.it_value.tv_sec = ns / 1000000000;
+  spec.it_value.tv_nsec = ns % 1000000000;
+  if (periodic) spec.it_interval = spec.it_value;
+  ::timerfd_settime(fd, 0, &spec, nullptr);
+}
+
+void DrainTimer(int fd) {
+  uint64_t expirations;
+  ssize_t n = ::read(fd, &expirations, sizeof expirations);
+  (void)n;
+}
+
+}  // namespace
+
+absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& launches) {
+  UniqueFd ep(::epoll_create1(EPOLL_CLOEXEC));
+  if (!ep.valid()) return ErrnoStatus("epoll_create1");
+  UniqueFd stop_timer(::timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
+  UniqueFd hb_timer(::timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
+  if (!stop_timer.valid() || !hb_timer.valid()) return ErrnoStatus("timerfd_create");
+  auto watch = [&](int fd, uint64_t tag) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = tag;
+    ::epoll_ctl(ep.get(), EPOLL_CTL_ADD, fd, &ev);
+  };
+  watch(signals_->fd(), kSignalTag);
+  watch(stop_timer.get(), kStopTimerTag);
+  if (opts_.heartbeat && opts_.heartbeat_interval.count() > 0) {
+    watch(hb_timer.get(), kHeartbeatTag);
+    ArmTimer(hb_timer.get(), opts_.heartbeat_interval, /*periodic=*/true);
+  }
+
+  std::vector<Slot> slots(launches.size());
+  GroupOutcome outcome;
+  bool stopping = false;
+  bool killed = false;
+
+  auto signal_all = [&](int sig) {
+    for (auto& s : slots)
+      if (s.pid > 0 && !s.group_gone) ::kill(-s.pid, sig);
+  };
+  auto kill_now = [&] {
+    if (killed) return;
+    killed = true;
+    signal_all(SIGKILL);
+  };
+  auto begin_stop = [&](GroupOutcome::Kind kind, int sig) {
+    if (stopping) return;
+    stopping = true;
+    outcome.kind = kind;
+    outcome.signal = kind == GroupOutcome::kInterrupted ? sig : 0;
+    signal_all(sig);
+    ArmTimer(stop_timer.get(), opts_.stop_timeout, false);
+  };
+
+  // Spawn every worker; a worker that cannot start stops those already started.
+  for (size_t i = 0; i < launches.size(); ++i) {
+    const WorkerLaunch& l = launches[i];
+    Slot& s = slots[i];
+    s.launch = &l;
+    s.result.local_rank = l.local_rank;
+    s.result.rank = l.rank;
+    Pipe out, err;
+    if (!MakePipe(&out) || !MakePipe(&err)) return ErrnoStatus("pipe");
+    auto out_file = OpenLog(l.stdout_file);
+    auto err_file = OpenLog(l.stderr_file);
+    if (!out_file.ok() || !err_file.ok()) {
+      kill_now();
+      return out_file.ok() ? err_file.status() : out_file.status();
+    }
+    s.out_file = std::move(*out_file);
+    s.err_file = std::move(*err_file);
+    std::string prefix =
+        absl::StrReplaceAll(opts_.console_prefix_format, {{"{rank}", std::to_string(l.rank)}});
+    s.out = std::make_unique<LineRelay>(LineRelay::Options{
+        prefix, l.stdout_console ? STDOUT_FILENO : -1, s.out_file.get(), 0});
+    s.err = std::make_unique<LineRelay>(LineRelay::Options{
+        prefix, l.stderr_console ? STDERR_FILENO : -1, s.err_file.get(), opts_.stderr_tail_lines});
+    SpawnOptions so;
+    so.argv = l.argv;
+    so.env = l.env;
+    so.stdout_fd = out.write.get();
+    so.stderr_fd = err.write.get();
+    s.start = clock_->Now();
+    auto pid = launcher_->Spawn(so);
+    if (!pid.ok()) {
+      kill_now();
+      for (auto& t : slots)
+        if (t.pid > 0) ::waitpid(t.pid, nullptr, 0);
+      return pid.status();
+    }
+    s.pid = *pid;
+    s.result.pid = *pid;
+    if (guard_) guard_->Add(*pid);
+    s.out_read = std::move(out.read);
+    s.err_read = std::move(err.read);
+    for (int fd : {s.out_read.get(), s.err_read.get()}) ::fcntl(fd, F_SETFL, O_NONBLOCK);
+    watch(s.out_read.get(), i);
+    watch(s.err_read.get(), i | kStderrBit);
+  }
+
+  char buf[65536];
+  auto drain = [&](Slot& s, bool is_err, bool final) {
+    UniqueFd& fd = is_err ? s.err_read : s.out_read;
+    LineRelay& relay = is_err ? *s.err : *s.out;
+    while (fd.valid()) {
+      ssize_t n = ::read(fd.get(), buf, sizeof buf);
+      if (n > 0) {
+        relay.Feed(buf, static_cast<size_t>(n));
+        if (!final) return;  // level-triggered: come back for more, let others speak too
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno == EAGAIN && !final) return;
+      relay.Flush();  // EOF (or nothing more to expect)
+      ::epoll_ctl(ep.get(), EPOLL_CTL_DEL, fd.get(), nullptr);
+      fd.Reset();
+    }
+  };
+
+  auto reap = [&] {
+    for (;;) {
+      int status;
+      pid_t pid = ::waitpid(-1, &status, WNOHANG);
+      if (pid <= 0) break;
+      for (size_t i = 0; i < slots.size(); ++i) {
+        Slot& s = slots[i];
+        if (s.pid != pid) continue;
+        s.reaped = true;
+        Clock::TimePoint now = clock_->Now();
+        s.result.ended = now;
+        s.result.run_seconds = SecondsBetween(s.start, now);
+        if (WIFEXITED(status)) s.result.exit_code = WEXITSTATUS(status);
+        if (WIFSIGNALED(status)) s.result.signal = WTERMSIG(status);
+        if (s.result.failed()) {
+          if (auto info = ReadErrorFile(s.launch->error_file); info.ok()) {
+            s.result.error_message = info->message;
+          }
+          if (!stopping) {
+            outcome.root_cause = static_cast<int>(i);
+            if (opts_.on_failure) opts_.on_failure(s.result);
+            begin_stop(GroupOutcome::kFailed, SIGTERM);
+          }
+        }
+      }
+      // Anything else is a worker's orphaned child, reparented to us (a subreaper): just reaped.
+    }
+  };
+
+  bool cleaning_leftovers = false;
+  for (;;) {
+    // Done when every worker is reaped and nothing is left in their process groups.
+    bool all_reaped = true;
+    for (const auto& s : slots) all_reaped &= s.reaped;
+    if (all_reaped) {
+      bool any_alive = false;
+      for (auto& s : slots) {
+        if (!s.group_gone && !ProcessGroupAlive(s.pid)) s.group_gone = true;
+        any_alive |= !s.group_gone;
+      }
+      if (!any_alive) break;
+      if (!stopping && !cleaning_leftovers) {
+        // Workers exited but left processes in their groups: they would be orphans.
+        cleaning_leftovers = true;
+        for (auto& s : slots) {
+          if (!s.group_gone) {
+            spdlog::warn("rank {} exited but left processes in its group {}; stopping them",
+                         s.result.rank, s.pid);
+            ::kill(-s.pid, SIGTERM);
+          }
+        }
+        ArmTimer(stop_timer.get(), opts_.stop_timeout, false);
+      }
+    }
+
+    epoll_event events[32];
+    int n = ::epoll_wait(ep.get(), events, 32, -1);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      kill_now();
+      return ErrnoStatus("epoll_wait");
+    }
+    for (int e = 0; e < n; ++e) {
+      uint64_t tag = events[e].data.u64;
+      if (tag == kSignalTag) {
+        while (int sig = signals_->Read()) {
+          if (sig == SIGCHLD) {
+            reap();
+          } else if (!stopping) {
+            spdlog::warn("got {}: forwarding it to the workers (again to kill at once)",
+                         SignalName(sig));
+            begin_stop(GroupOutcome::kInterrupted, sig);
+          } else {
+            if (outcome.kind != GroupOutcome::kInterrupted) {
+              outcome.kind = GroupOutcome::kInterrupted;
+              outcome.signal = sig;
+            }
+            if (sig == SIGINT) {
+              spdlog::warn("second SIGINT: killing the workers now");
+              kill_now();
+            }
+          }
+        }
+      } else if (tag == kStopTimerTag) {
+        DrainTimer(stop_timer.get());
+        spdlog::warn("workers still running {} ms after the stop signal: sending SIGKILL",
+                     opts_.stop_timeout.count());
+        killed = false;
+        kill_now();
+      } else if (tag == kHeartbeatTag) {
+        DrainTimer(hb_timer.get());
+        if (!stopping && opts_.heartbeat()) begin_stop(GroupOutcome::kCoordinatorStop, SIGTERM);
+      } else {
+        drain(slots[tag & 0xffffffff], (tag & kStderrBit) != 0, false);
+      }
+    }
+  }
+
+  for (auto& s : slots) {
+    drain(s, false, true);
+    drain(s, true, true);
+    s.result.stderr_tail = s.err->tail();
+    if (guard_) guard_->Remove(s.pid);
+    outcome.workers.push_back(s.result);
+  }
+  if (!stopping) {
+    outcome.kind = GroupOutcome::kSucceeded;
+    for (size_t i = 0; i < outcome.workers.size(); ++i) {
+      if (outcome.workers[i].failed()) {  // can only be a leftover-cleanup race; still a failure
+        outcome.kind = GroupOutcome::kFailed;
+        outcome.root_cause = static_cast<int>(i);
+        break;
+      }
+    }
+  }
+  return outcome;
+}
+
+std::string FailureSummary(const GroupOutcome& outcome, const std::string& headline) {
+  std::string out = absl::StrCat(headline, "\n");
+  absl::StrAppend(&out, "  rank  local  pid       status        time     error\n");
+  auto status_text = [](const WorkerResult& w) {
+    return w.signal ? SignalName(w.signal) : absl::StrCat("exit ", w.exit_code);
+  };
+  for (size_t i = 0; i < outcome.workers.size(); ++i) {
+    const WorkerResult& w = outcome.workers[i];
+    if (!w.failed()) continue;
+    char line[256];
+    std::snprintf(line, sizeof line, "  %-5d %-6d %-9d %-13s %6.2fs  ", w.rank, w.local_rank, w.pid,
+                  status_text(w).c_str(), w.run_seconds);
+    std::string msg = w.error_message.substr(0, w.error_message.find('\n'));
+    absl::StrAppend(&out, line, msg.empty() ? "-" : msg,
+                    static_cast<int>(i) == outcome.root_cause ? "   <- root cause" : "", "\n");
+    for (const auto& t : w.stderr_tail) absl::StrAppend(&out, "        [", w.rank, "] stderr: ", t, "\n");
+  }
+  return out;
+}
+
+}  // namespace launch

@@ -1,0 +1,101 @@
+// One attempt of the local worker group: spawn every worker, relay its output, see exits as they
+// happen (signalfd, no polling), stop the whole group on the first failure or on a signal
+// (SIGTERM to each worker's process group, SIGKILL after the grace), and say how it ended.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "agent/process.h"
+#include "agent/signals.h"
+#include "common/clock.h"
+
+namespace launch {
+
+// The supervisor's states, with one transition function that rejects illegal moves.
+enum class GroupState { kInit, kRendezvous, kRunning, kStopping, kStopped, kSucceeded, kFailed, kInterrupted };
+enum class GroupEvent {
+  kJoin,             // start a rendezvous round
+  kAssigned,         // the round is formed, workers start
+  kAllSucceeded,     // every worker exited 0
+  kWorkerFailed,     // a worker exited non-zero or was killed
+  kSignal,           // launch got SIGINT/SIGTERM/SIGHUP/SIGQUIT
+  kCoordinatorStop,  // the coordinator asked this node to stop (another node failed, new round)
+  kAllStopped,       // every worker process is gone
+  kRestart,          // restart budget left: re-join
+  kGiveUp,           // no budget left
+};
+const char* GroupStateName(GroupState s);
+absl::StatusOr<GroupState> NextGroupState(GroupState from, GroupEvent event);
+
+struct WorkerLaunch {
+  int local_rank = 0;
+  int rank = 0;
+  std::vector<std::string> argv;
+  std::vector<std::string> env;
+  std::string stdout_file, stderr_file;  // empty: no file
+  bool stdout_console = true, stderr_console = true;
+  std::string error_file;
+};
+
+struct WorkerResult {
+  int local_rank = 0;
+  int rank = 0;
+  pid_t pid = -1;
+  int exit_code = 0;  // valid when signal == 0
+  int signal = 0;
+  double run_seconds = 0;
+  Clock::TimePoint ended{};
+  std::string error_message;
+  std::deque<std::string> stderr_tail;
+  bool failed() const { return signal != 0 || exit_code != 0; }
+  // torchrun's meaning of a worker's status as a process exit code.
+  int AsExitCode() const { return signal ? 128 + signal : exit_code; }
+};
+
+struct GroupOutcome {
+  enum Kind { kSucceeded, kFailed, kInterrupted, kCoordinatorStop };
+  Kind kind = kSucceeded;
+  int signal = 0;       // kInterrupted: the signal launch got
+  int root_cause = -1;  // kFailed: index into workers of the first failure
+  std::vector<WorkerResult> workers;
+};
+
+class WorkerGroup {
+ public:
+  struct Options {
+    std::chrono::milliseconds stop_timeout{30000};
+    std::chrono::milliseconds heartbeat_interval{0};  // 0: no heartbeat
+    // Called every heartbeat_interval; returns true when the coordinator wants the group stopped.
+    std::function<bool()> heartbeat;
+    // Called as soon as a worker's failure is seen (to tell the coordinator at once).
+    std::function<void(const WorkerResult&)> on_failure;
+    std::string console_prefix_format = "[{rank}]:";
+    size_t stderr_tail_lines = 5;
+  };
+  WorkerGroup(Options opts, ProcessLauncher* launcher, OrphanGuard* guard, SignalFd* signals,
+              const Clock* clock)
+      : opts_(std::move(opts)), launcher_(launcher), guard_(guard), signals_(signals), clock_(clock) {}
+
+  // Runs to the end: every worker and every process of its group gone, output drained.
+  absl::StatusOr<GroupOutcome> Run(const std::vector<WorkerLaunch>& workers);
+
+ private:
+  Options opts_;
+  ProcessLauncher* launcher_;
+  OrphanGuard* guard_;
+  SignalFd* signals_;
+  const Clock* clock_;
+};
+
+// "rank 1 (local 1, pid 42): exit 3"-style table of every failed worker, with error-file
+// messages and stderr tails; `headline` is the first line.
+std::string FailureSummary(const GroupOutcome& outcome, const std::string& headline);
+
+}  // namespace launch

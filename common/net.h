@@ -1,0 +1,26 @@
+// Host:port parsing and TCP port probing for MASTER_PORT and rendezvous endpoints.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace launch {
+
+struct HostPort {
+  std::string host;  // without IPv6 brackets
+  std::optional<int> port;
+};
+
+// "host", "host:port", "1.2.3.4:5", "[::1]:29400", "::1". Errors name the value.
+absl::StatusOr<HostPort> ParseHostPort(const std::string& value, const std::string& what);
+// host:port with brackets around IPv6 literals.
+std::string JoinHostPort(const std::string& host, int port);
+
+// A port free for listening on `host` now (bind to port 0); the caller hosts it soon after.
+absl::StatusOr<int> PickFreePort(const std::string& host);
+// Whether something already listens on host:port (bind fails with EADDRINUSE).
+absl::StatusOr<bool> PortInUse(const std::string& host, int port);
+
+}  // namespace launch

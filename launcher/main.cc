@@ -1,0 +1,56 @@
+// launch: a torchrun-compatible launcher. main only orders start-up: signals blocked before any
+// thread exists, the orphan guard forked before gRPC starts its threads.
+#include <sys/prctl.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "agent/process.h"
+#include "agent/signals.h"
+#include "launcher/options.h"
+#include "launcher/run.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
+#include "spdlog/spdlog.h"
+
+namespace {
+
+void SetUpLogging() {
+  auto logger = spdlog::stderr_color_st("launch");
+  logger->set_pattern("[launch %H:%M:%S.%e %^%L%$] %v");
+  const char* level = std::getenv("LAUNCH_LOG_LEVEL");
+  logger->set_level(level ? spdlog::level::from_str(level) : spdlog::level::info);
+  spdlog::set_default_logger(logger);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  launch::BlockLauncherSignals();
+  SetUpLogging();
+  std::vector<std::string> args(argv, argv + argc);
+  auto parsed = launch::ParseLaunchArgs(args);
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "launch: %s\n", std::string(parsed.status().message()).c_str());
+    return 2;
+  }
+  if (parsed->help) return 0;
+
+  // Orphaned grandchildren of workers are reparented to us, so we can reap and account for them.
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
+  launch::OrphanGuard guard;
+  if (!parsed->config.dry_run) {
+    if (auto st = guard.Start(); !st.ok()) {
+      std::fprintf(stderr, "launch: %s\n", std::string(st.message()).c_str());
+      return 1;
+    }
+  }
+  auto signals = launch::SignalFd::Create();
+  if (!signals.ok()) {
+    std::fprintf(stderr, "launch: %s\n", std::string(signals.status().message()).c_str());
+    return 1;
+  }
+  int code = launch::RunLaunch(parsed->config, &guard, &*signals);
+  guard.Stop();
+  return code;
+}

@@ -1,0 +1,477 @@
+#include "launcher/options.h"
+
+#include <iostream>
+#include <map>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "common/net.h"
+#include "common/status_macros.h"
+#include "yaml-cpp/yaml.h"
+
+namespace launch {
+namespace {
+
+// One setting, from the command line or the config file, before validation.
+struct RawValue {
+  std::string value;
+  std::vector<std::string> list;  // `args` only
+  bool set = false;
+  std::string origin;  // "--nproc-per-node" or "job.yaml:3: nproc_per_node", for errors
+};
+
+enum class Kind { kValue, kFlag, kYamlOnly };
+
+struct OptionDef {
+  const char* key;    // canonical, underscores: the YAML key
+  const char* names;  // CLI11 names
+  Kind kind;
+  const char* help;
+};
+
+// Every setting, once: the flags (torchrun's first, then launch's) and the YAML-only keys.
+const OptionDef kOptions[] = {
+    {"nproc_per_node", "--nproc-per-node,--nproc_per_node", Kind::kValue,
+     "Workers on this node: a number, cpu, gpu or auto (default 1)"},
+    {"nnodes", "--nnodes", Kind::kValue, "Nodes: N or MIN:MAX (default 1)"},
+    {"node_rank", "--node-rank,--node_rank", Kind::kValue, "This node's rank (static rendezvous)"},
+    {"rdzv_backend", "--rdzv-backend,--rdzv_backend", Kind::kValue, "c10d (default) or static"},
+    {"rdzv_endpoint", "--rdzv-endpoint,--rdzv_endpoint", Kind::kValue,
+     "Coordinator HOST[:PORT] (default port 29400)"},
+    {"rdzv_id", "--rdzv-id,--rdzv_id", Kind::kValue, "Job id shared by all nodes (default: fresh)"},
+    {"rdzv_conf", "--rdzv-conf,--rdzv_conf", Kind::kValue,
+     "Rendezvous settings k=v,... (join_timeout, last_call_timeout, close_timeout, "
+     "heartbeat_interval, heartbeat_timeout, is_host)"},
+    {"standalone", "--standalone", Kind::kFlag, "Single node, coordinator in-process (the default)"},
+    {"max_restarts", "--max-restarts,--max_restarts", Kind::kValue,
+     "Restarts of the worker group before failing (default 0)"},
+    {"monitor_interval", "--monitor-interval,--monitor_interval", Kind::kValue,
+     "Accepted for torchrun compatibility; exits are seen as they happen"},
+    {"role", "--role", Kind::kValue, "ROLE_NAME of the workers (default 'default')"},
+    {"module", "-m,--module", Kind::kFlag, "Run PROGRAM as a Python module (python -m)"},
+    {"no_python", "--no-python,--no_python", Kind::kFlag, "Run PROGRAM directly, even a .py file"},
+    {"run_path", "--run-path,--run_path", Kind::kFlag, "Not supported (workers are processes)"},
+    {"log_dir", "--log-dir,--log_dir", Kind::kValue,
+     "Write <dir>/<run_id>/attempt_<k>/<local_rank>/{stdout,stderr}.log and error.json"},
+    {"redirects", "-r,--redirects", Kind::kValue,
+     "Streams to send to log files only: 0-3 or per local rank 0:1,1:2 (1 out, 2 err, 3 both)"},
+    {"tee", "-t,--tee", Kind::kValue, "Streams to log files and the console: as --redirects"},
+    {"local_ranks_filter", "--local-ranks-filter,--local_ranks_filter", Kind::kValue,
+     "Local ranks shown on the console, e.g. 0,1 (files keep all)"},
+    {"master_addr", "--master-addr,--master_addr", Kind::kValue,
+     "MASTER_ADDR (default 127.0.0.1 on a single node)"},
+    {"master_port", "--master-port,--master_port", Kind::kValue,
+     "MASTER_PORT (default: a free port, new for every attempt)"},
+    {"local_addr", "--local-addr,--local_addr", Kind::kValue,
+     "This node's address as other nodes reach it"},
+    {"config", "--config", Kind::kValue, "YAML file with any of these settings; flags override it"},
+    {"stop_timeout", "--stop-timeout,--stop_timeout", Kind::kValue,
+     "Seconds from SIGTERM to SIGKILL when stopping workers (default 30)"},
+    {"restart_backoff", "--restart-backoff,--restart_backoff", Kind::kValue,
+     "Seconds to wait before a restart (default 0)"},
+    {"gpus", "--gpus", Kind::kValue, "GPUs to use: indices or UUIDs, comma separated"},
+    {"exclude_gpus", "--exclude-gpus,--exclude_gpus", Kind::kValue, "GPUs not to use"},
+    {"gpu_binding", "--gpu-binding,--gpu_binding", Kind::kValue,
+     "shared (every worker sees the pool; default) or isolate (each its own GPUs)"},
+    {"cuda_alloc_conf", "--cuda-alloc-conf,--cuda_alloc_conf", Kind::kValue,
+     "PYTORCH_CUDA_ALLOC_CONF for the workers unless already set"},
+    {"threads_per_worker", "--threads-per-worker,--threads_per_worker", Kind::kValue,
+     "OMP/MKL/OPENBLAS threads per worker (default: usable CPUs / local workers)"},
+    {"dry_run", "--dry-run,--dry_run", Kind::kFlag, "Print each worker's argv and env; start nothing"},
+    {"program", "", Kind::kYamlOnly, ""},
+    {"args", "", Kind::kYamlOnly, ""},
+    {"train_base_lr", "", Kind::kYamlOnly, ""},
+    {"train_per_worker_batch", "", Kind::kYamlOnly, ""},
+    {"train_global_batch", "", Kind::kYamlOnly, ""},
+    {"train_base_batch", "", Kind::kYamlOnly, ""},
+    {"train_grad_accum_steps", "", Kind::kYamlOnly, ""},
+    {"train_lr_scaling", "", Kind::kYamlOnly, ""},
+};
+
+using RawMap = std::map<std::string, RawValue>;
+
+const OptionDef* FindOption(const std::string& key) {
+  for (const auto& o : kOptions)
+    if (key == o.key) return &o;
+  return nullptr;
+}
+
+absl::Status Bad(const RawValue& v, const std::string& expected) {
+  return absl::InvalidArgumentError(absl::StrCat(v.origin, "=", v.value, ": expected ", expected));
+}
+
+// ---- YAML ----
+
+std::string YamlOrigin(const std::string& file, const YAML::Node& node, const std::string& key) {
+  return absl::StrCat(file, ":", node.Mark().line + 1, ": ", key);
+}
+
+absl::Status FlattenYaml(const std::string& file, const YAML::Node& map, const std::string& prefix,
+                         RawMap* out) {
+  for (auto it = map.begin(); it != map.end(); ++it) {
+    std::string name = it->first.as<std::string>();
+    std::string key = absl::StrReplaceAll(absl::StrCat(prefix, name), {{"-", "_"}});
+    const YAML::Node& value = it->second;
+    const std::string origin = YamlOrigin(file, it->first, key);
+    const OptionDef* def = FindOption(key);
+    if (value.IsMap() && !def) {
+      RETURN_IF_ERROR(FlattenYaml(file, value, key + "_", out));
+      continue;
+    }
+    if (!def) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          origin, ": unknown key; expected a flag name (e.g. nproc_per_node, max_restarts, "
+                  "rdzv: {endpoint}) or train.{base_lr, per_worker_batch, global_batch, base_batch, "
+                  "grad_accum_steps, lr_scaling}"));
+    }
+    if (key == "config") return absl::InvalidArgumentError(absl::StrCat(origin, ": config files do not nest"));
+    RawValue raw;
+    raw.set = true;
+    raw.origin = origin;
+    if (value.IsScalar()) {
+      raw.value = value.as<std::string>();
+      if (key == "args") raw.list = {raw.value};
+    } else if (value.IsSequence()) {
+      for (const auto& item : value) {
+        if (!item.IsScalar()) {
+          return absl::InvalidArgumentError(absl::StrCat(origin, ": expected a list of plain values"));
+        }
+        raw.list.push_back(item.as<std::string>());
+      }
+      raw.value = absl::StrJoin(raw.list, ",");
+    } else if (value.IsMap()) {
+      // rdzv_conf: {k: v} → "k=v,..."; redirects/tee: {0: 1} → "0:1,...".
+      const char* sep = key == "rdzv_conf" ? "=" : ":";
+      std::vector<std::string> items;
+      for (auto kv = value.begin(); kv != value.end(); ++kv) {
+        if (!kv->second.IsScalar()) {
+          return absl::InvalidArgumentError(absl::StrCat(origin, ": expected plain values"));
+        }
+        items.push_back(
+            absl::StrCat(kv->first.as<std::string>(), sep, kv->second.as<std::string>()));
+      }
+      raw.value = absl::StrJoin(items, ",");
+    } else {
+      raw.value = "";  // `key:` with no value
+    }
+    (*out)[key] = std::move(raw);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RawMap> LoadYaml(const std::string& file) {
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(file);
+  } catch (const YAML::BadFile&) {
+    return absl::InvalidArgumentError(absl::StrCat("--config=", file, ": cannot read the file"));
+  } catch (const YAML::ParserException& e) {
+    return absl::InvalidArgumentError(absl::StrCat(file, ":", e.mark.line + 1, ":", e.mark.column + 1,
+                                                   ": YAML syntax error: ", e.msg));
+  }
+  RawMap out;
+  if (root.IsNull()) return out;
+  if (!root.IsMap()) {
+    return absl::InvalidArgumentError(absl::StrCat(file, ":1: expected a mapping of settings"));
+  }
+  try {
+    RETURN_IF_ERROR(FlattenYaml(file, root, "", &out));
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(file, ":", e.mark.line + 1, ": ", e.msg));
+  }
+  return out;
+}
+
+// ---- typed values ----
+
+absl::StatusOr<int> ParseInt(const RawValue& v, int min, const std::string& expected) {
+  int out;
+  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(v.value), &out) || out < min) return Bad(v, expected);
+  return out;
+}
+
+absl::StatusOr<double> ParseSeconds(const RawValue& v) {
+  double out;
+  if (!absl::SimpleAtod(absl::StripAsciiWhitespace(v.value), &out) || out < 0 || !std::isfinite(out)) {
+    return Bad(v, "a number of seconds >= 0");
+  }
+  return out;
+}
+
+std::vector<std::string> SplitCommaList(const std::string& s) {
+  std::vector<std::string> out;
+  for (absl::string_view p : absl::StrSplit(s, ',', absl::SkipWhitespace()))
+    out.emplace_back(absl::StripAsciiWhitespace(p));
+  return out;
+}
+
+absl::Status ParseRdzvConf(const RawValue& v, LaunchConfig* c) {
+  static const std::set<std::string> kKeys = {"join_timeout",      "last_call_timeout", "close_timeout",
+                                               "heartbeat_interval", "heartbeat_timeout", "is_host",
+                                               "read_timeout",      "timeout"};
+  for (const auto& item : SplitCommaList(v.value)) {
+    auto eq = item.find('=');
+    if (eq == std::string::npos || eq == 0) return Bad(v, "k=v pairs separated by commas");
+    std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    if (!kKeys.count(key)) {
+      return Bad(v, absl::StrCat("keys among ", absl::StrJoin(kKeys, ", "), " ('", key, "' is unknown)"));
+    }
+    if (key != "is_host") {
+      double d;
+      if (!absl::SimpleAtod(value, &d) || d < 0) {
+        return Bad(v, absl::StrCat("a number of seconds for ", key, " (got '", value, "')"));
+      }
+    }
+    c->rdzv_conf.emplace_back(key, value);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseTrain(RawMap& raw, LaunchConfig* c) {
+  bool any = false;
+  for (const auto& [k, v] : raw) any |= (k.rfind("train_", 0) == 0 && v.set);
+  if (!any) return absl::OkStatus();
+  TrainScaling t;
+  RawValue& lr = raw["train_base_lr"];
+  if (!lr.set) {
+    const auto& some = std::find_if(raw.begin(), raw.end(), [](const auto& kv) {
+      return kv.first.rfind("train_", 0) == 0 && kv.second.set;
+    });
+    return absl::InvalidArgumentError(
+        absl::StrCat(some->second.origin, ": the train section needs base_lr"));
+  }
+  if (!absl::SimpleAtod(lr.value, &t.base_lr) || !(t.base_lr > 0)) return Bad(lr, "a learning rate > 0");
+  auto opt_int = [&](const char* key, std::optional<int>* out) -> absl::Status {
+    RawValue& v = raw[key];
+    if (!v.set) return absl::OkStatus();
+    ASSIGN_OR_RETURN(int n, ParseInt(v, 1, "a positive integer"));
+    *out = n;
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(opt_int("train_per_worker_batch", &t.per_worker_batch));
+  RETURN_IF_ERROR(opt_int("train_global_batch", &t.global_batch));
+  RETURN_IF_ERROR(opt_int("train_base_batch", &t.base_batch));
+  std::optional<int> accum;
+  RETURN_IF_ERROR(opt_int("train_grad_accum_steps", &accum));
+  if (accum) t.grad_accum_steps = *accum;
+  if (t.per_worker_batch && t.global_batch) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        raw["train_global_batch"].origin, ": give train.per_worker_batch or train.global_batch, not both"));
+  }
+  if (!t.per_worker_batch && !t.global_batch) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(lr.origin, ": train.base_lr needs train.per_worker_batch or train.global_batch"));
+  }
+  RawValue& mode = raw["train_lr_scaling"];
+  if (mode.set) {
+    std::string m = absl::AsciiStrToLower(mode.value);
+    if (m == "linear") t.mode = LrScaling::kLinear;
+    else if (m == "sqrt") t.mode = LrScaling::kSqrt;
+    else if (m == "none") t.mode = LrScaling::kNone;
+    else return Bad(mode, "linear, sqrt or none");
+  }
+  c->train = t;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LaunchConfig> Validate(RawMap& raw, std::vector<std::string> remaining) {
+  LaunchConfig c;
+  auto is = [&](const char* k) { return raw[k].set; };
+  auto flag = [&](const char* k) {
+    const RawValue& v = raw[k];
+    if (!v.set) return false;
+    std::string s = absl::AsciiStrToLower(v.value);
+    return s.empty() || s == "true" || s == "1" || s == "yes" || s == "on";
+  };
+
+  if (is("nproc_per_node")) {
+    RawValue& v = raw["nproc_per_node"];
+    std::string s = absl::AsciiStrToLower(v.value);
+    if (s == "cpu") c.nproc_kind = LaunchConfig::Nproc::kCpu;
+    else if (s == "gpu") c.nproc_kind = LaunchConfig::Nproc::kGpu;
+    else if (s == "auto") c.nproc_kind = LaunchConfig::Nproc::kAuto;
+    else {
+      ASSIGN_OR_RETURN(c.nproc, ParseInt(v, 1, "a positive integer, cpu, gpu or auto"));
+    }
+  }
+  if (is("nnodes")) {
+    RawValue& v = raw["nnodes"];
+    std::vector<std::string> parts = absl::StrSplit(v.value, ':');
+    int lo, hi;
+    if (parts.size() == 1 && absl::SimpleAtoi(parts[0], &lo) && lo >= 1) {
+      c.min_nodes = c.max_nodes = lo;
+    } else if (parts.size() == 2 && absl::SimpleAtoi(parts[0], &lo) && absl::SimpleAtoi(parts[1], &hi) &&
+               lo >= 1 && hi >= lo) {
+      c.min_nodes = lo;
+      c.max_nodes = hi;
+    } else {
+      return Bad(v, "N or MIN:MAX with 1 <= MIN <= MAX");
+    }
+  }
+  if (is("node_rank")) {
+    ASSIGN_OR_RETURN(c.node_rank, ParseInt(raw["node_rank"], 0, "an integer >= 0"));
+  }
+  if (is("rdzv_backend")) {
+    c.rdzv_backend = raw["rdzv_backend"].value;
+    if (c.rdzv_backend != "c10d" && c.rdzv_backend != "static") {
+      return Bad(raw["rdzv_backend"], "c10d or static");
+    }
+  }
+  if (is("rdzv_endpoint") && !raw["rdzv_endpoint"].value.empty()) {
+    RawValue& v = raw["rdzv_endpoint"];
+    auto hp = ParseHostPort(v.value, v.origin);
+    if (!hp.ok()) return hp.status();
+    c.rdzv_endpoint = v.value;
+  }
+  if (is("rdzv_id")) c.rdzv_id = raw["rdzv_id"].value;
+  if (c.rdzv_id == "none") c.rdzv_id.clear();  // torchrun's default spelling
+  for (char ch : c.rdzv_id) {
+    if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' || ch == '.')) {
+      return Bad(raw["rdzv_id"], "letters, digits, '-', '_' or '.' (it names a log directory)");
+    }
+  }
+  if (is("rdzv_conf")) RETURN_IF_ERROR(ParseRdzvConf(raw["rdzv_conf"], &c));
+  c.standalone = flag("standalone");
+  if (is("max_restarts")) {
+    ASSIGN_OR_RETURN(c.max_restarts, ParseInt(raw["max_restarts"], 0, "an integer >= 0"));
+  }
+  if (is("monitor_interval")) {
+    ASSIGN_OR_RETURN(c.monitor_interval, ParseSeconds(raw["monitor_interval"]));
+  }
+  if (is("role")) {
+    c.role = raw["role"].value;
+    if (c.role.empty()) return Bad(raw["role"], "a non-empty role name");
+  }
+  c.module = flag("module");
+  c.no_python = flag("no_python");
+  if (flag("run_path")) {
+    return absl::InvalidArgumentError(
+        "--run-path is not supported: launch starts every worker as its own process; run the "
+        "script by path or with -m MODULE");
+  }
+  if (c.module && c.no_python) {
+    return absl::InvalidArgumentError("--module and --no-python cannot be used together");
+  }
+  if (is("log_dir")) c.log_dir = raw["log_dir"].value;
+  if (is("redirects")) {
+    ASSIGN_OR_RETURN(c.redirects, ParseStdSpec(raw["redirects"].value, raw["redirects"].origin));
+  }
+  if (is("tee")) {
+    ASSIGN_OR_RETURN(c.tee, ParseStdSpec(raw["tee"].value, raw["tee"].origin));
+  }
+  if (is("local_ranks_filter") && !raw["local_ranks_filter"].value.empty()) {
+    std::set<int> ranks;
+    for (const auto& r : SplitCommaList(raw["local_ranks_filter"].value)) {
+      int n;
+      if (!absl::SimpleAtoi(r, &n) || n < 0) return Bad(raw["local_ranks_filter"], "local ranks like 0,1,2");
+      ranks.insert(n);
+    }
+    c.local_ranks_filter = ranks;
+  }
+  if (is("master_addr")) {
+    RawValue& v = raw["master_addr"];
+    auto hp = ParseHostPort(v.value, v.origin);
+    if (!hp.ok() || hp->port) return Bad(v, "a host name or IP address");
+    c.master_addr = hp->host;
+  }
+  if (is("master_port")) {
+    ASSIGN_OR_RETURN(c.master_port, ParseInt(raw["master_port"], 1, "a port 1-65535"));
+  }
+  if (c.master_port && *c.master_port > 65535) return Bad(raw["master_port"], "a port 1-65535");
+  if (is("local_addr")) c.local_addr = raw["local_addr"].value;
+  if (is("stop_timeout")) {
+    ASSIGN_OR_RETURN(c.stop_timeout, ParseSeconds(raw["stop_timeout"]));
+  }
+  if (is("restart_backoff")) {
+    ASSIGN_OR_RETURN(c.restart_backoff, ParseSeconds(raw["restart_backoff"]));
+  }
+  if (is("gpus")) c.gpus = SplitCommaList(raw["gpus"].value);
+  if (is("exclude_gpus")) c.exclude_gpus = SplitCommaList(raw["exclude_gpus"].value);
+  if (is("gpu_binding")) {
+    RawValue& v = raw["gpu_binding"];
+    if (v.value == "shared") c.gpu_binding = GpuBinding::kShared;
+    else if (v.value == "isolate") c.gpu_binding = GpuBinding::kIsolate;
+    else return Bad(v, "shared or isolate");
+  }
+  if (is("cuda_alloc_conf")) c.cuda_alloc_conf = raw["cuda_alloc_conf"].value;
+  if (is("threads_per_worker")) {
+    ASSIGN_OR_RETURN(int t, ParseInt(raw["threads_per_worker"], 1, "a positive integer"));
+    c.threads_per_worker = t;
+  }
+  c.dry_run = flag("dry_run");
+  RETURN_IF_ERROR(ParseTrain(raw, &c));
+
+  // The program: the command line's, else the config file's.
+  if (!remaining.empty() && remaining[0] == "--") remaining.erase(remaining.begin());
+  if (!remaining.empty()) {
+    if (remaining[0].size() > 1 && remaining[0][0] == '-') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown flag '", remaining[0], "' (see launch --help)"));
+    }
+    c.program = remaining[0];
+    c.args.assign(remaining.begin() + 1, remaining.end());
+  } else if (is("program")) {
+    c.program = raw["program"].value;
+    c.args = raw["args"].list;
+  }
+  if (c.program.empty()) {
+    return absl::InvalidArgumentError("no program given; usage: launch [flags] PROGRAM [ARGS...]");
+  }
+  return c;
+}
+
+}  // namespace
+
+absl::StatusOr<ParsedArgs> ParseLaunchArgs(const std::vector<std::string>& argv) {
+  CLI::App app{"launch: start and supervise distributed training workers (torchrun's flags)", "launch"};
+  app.prefix_command(true);
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.footer("Usage: launch [flags] PROGRAM [ARGS...]; \"${local_rank}\" in ARGS is replaced per worker.");
+  RawMap raw;
+  std::map<std::string, bool> flags;
+  std::map<std::string, CLI::Option*> cli;
+  for (const auto& def : kOptions) {
+    if (def.kind == Kind::kYamlOnly) continue;
+    CLI::Option* opt = def.kind == Kind::kFlag ? app.add_flag(def.names, flags[def.key], def.help)
+                                               : app.add_option(def.names, raw[def.key].value, def.help);
+    cli[def.key] = opt;
+  }
+  std::vector<std::string> args(argv.rbegin(), argv.rend() - 1);  // CLI11 wants them reversed
+  try {
+    app.parse(args);
+  } catch (const CLI::CallForHelp&) {
+    std::cout << app.help();
+    return ParsedArgs{true, {}};
+  } catch (const CLI::ParseError& e) {
+    std::string what = e.what();
+    std::replace(what.begin(), what.end(), '\n', ' ');
+    return absl::InvalidArgumentError(absl::StrCat(what, " (see launch --help)"));
+  }
+
+  // The command line first; then the config file fills what the flags left unset.
+  for (const auto& [key, opt] : cli) {
+    RawValue& v = raw[key];
+    if (opt->count() == 0) continue;
+    v.set = true;
+    v.origin = opt->get_name();
+    if (flags.count(key)) v.value = flags[key] ? "true" : "false";
+  }
+  if (raw["config"].set) {
+    std::string file = raw["config"].value;
+    ASSIGN_OR_RETURN(RawMap from_file, LoadYaml(file));
+    for (auto& [key, v] : from_file) {
+      if (!raw[key].set) raw[key] = std::move(v);
+    }
+  }
+  ASSIGN_OR_RETURN(LaunchConfig config, Validate(raw, app.remaining()));
+  if (raw["config"].set) config.config_file = raw["config"].value;
+  return ParsedArgs{false, std::move(config)};
+}
+
+}  // namespace launch

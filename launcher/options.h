@@ -1,0 +1,60 @@
+// `launch`'s command line and YAML config, merged into one validated LaunchConfig. Flags take
+// torchrun's spellings (dashes or underscores); the YAML file uses the same keys, nested
+// sections allowed; flags override the file. Every bad value is a one-line error naming it.
+#pragma once
+
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "agent/log_relay.h"
+#include "agent/worker_env.h"
+
+namespace launch {
+
+struct LaunchConfig {
+  enum class Nproc { kCount, kCpu, kGpu, kAuto };
+  Nproc nproc_kind = Nproc::kCount;
+  int nproc = 1;
+  int min_nodes = 1, max_nodes = 1;
+  int node_rank = 0;
+  std::string rdzv_backend = "c10d";
+  std::string rdzv_endpoint;
+  std::string rdzv_id;  // empty: a fresh id
+  std::vector<std::pair<std::string, std::string>> rdzv_conf;
+  bool standalone = false;
+  int max_restarts = 0;
+  double monitor_interval = 0.1;
+  std::string role = "default";
+  bool module = false;
+  bool no_python = false;
+  std::string log_dir;
+  StdSpec redirects, tee;
+  std::optional<std::set<int>> local_ranks_filter;
+  std::optional<std::string> master_addr;
+  std::optional<int> master_port;
+  std::string local_addr;
+  std::string config_file;
+  double stop_timeout = 30;
+  double restart_backoff = 0;
+  std::vector<std::string> gpus, exclude_gpus;
+  GpuBinding gpu_binding = GpuBinding::kShared;
+  std::optional<std::string> cuda_alloc_conf;
+  std::optional<int> threads_per_worker;
+  bool dry_run = false;
+  std::optional<TrainScaling> train;
+  std::string program;
+  std::vector<std::string> args;
+};
+
+struct ParsedArgs {
+  bool help = false;  // help was asked for and printed
+  LaunchConfig config;
+};
+
+// argv[0] is the program name. Errors are InvalidArgument with a one-line message.
+absl::StatusOr<ParsedArgs> ParseLaunchArgs(const std::vector<std::string>& argv);
+
+}  // namespace launch

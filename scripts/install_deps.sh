@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs every build and test dependency of launch from Debian's archive. Idempotent.
+set -euo pipefail
+export DEBIAN_FRONTEND=noninteractive
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install_deps.sh: must run as root (apt-get), got uid $(id -u)" >&2
+  exit 2
+fi
+apt-get update -q
+apt-get install -y -q --no-install-recommends \
+  cmake ninja-build g++ pkg-config \
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
+  libyaml-cpp-dev libspdlog-dev libcli11-dev libabsl-dev \
+  libgtest-dev libgmock-dev \
+  libtorch-dev libgloo-dev libopenblas0-pthread python3-torch \
+  iproute2 procps
