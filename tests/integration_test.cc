@@ -1,0 +1,395 @@
+// Integration tests: the real `launch` binary with test_worker (and one Python script).
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace launch::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+const std::string kLaunch = LAUNCH_BIN;
+const std::string kWorker = TEST_WORKER_BIN;
+
+std::vector<std::string> Cmd(std::vector<std::string> launch_args, std::vector<std::string> worker_args) {
+  std::vector<std::string> argv = {kLaunch};
+  argv.insert(argv.end(), launch_args.begin(), launch_args.end());
+  argv.push_back(kWorker);
+  argv.insert(argv.end(), worker_args.begin(), worker_args.end());
+  return argv;
+}
+
+std::vector<std::string> Lines(const std::string& s) {
+  return absl::StrSplit(s, '\n', absl::SkipEmpty());
+}
+
+int CountLines(const std::string& s, const std::string& needle) {
+  int n = 0;
+  for (const auto& l : Lines(s)) n += absl::StrContains(l, needle);
+  return n;
+}
+
+bool AllDead(const std::vector<pid_t>& pids) {
+  for (pid_t p : pids)
+    if (ProcessAlive(p)) return false;
+  return true;
+}
+
+TEST(Launch, TwoWorkersGetTorchrunEnvironmentAndPrefixedOutput) {
+  auto r = RunCmd(Cmd({"--nproc-per-node=2"},
+                   {"--print-env", "RANK,LOCAL_RANK,WORLD_SIZE,LOCAL_WORLD_SIZE,GROUP_RANK,ROLE_NAME,"
+                                   "MASTER_ADDR,TORCHELASTIC_RESTART_COUNT"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (int rank : {0, 1}) {
+    std::string p = "[" + std::to_string(rank) + "]:";
+    EXPECT_THAT(r.out, HasSubstr(p + "RANK=" + std::to_string(rank) + "\n"));
+    EXPECT_THAT(r.out, HasSubstr(p + "LOCAL_RANK=" + std::to_string(rank) + "\n"));
+    EXPECT_THAT(r.out, HasSubstr(p + "WORLD_SIZE=2\n"));
+    EXPECT_THAT(r.out, HasSubstr(p + "LOCAL_WORLD_SIZE=2\n"));
+    EXPECT_THAT(r.out, HasSubstr(p + "GROUP_RANK=0\n"));
+    EXPECT_THAT(r.out, HasSubstr(p + "ROLE_NAME=default\n"));
+    EXPECT_THAT(r.out, HasSubstr(p + "MASTER_ADDR=127.0.0.1\n"));
+    EXPECT_THAT(r.out, HasSubstr(p + "TORCHELASTIC_RESTART_COUNT=0\n"));
+  }
+}
+
+TEST(Launch, LocalRankPlaceholderIsReplacedPerWorker) {
+  TempDir dir;
+  auto r = RunCmd(Cmd({"--nproc-per-node=2"}, {"--pid-file", dir / "pid.${local_rank}"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(ReadPids(dir / "pid.0").size(), 1u);
+  EXPECT_EQ(ReadPids(dir / "pid.1").size(), 1u);
+}
+
+TEST(Launch, ExitsWithTheRootCauseWorkersCodeAndSummarizes) {
+  auto r = RunCmd(Cmd({"--nproc-per-node=2"},
+                   {"--stderr", "about to fail", "--fail-rank", "1", "3", "--sleep", "0"}));
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("worker group failed"));
+  EXPECT_THAT(r.err, HasSubstr("exit 3"));
+  EXPECT_THAT(r.err, HasSubstr("<- root cause"));
+  EXPECT_THAT(r.err, HasSubstr("[1] stderr: about to fail"));
+  EXPECT_THAT(r.err, HasSubstr("SIGTERM"));  // rank 0 was stopped
+}
+
+TEST(Launch, KilledWorkerExitCodeIs128PlusSignal) {
+  auto r = RunCmd(Cmd({"--nproc-per-node=1"}, {"--kill-self", "9"}));
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("SIGKILL"));
+}
+
+TEST(Launch, ErrorFileMessageAppearsInSummary) {
+  auto r = RunCmd(Cmd({"--nproc-per-node=2"},
+                   {"--fail-rank", "0", "0", "--error-file", "ValueError: the real cause", "--exit", "1"}));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("ValueError: the real cause"));
+}
+
+TEST(Launch, RestartsUntilSuccessWithNewPortsAndCounts) {
+  // One worker: a failing worker stops its peers, which may not have printed yet.
+  auto r = RunCmd(Cmd({"--nproc-per-node=1", "--max-restarts=3"},
+                   {"--print-env", "TORCHELASTIC_RESTART_COUNT,MASTER_PORT", "--fail-below-restart", "2", "1"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(CountLines(r.err, "restarting the group"), 2) << r.err;
+  for (int k = 0; k <= 2; ++k) {
+    EXPECT_EQ(CountLines(r.out, "TORCHELASTIC_RESTART_COUNT=" + std::to_string(k)), 1) << r.out;
+  }
+  std::set<std::string> ports;
+  for (const auto& l : Lines(r.out))
+    if (absl::StrContains(l, "MASTER_PORT=")) ports.insert(l.substr(l.find('=') + 1));
+  EXPECT_EQ(ports.size(), 3u) << "a new MASTER_PORT per attempt: " << r.out;
+}
+
+TEST(Launch, RestartBudgetExhaustedExitsWithWorkerCode) {
+  auto r = RunCmd(Cmd({"--nproc-per-node=2", "--max-restarts=2"}, {"--fail-rank", "1", "7", "--sleep", "0"}));
+  EXPECT_EQ(r.exit_code, 7) << r.err;
+  EXPECT_EQ(CountLines(r.err, "restarting the group"), 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("restart budget exhausted"));
+}
+
+TEST(Launch, WorkerIgnoringSigtermIsKilledAfterTheGrace) {
+  TempDir dir;
+  auto start = std::chrono::steady_clock::now();
+  auto r = RunCmd(Cmd({"--nproc-per-node=2", "--stop-timeout=0.5"},
+                   {"--ignore-sigterm", "--fail-rank", "1", "4", "--sleep", "0"}));
+  auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(r.exit_code, 4) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("sending SIGKILL"));
+  EXPECT_THAT(r.err, HasSubstr("SIGKILL"));
+  EXPECT_LT(took, std::chrono::seconds(20));
+}
+
+TEST(Launch, Kill9OfLaunchLeavesNoWorkerOrGrandchild) {
+  TempDir dir;
+  Child launch(Cmd({"--nproc-per-node=2"},
+                   {"--pid-file", dir / "workers", "--grandchild", dir / "grandchildren", "--sleep", "0"}));
+  ASSERT_TRUE(WaitUntil([&] {
+    launch.Pump(1);
+    return ReadPids(dir / "workers").size() == 2 && ReadPids(dir / "grandchildren").size() == 2;
+  }));
+  std::vector<pid_t> pids = ReadPids(dir / "workers");
+  for (pid_t p : ReadPids(dir / "grandchildren")) pids.push_back(p);
+  ASSERT_TRUE(AllDead({}) && !AllDead(pids));
+  kill(launch.pid(), SIGKILL);
+  auto r = launch.Wait();
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL);
+  EXPECT_TRUE(WaitUntil([&] { return AllDead(pids); })) << "a worker or grandchild survived";
+}
+
+TEST(Launch, SigtermIsForwardedAndExitIs143) {
+  TempDir dir;
+  Child launch(Cmd({"--nproc-per-node=2"}, {"--pid-file", dir / "workers", "--sleep", "0"}));
+  ASSERT_TRUE(WaitUntil([&] {
+    launch.Pump(1);
+    return ReadPids(dir / "workers").size() == 2;
+  }));
+  kill(launch.pid(), SIGTERM);
+  auto r = launch.Wait();
+  EXPECT_EQ(r.exit_code, 143) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("got SIGTERM"));
+  EXPECT_TRUE(AllDead(ReadPids(dir / "workers")));
+}
+
+TEST(Launch, SecondSigintKillsAtOnce) {
+  TempDir dir;
+  auto start = std::chrono::steady_clock::now();
+  Child launch(Cmd({"--nproc-per-node=2", "--stop-timeout=60"},
+                   {"--ignore", std::to_string(SIGINT), "--pid-file", dir / "workers", "--sleep", "0"}));
+  ASSERT_TRUE(WaitUntil([&] {
+    launch.Pump(1);
+    return ReadPids(dir / "workers").size() == 2;
+  }));
+  kill(launch.pid(), SIGINT);
+  ASSERT_TRUE(WaitUntil([&] {
+    launch.Pump(1);
+    return absl::StrContains(launch.err(), "got SIGINT");
+  }));
+  kill(launch.pid(), SIGINT);
+  auto r = launch.Wait(std::chrono::seconds(30));
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 130) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("second SIGINT"));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+  EXPECT_TRUE(AllDead(ReadPids(dir / "workers")));
+}
+
+TEST(Launch, WorkerLeftoverChildrenAreStoppedAtTheEnd) {
+  TempDir dir;
+  auto r = RunCmd(Cmd({"--nproc-per-node=1"}, {"--grandchild", dir / "gc", "--exit", "0"}));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("left processes in its group"));
+  EXPECT_TRUE(AllDead(ReadPids(dir / "gc")));
+}
+
+TEST(Launch, LinesAreNeverSplit) {
+  std::string text(300, 'x');
+  auto r = RunCmd(Cmd({"--nproc-per-node=2"}, {"--partial", text, "--partial", text}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto lines = Lines(r.out);
+  ASSERT_EQ(lines.size(), 4u) << r.out;
+  for (const auto& l : lines) EXPECT_TRUE(l == "[0]:" + text || l == "[1]:" + text) << l;
+}
+
+TEST(Launch, LogDirLayoutRedirectsAndTee) {
+  TempDir dir;
+  auto r = RunCmd(Cmd({"--nproc-per-node=2", "--log-dir", dir.path(), "--rdzv-id", "job1", "--redirects", "3",
+                    "--tee", "0:1"},
+                   {"--print-env", "RANK", "--stderr", "err-line"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (int lr : {0, 1}) {
+    std::string base = dir.path() + "/job1/attempt_0/" + std::to_string(lr);
+    EXPECT_EQ(ReadFile(base + "/stdout.log"), "RANK=" + std::to_string(lr) + "\n");
+    EXPECT_EQ(ReadFile(base + "/stderr.log"), "err-line\n");
+  }
+  // Redirected streams leave the console, except local rank 0's stdout, which is teed.
+  EXPECT_THAT(r.out, HasSubstr("[0]:RANK=0"));
+  EXPECT_THAT(r.out, Not(HasSubstr("[1]:RANK=1")));
+  EXPECT_THAT(r.err, Not(HasSubstr("err-line")));
+}
+
+TEST(Launch, LogDirKeepsErrorFileAndAttempts) {
+  TempDir dir;
+  auto r = RunCmd(Cmd({"--nproc-per-node=1", "--max-restarts=1", "--log-dir", dir.path(), "--rdzv-id", "j"},
+                   {"--print-env", "TORCHELASTIC_RESTART_COUNT", "--error-file", "RuntimeError: boom", "--exit", "1"}));
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  for (int k : {0, 1}) {
+    std::string attempt = dir.path() + "/j/attempt_" + std::to_string(k) + "/0";
+    EXPECT_THAT(ReadFile(attempt + "/error.json"), HasSubstr("RuntimeError: boom"));
+    EXPECT_EQ(ReadFile(attempt + "/stdout.log"), "TORCHELASTIC_RESTART_COUNT=" + std::to_string(k) + "\n");
+  }
+  EXPECT_THAT(r.err, HasSubstr("logs in " + dir.path() + "/j/attempt_1"));
+}
+
+TEST(Launch, LocalRanksFilterLimitsTheConsoleOnly) {
+  TempDir dir;
+  auto r = RunCmd(Cmd({"--nproc-per-node=2", "--local-ranks-filter=1", "--log-dir", dir.path(), "--rdzv-id", "f"},
+                   {"--print-env", "RANK"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, Not(HasSubstr("[0]:")));
+  EXPECT_THAT(r.out, HasSubstr("[1]:RANK=1"));
+  EXPECT_EQ(ReadFile(dir.path() + "/f/attempt_0/0/stdout.log"), "RANK=0\n");
+}
+
+TEST(Launch, ThreadsAreDividedUnlessTheUserSetThem) {
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  auto r = RunCmd(Cmd({"--nproc-per-node=1"}, {"--print-env", "OMP_NUM_THREADS,MKL_NUM_THREADS"}),
+               {"MKL_NUM_THREADS=3", "OMP_NUM_THREADS"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("MKL_NUM_THREADS=3"));
+  EXPECT_THAT(r.err, HasSubstr("kept the user's MKL_NUM_THREADS=3"));
+  // affinity may be narrower than the online count, never wider
+  int omp = std::stoi(r.out.substr(r.out.find("OMP_NUM_THREADS=") + 16));
+  EXPECT_GE(omp, 1);
+  EXPECT_LE(omp, cpus);
+}
+
+TEST(Launch, DryRunPrintsArgvAndEnvAndStartsNothing) {
+  TempDir dir;
+  auto r = RunCmd(Cmd({"--nproc-per-node=2", "--dry-run"}, {"--pid-file", dir / "pids", "${local_rank}"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("rank 1 (local rank 1):"));
+  EXPECT_THAT(r.out, HasSubstr("WORLD_SIZE=2"));
+  EXPECT_THAT(r.out, HasSubstr(dir / "pids 1"));
+  EXPECT_FALSE(std::filesystem::exists(dir / "pids"));
+}
+
+TEST(Launch, ConfigFileSetsFlagsAndFlagsOverrideIt) {
+  TempDir dir;
+  WriteFile(dir / "job.yaml",
+            "nproc_per_node: 2\n"
+            "rdzv:\n"
+            "  id: fromfile\n"
+            "train:\n"
+            "  base_lr: 0.1\n"
+            "  per_worker_batch: 32\n"
+            "  lr_scaling: linear\n");
+  auto r = RunCmd(Cmd({"--config", dir / "job.yaml"},
+                   {"--print-env", "TORCHELASTIC_RUN_ID,LAUNCH_LR,LAUNCH_GLOBAL_BATCH,WORLD_SIZE"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(CountLines(r.out, "TORCHELASTIC_RUN_ID=fromfile"), 2);
+  EXPECT_EQ(CountLines(r.out, "LAUNCH_LR=0.2"), 2);
+  EXPECT_EQ(CountLines(r.out, "LAUNCH_GLOBAL_BATCH=64"), 2);
+  auto o = RunCmd(Cmd({"--config", dir / "job.yaml", "--nproc-per-node=1"}, {"--print-env", "WORLD_SIZE"}));
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_EQ(o.out, "[0]:WORLD_SIZE=1\n");
+}
+
+TEST(Launch, PythonScriptWithGlooAllreduce) {
+  if (RunCmd({"/usr/bin/python3", "-c", "import torch.distributed"}).exit_code != 0) {
+    GTEST_SKIP() << "/usr/bin/python3 has no torch (apt-get install python3-torch)";
+  }
+  auto r = RunCmd({kLaunch, "--nproc-per-node=2", std::string(TESTS_DIR) + "/python/allreduce.py"},
+               {"PYTHON_EXEC=/usr/bin/python3"}, std::chrono::seconds(120));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("[0]:rank 0/2 allreduce=3"));
+  EXPECT_THAT(r.out, HasSubstr("[1]:rank 1/2 allreduce=3"));
+}
+
+// ---- bad input: one line naming the value, exit 2, nothing started ----
+
+struct BadInput {
+  std::string name;
+  std::vector<std::string> launch_args;
+  std::string expect;  // in the error line
+};
+
+class BadInputTest : public ::testing::TestWithParam<BadInput> {};
+
+TEST_P(BadInputTest, OneLineErrorExit2NothingStarted) {
+  TempDir dir;
+  const BadInput& p = GetParam();
+  std::vector<std::string> argv = {kLaunch};
+  for (auto a : p.launch_args) {
+    if (a.rfind("@", 0) == 0) a = dir / a.substr(1);  // @name: a file in the temp dir
+    argv.push_back(a);
+  }
+  bool has_program = false;
+  for (const auto& a : argv) has_program |= a == "PROGRAM";
+  for (auto& a : argv)
+    if (a == "PROGRAM") a = kWorker;
+  if (!has_program && p.name != "missing_program" && p.name != "not_executable") argv.push_back(kWorker);
+  argv.push_back("--pid-file");
+  argv.push_back(dir / "started");
+  if (p.name == "yaml_syntax") WriteFile(dir / "bad.yaml", "nproc_per_node: 2\nrdzv: [unclosed\n");
+  if (p.name == "yaml_unknown_key") WriteFile(dir / "bad.yaml", "nproc_per_node: 2\n\nnproc: 3\n");
+  if (p.name == "not_executable") {
+    WriteFile(dir / "noexec", "#!/bin/sh\n");
+    chmod((dir / "noexec").c_str(), 0644);
+  }
+  int busy = -1;
+  if (p.name == "master_port_in_use") {
+    busy = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(bind(busy, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    ASSERT_EQ(listen(busy, 1), 0);
+    socklen_t len = sizeof a;
+    getsockname(busy, reinterpret_cast<sockaddr*>(&a), &len);
+    for (auto& arg : argv)
+      if (arg == "--master-port=BUSY") arg = "--master-port=" + std::to_string(ntohs(a.sin_port));
+  }
+  auto r = RunCmd(argv);
+  if (busy >= 0) close(busy);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_EQ(Lines(r.err).size(), 1u) << r.err;
+  EXPECT_THAT(r.err, HasSubstr(p.expect));
+  EXPECT_THAT(r.err, ::testing::StartsWith("launch: "));
+  EXPECT_FALSE(std::filesystem::exists(dir / "started")) << "a worker started";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Launch, BadInputTest,
+    ::testing::Values(
+        BadInput{"unknown_flag", {"--frobnicate=1", "PROGRAM"}, "unknown flag '--frobnicate=1'"},
+        BadInput{"nproc_zero", {"--nproc-per-node=0"}, "--nproc-per-node=0: expected a positive integer"},
+        BadInput{"nproc_negative", {"--nproc-per-node=-1"}, "--nproc-per-node=-1: expected"},
+        BadInput{"nproc_abc", {"--nproc-per-node=abc"}, "--nproc-per-node=abc: expected"},
+        BadInput{"nnodes_reversed", {"--nnodes", "3:2"}, "--nnodes=3:2: expected N or MIN:MAX"},
+        BadInput{"missing_program", {"/nonexistent/train"}, "'/nonexistent/train' does not exist"},
+        BadInput{"not_executable", {"@noexec"}, "is not executable"},
+        BadInput{"bad_endpoint", {"--rdzv-endpoint=host:99999"}, "--rdzv-endpoint=host:99999: port"},
+        BadInput{"bad_endpoint_empty_host", {"--rdzv-endpoint=:29400"}, "--rdzv-endpoint=:29400: empty host"},
+        BadInput{"yaml_syntax", {"--config", "@bad.yaml"}, "bad.yaml:3"},
+        BadInput{"yaml_unknown_key", {"--config", "@bad.yaml"}, "bad.yaml:3: nproc: unknown key"},
+        BadInput{"master_port_in_use", {"--master-port=BUSY"}, "already in use"},
+        BadInput{"redirects_9", {"--redirects", "9"}, "--redirects=9"},
+        BadInput{"tee_bad_map", {"--tee", "0:7"}, "--tee=0:7"},
+        BadInput{"run_path", {"--run-path"}, "--run-path is not supported"},
+        BadInput{"gpu_binding", {"--gpu-binding=spread"}, "--gpu-binding=spread: expected shared or isolate"},
+        BadInput{"max_restarts", {"--max-restarts=-2"}, "--max-restarts=-2"},
+        BadInput{"stop_timeout", {"--stop-timeout=soon"}, "--stop-timeout=soon"},
+        BadInput{"rdzv_conf", {"--rdzv-conf=join_timeout"}, "--rdzv-conf=join_timeout"}),
+    [](const auto& info) { return info.param.name; });
+
+TEST(Launch, NprocGpuWithoutGpuIsAClearError) {
+  auto probe = RunCmd(Cmd({"--nproc-per-node=gpu", "--dry-run"}, {}));
+  if (probe.exit_code == 0) GTEST_SKIP() << "this machine has a GPU";
+  EXPECT_EQ(probe.exit_code, 2);
+  EXPECT_THAT(probe.err, HasSubstr("--nproc-per-node=gpu: no GPU"));
+  EXPECT_EQ(Lines(probe.err).size(), 1u) << probe.err;
+}
+
+TEST(Launch, HelpListsTorchrunFlags) {
+  auto r = RunCmd({kLaunch, "--help"});
+  EXPECT_EQ(r.exit_code, 0);
+  for (const char* f : {"--nproc-per-node", "--max-restarts", "--rdzv-endpoint", "--redirects", "--tee",
+                        "--log-dir", "--stop-timeout", "--gpu-binding", "--dry-run"}) {
+    EXPECT_THAT(r.out, HasSubstr(f));
+  }
+}
+
+}  // namespace
+}  // namespace launch::testing

@@ -1,0 +1,40 @@
+#include "common/net.h"
+
+#include "gtest/gtest.h"
+
+namespace launch {
+namespace {
+
+TEST(HostPort, Forms) {
+  auto hp = ParseHostPort("node1:29400", "e");
+  ASSERT_TRUE(hp.ok());
+  EXPECT_EQ(hp->host, "node1");
+  EXPECT_EQ(*hp->port, 29400);
+  hp = ParseHostPort("[::1]:5", "e");
+  ASSERT_TRUE(hp.ok());
+  EXPECT_EQ(hp->host, "::1");
+  EXPECT_EQ(*hp->port, 5);
+  hp = ParseHostPort("fe80::1", "e");
+  ASSERT_TRUE(hp.ok());
+  EXPECT_FALSE(hp->port.has_value());
+  hp = ParseHostPort("10.1.2.3", "e");
+  ASSERT_TRUE(hp.ok());
+  EXPECT_FALSE(hp->port.has_value());
+  for (const char* bad : {"", ":1", "h:", "h:x", "h:70000", "[::1", "[::1]x", "a b:1", "1:2:3:zz"}) {
+    EXPECT_FALSE(ParseHostPort(bad, "--rdzv-endpoint").ok()) << bad;
+  }
+  EXPECT_EQ(JoinHostPort("::1", 7), "[::1]:7");
+  EXPECT_EQ(JoinHostPort("h", 7), "h:7");
+}
+
+TEST(Ports, FreePortIsFreeAndListenedPortIsInUse) {
+  auto port = PickFreePort("127.0.0.1");
+  ASSERT_TRUE(port.ok());
+  EXPECT_GT(*port, 0);
+  auto busy = PortInUse("127.0.0.1", *port);
+  ASSERT_TRUE(busy.ok());
+  EXPECT_FALSE(*busy);
+}
+
+}  // namespace
+}  // namespace launch

@@ -1,0 +1,167 @@
+#include "launcher/options.h"
+
+#include <unistd.h>
+
+#include <fstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace launch {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+absl::StatusOr<LaunchConfig> Parse(std::vector<std::string> args) {
+  args.insert(args.begin(), "launch");
+  auto p = ParseLaunchArgs(args);
+  if (!p.ok()) return p.status();
+  return p->config;
+}
+
+std::string Error(std::vector<std::string> args) {
+  auto c = Parse(std::move(args));
+  return c.ok() ? "<ok>" : std::string(c.status().message());
+}
+
+TEST(Options, DashAndUnderscoreSpellings) {
+  for (auto flag : {"--nproc-per-node=4", "--nproc_per_node=4"}) {
+    auto c = Parse({flag, "./train"});
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->nproc, 4);
+  }
+  auto c = Parse({"--max_restarts", "3", "--rdzv-id=job", "--rdzv_backend=static", "./train"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->max_restarts, 3);
+  EXPECT_EQ(c->rdzv_id, "job");
+  EXPECT_EQ(c->rdzv_backend, "static");
+}
+
+TEST(Options, ProgramArgsAfterProgramOrSeparator) {
+  auto c = Parse({"--nproc-per-node", "2", "./train", "--lr", "0.1", "--nproc-per-node=9"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->nproc, 2);
+  EXPECT_EQ(c->program, "./train");
+  EXPECT_THAT(c->args, ElementsAre("--lr", "0.1", "--nproc-per-node=9"));
+  c = Parse({"--nproc-per-node=2", "--", "./train", "-x"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->program, "./train");
+  EXPECT_THAT(c->args, ElementsAre("-x"));
+}
+
+TEST(Options, NprocKinds) {
+  EXPECT_EQ(Parse({"--nproc-per-node=cpu", "x"})->nproc_kind, LaunchConfig::Nproc::kCpu);
+  EXPECT_EQ(Parse({"--nproc-per-node=gpu", "x"})->nproc_kind, LaunchConfig::Nproc::kGpu);
+  EXPECT_EQ(Parse({"--nproc-per-node=auto", "x"})->nproc_kind, LaunchConfig::Nproc::kAuto);
+}
+
+TEST(Options, NnodesRange) {
+  auto c = Parse({"--nnodes=2:4", "x"});
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->min_nodes, 2);
+  EXPECT_EQ(c->max_nodes, 4);
+  EXPECT_THAT(Error({"--nnodes=3:2", "x"}), HasSubstr("--nnodes=3:2"));
+  EXPECT_THAT(Error({"--nnodes=0", "x"}), HasSubstr("--nnodes=0"));
+}
+
+TEST(Options, BadValuesNameTheValue) {
+  EXPECT_THAT(Error({"--nproc-per-node=0", "x"}), HasSubstr("--nproc-per-node=0: expected"));
+  EXPECT_THAT(Error({"--nproc-per-node=abc", "x"}), HasSubstr("--nproc-per-node=abc"));
+  EXPECT_THAT(Error({"--rdzv-endpoint=[::1", "x"}), HasSubstr("unclosed"));
+  EXPECT_THAT(Error({"--master-port=70000", "x"}), HasSubstr("--master-port=70000"));
+  EXPECT_THAT(Error({"--rdzv-conf=bogus=1", "x"}), HasSubstr("'bogus' is unknown"));
+  EXPECT_THAT(Error({"--module", "--no-python", "x"}), HasSubstr("cannot be used together"));
+  EXPECT_THAT(Error({"--nproc-per-node=2"}), HasSubstr("no program given"));
+  EXPECT_THAT(Error({"--bogus", "x"}), HasSubstr("unknown flag '--bogus'"));
+  EXPECT_THAT(Error({"--rdzv-id=a/b", "x"}), HasSubstr("--rdzv-id=a/b"));
+}
+
+TEST(Options, RedirectsAndTee) {
+  auto c = Parse({"-r", "3", "--tee", "0:1,1:2", "x"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->redirects.Stdout(5) && c->redirects.Stderr(5));
+  EXPECT_TRUE(c->tee.Stdout(0) && !c->tee.Stderr(0));
+  EXPECT_TRUE(!c->tee.Stdout(1) && c->tee.Stderr(1));
+  EXPECT_FALSE(c->tee.Stdout(2));
+}
+
+TEST(Options, MonitorIntervalAndStandaloneAccepted) {
+  auto c = Parse({"--standalone", "--monitor-interval=0.1", "--role=trainer", "x"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->standalone);
+  EXPECT_EQ(c->role, "trainer");
+}
+
+class YamlTest : public ::testing::Test {
+ protected:
+  std::string Write(const std::string& text) {
+    path_ = "/tmp/launch-options-test-" + std::to_string(getpid()) + ".yaml";
+    std::ofstream(path_) << text;
+    return path_;
+  }
+  void TearDown() override { ::unlink(path_.c_str()); }
+  std::string path_;
+};
+
+TEST_F(YamlTest, NestedSectionsAndFlagsOverride) {
+  std::string f = Write(
+      "nproc-per-node: 4\n"
+      "max_restarts: 2\n"
+      "rdzv:\n"
+      "  id: job7\n"
+      "  conf:\n"
+      "    join_timeout: 60\n"
+      "redirects: {0: 3}\n"
+      "gpus: [0, 2]\n"
+      "program: ./train\n"
+      "args: [--epochs, 3]\n"
+      "train:\n"
+      "  base_lr: 0.1\n"
+      "  global_batch: 256\n"
+      "  lr_scaling: sqrt\n");
+  auto c = Parse({"--config", f, "--max-restarts=5"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->nproc, 4);
+  EXPECT_EQ(c->max_restarts, 5);  // the flag wins
+  EXPECT_EQ(c->rdzv_id, "job7");
+  ASSERT_EQ(c->rdzv_conf.size(), 1u);
+  EXPECT_EQ(c->rdzv_conf[0].first, "join_timeout");
+  EXPECT_EQ(c->redirects.For(0), 3);
+  EXPECT_THAT(c->gpus, ElementsAre("0", "2"));
+  EXPECT_EQ(c->program, "./train");
+  EXPECT_THAT(c->args, ElementsAre("--epochs", "3"));
+  ASSERT_TRUE(c->train.has_value());
+  EXPECT_EQ(c->train->global_batch, 256);
+  EXPECT_EQ(c->train->mode, LrScaling::kSqrt);
+}
+
+TEST_F(YamlTest, UnknownKeyHasLineNumber) {
+  std::string f = Write("nproc_per_node: 2\nrdzv:\n  endpoint: h:1\n  colour: blue\n");
+  EXPECT_THAT(Error({"--config", f, "x"}), HasSubstr(f + ":4: rdzv_colour: unknown key"));
+}
+
+TEST_F(YamlTest, SyntaxErrorHasLineNumber) {
+  std::string f = Write("nproc_per_node: 2\nmax_restarts: [1,\n");
+  EXPECT_THAT(Error({"--config", f, "x"}), HasSubstr(f + ":3"));
+}
+
+TEST_F(YamlTest, BadValueNamesFileAndLine) {
+  std::string f = Write("\nnproc_per_node: lots\n");
+  EXPECT_THAT(Error({"--config", f, "x"}), HasSubstr(f + ":2: nproc_per_node=lots: expected"));
+}
+
+TEST_F(YamlTest, TrainSectionNeedsBaseLrAndOneBatch) {
+  EXPECT_THAT(Error({"--config", Write("train:\n  per_worker_batch: 8\n"), "x"}), HasSubstr("needs base_lr"));
+  EXPECT_THAT(Error({"--config", Write("train:\n  base_lr: 0.1\n"), "x"}),
+              HasSubstr("needs train.per_worker_batch or train.global_batch"));
+  EXPECT_THAT(Error({"--config", Write("train:\n  base_lr: 0.1\n  per_worker_batch: 8\n  lr_scaling: cubic\n"), "x"}),
+              HasSubstr("lr_scaling=cubic: expected linear, sqrt or none"));
+}
+
+TEST(Options, MissingConfigFile) {
+  EXPECT_THAT(Error({"--config", "/nonexistent.yaml", "x"}), HasSubstr("--config=/nonexistent.yaml"));
+}
+
+}  // namespace
+}  // namespace launch

@@ -1,0 +1,162 @@
+#include "tests/test_util.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+extern char** environ;
+
+namespace launch::testing {
+
+Child::Child(const std::vector<std::string>& argv, const std::vector<std::string>& extra_env) {
+  int out[2], err[2];
+  if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) std::abort();
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) env.emplace_back(*e);
+  for (const auto& kv : extra_env) {
+    std::string key = kv.substr(0, kv.find('='));
+    for (auto it = env.begin(); it != env.end();) {
+      it = it->compare(0, key.size() + 1, key + "=") == 0 ? env.erase(it) : it + 1;
+    }
+    if (kv.find('=') != std::string::npos) env.push_back(kv);  // "KEY" alone unsets
+  }
+  std::vector<char*> cargv, cenv;
+  for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  cargv.push_back(nullptr);
+  for (const auto& e : env) cenv.push_back(const_cast<char*>(e.c_str()));
+  cenv.push_back(nullptr);
+  pid_ = fork();
+  if (pid_ == 0) {
+    setpgid(0, 0);
+    dup2(out[1], 1);
+    dup2(err[1], 2);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    execve(cargv[0], cargv.data(), cenv.data());
+    _exit(127);
+  }
+  setpgid(pid_, pid_);
+  close(out[1]);
+  close(err[1]);
+  out_fd_ = out[0];
+  err_fd_ = err[0];
+  fcntl(out_fd_, F_SETFL, O_NONBLOCK);
+  fcntl(err_fd_, F_SETFL, O_NONBLOCK);
+}
+
+Child::~Child() {
+  if (!reaped_ && pid_ > 0) {
+    kill(-pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  if (out_fd_ >= 0) close(out_fd_);
+  if (err_fd_ >= 0) close(err_fd_);
+}
+
+void Child::Pump(int for_ms) {
+  pollfd fds[2] = {{out_fd_, POLLIN, 0}, {err_fd_, POLLIN, 0}};
+  int n = poll(fds, 2, for_ms);
+  if (n <= 0) return;
+  char buf[65536];
+  for (int i = 0; i < 2; ++i) {
+    if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP))) continue;
+    for (;;) {
+      ssize_t r = read(fds[i].fd, buf, sizeof buf);
+      if (r <= 0) break;
+      (i == 0 ? out_ : err_).append(buf, r);
+    }
+  }
+}
+
+RunResult Child::Wait(std::chrono::milliseconds timeout) {
+  RunResult r;
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!reaped_) {
+    Pump(5);
+    pid_t w = waitpid(pid_, &status_, WNOHANG);
+    if (w == pid_) {
+      reaped_ = true;
+      break;
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      r.timed_out = true;
+      kill(-pid_, SIGKILL);
+      waitpid(pid_, &status_, 0);
+      reaped_ = true;
+    }
+  }
+  // What is still in the pipes (writers that outlive the child are cut off after a moment).
+  for (int i = 0; i < 20; ++i) Pump(5);
+  r.out = out_;
+  r.err = err_;
+  r.exit_code = WIFEXITED(status_) ? WEXITSTATUS(status_) : 128 + WTERMSIG(status_);
+  return r;
+}
+
+RunResult RunCmd(const std::vector<std::string>& argv, const std::vector<std::string>& extra_env,
+              std::chrono::milliseconds timeout) {
+  Child c(argv, extra_env);
+  return c.Wait(timeout);
+}
+
+bool WaitUntil(const std::function<bool()>& cond, std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return cond();
+}
+
+bool ProcessAlive(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  if (!f) return false;
+  std::string line;
+  std::getline(f, line);
+  auto close = line.rfind(')');
+  if (close == std::string::npos || close + 2 >= line.size()) return false;
+  char state = line[close + 2];
+  return state != 'Z' && state != 'X';
+}
+
+std::vector<pid_t> ReadPids(const std::string& path) {
+  std::vector<pid_t> out;
+  std::ifstream f(path);
+  long p;
+  while (f >> p) out.push_back(static_cast<pid_t>(p));
+  return out;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+void WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream f(path);
+  f << text;
+}
+
+TempDir::TempDir() {
+  std::string tmpl = "/tmp/launch-test-XXXXXX";
+  if (!mkdtemp(tmpl.data())) std::abort();
+  path_ = tmpl;
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+}  // namespace launch::testing

@@ -1,0 +1,65 @@
+// Helpers for integration tests: run the real `launch` binary with a deadline, capture its
+// output, wait for conditions without fixed sleeps, and check that no process was left behind.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace launch::testing {
+
+struct RunResult {
+  int exit_code = -1;  // 128+signal when killed
+  std::string out, err;
+  bool timed_out = false;
+};
+
+// A running `launch` (or any program) whose output is collected in the background of Wait().
+class Child {
+ public:
+  Child(const std::vector<std::string>& argv, const std::vector<std::string>& extra_env = {});
+  ~Child();
+  pid_t pid() const { return pid_; }
+  // Reads output until exit or the deadline; on the deadline kills the child's process group.
+  RunResult Wait(std::chrono::milliseconds timeout = std::chrono::seconds(60));
+  // Reads whatever output is available for up to `for_ms` (so a pipe never fills).
+  void Pump(int for_ms);
+  const std::string& out() const { return out_; }
+  const std::string& err() const { return err_; }
+
+ private:
+  pid_t pid_ = -1;
+  int out_fd_ = -1, err_fd_ = -1;
+  std::string out_, err_;
+  bool reaped_ = false;
+  int status_ = 0;
+};
+
+RunResult RunCmd(const std::vector<std::string>& argv, const std::vector<std::string>& extra_env = {},
+              std::chrono::milliseconds timeout = std::chrono::seconds(60));
+
+// Polls `cond` (every few ms) until true or the deadline; returns its last value.
+bool WaitUntil(const std::function<bool()>& cond,
+               std::chrono::milliseconds timeout = std::chrono::seconds(20));
+
+bool ProcessAlive(pid_t pid);  // false for zombies too
+std::vector<pid_t> ReadPids(const std::string& path);
+std::string ReadFile(const std::string& path);
+void WriteFile(const std::string& path, const std::string& text);
+
+// A fresh directory under /tmp, removed by the destructor.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+}  // namespace launch::testing

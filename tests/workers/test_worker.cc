@@ -1,0 +1,138 @@
+// A scriptable worker for launch's integration tests and benchmarks. Actions run in argv order:
+//   --print-env K1,K2     print K=V lines
+//   --stamp FILE          append "<rank> <restart> <CLOCK_REALTIME ns>" (start-latency benches)
+//   --pid-file FILE       append this process's pid
+//   --grandchild FILE     fork a child that sleeps (same process group), append its pid
+//   --ignore-sigterm      SIGTERM does nothing
+//   --ignore SIG          signal SIG (a number) does nothing
+//   --stderr TEXT         write TEXT and a newline to stderr
+//   --partial TEXT        write TEXT to stdout in one-byte writes, then a newline
+//   --error-file MSG      write TORCHELASTIC_ERROR_FILE in torchelastic's JSON format
+//   --sleep SECONDS       sleep (0 = forever)
+//   --fail-rank R CODE    exit CODE if RANK == R
+//   --fail-below-restart K CODE   exit CODE while TORCHELASTIC_RESTART_COUNT < K
+//   --kill-self SIG       raise SIG
+//   --exit CODE           exit CODE
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace {
+
+int EnvInt(const char* k, int dflt) {
+  const char* v = std::getenv(k);
+  return v ? std::atoi(v) : dflt;
+}
+
+void Append(const char* path, const std::string& line) {
+  FILE* f = std::fopen(path, "a");
+  if (!f) {
+    std::perror(path);
+    std::exit(99);
+  }
+  std::fprintf(f, "%s\n", line.c_str());
+  std::fclose(f);
+}
+
+void SleepSeconds(double s) {
+  if (s <= 0) {
+    for (;;) pause();
+  }
+  timespec ts{static_cast<time_t>(s), static_cast<long>((s - static_cast<long>(s)) * 1e9)};
+  while (nanosleep(&ts, &ts) != 0) {
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int rank = EnvInt("RANK", -1);
+  const int restart = EnvInt("TORCHELASTIC_RESTART_COUNT", 0);
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> const char* {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "test_worker: %s needs a value\n", a.c_str());
+        std::exit(98);
+      }
+      return argv[++i];
+    };
+    if (a == "--print-env") {
+      std::string keys = next();
+      size_t start = 0;
+      while (start <= keys.size()) {
+        size_t comma = keys.find(',', start);
+        std::string k = keys.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+        const char* v = std::getenv(k.c_str());
+        std::printf("%s=%s\n", k.c_str(), v ? v : "<unset>");
+        if (comma == std::string::npos) break;
+        start = comma + 1;
+      }
+      std::fflush(stdout);
+    } else if (a == "--stamp") {
+      timespec ts;
+      clock_gettime(CLOCK_REALTIME, &ts);
+      long long ns = static_cast<long long>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+      Append(next(), std::to_string(rank) + " " + std::to_string(restart) + " " + std::to_string(ns));
+    } else if (a == "--pid-file") {
+      Append(next(), std::to_string(getpid()));
+    } else if (a == "--grandchild") {
+      const char* path = next();
+      pid_t pid = fork();
+      if (pid == 0) {
+        for (;;) pause();
+      }
+      Append(path, std::to_string(pid));
+    } else if (a == "--ignore-sigterm") {
+      signal(SIGTERM, SIG_IGN);
+    } else if (a == "--ignore") {
+      signal(std::atoi(next()), SIG_IGN);
+    } else if (a == "--stderr") {
+      std::fprintf(stderr, "%s\n", next());
+      std::fflush(stderr);
+    } else if (a == "--partial") {
+      const char* text = next();
+      for (const char* p = text; *p; ++p) {
+        ssize_t n = write(1, p, 1);
+        (void)n;
+        usleep(1000);
+      }
+      ssize_t n = write(1, "\n", 1);
+      (void)n;
+    } else if (a == "--error-file") {
+      const char* msg = next();
+      const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
+      if (path) {
+        FILE* f = std::fopen(path, "w");
+        std::fprintf(f,
+                     "{\"message\": {\"message\": \"%s\", \"extraInfo\": {\"py_callstack\": "
+                     "\"Traceback: test\", \"timestamp\": \"%ld\"}}}",
+                     msg, static_cast<long>(time(nullptr)));
+        std::fclose(f);
+      }
+    } else if (a == "--sleep") {
+      SleepSeconds(std::atof(next()));
+    } else if (a == "--fail-rank") {
+      int r = std::atoi(next());
+      int code = std::atoi(next());
+      if (rank == r) return code;
+    } else if (a == "--fail-below-restart") {
+      int k = std::atoi(next());
+      int code = std::atoi(next());
+      if (restart < k) return code;
+    } else if (a == "--kill-self") {
+      raise(std::atoi(next()));
+    } else if (a == "--exit") {
+      return std::atoi(next());
+    } else {
+      std::fprintf(stderr, "test_worker: unknown action %s\n", a.c_str());
+      return 97;
+    }
+  }
+  return 0;
+}
