@@ -177,7 +177,7 @@ int Agent::Run() {
   };
   long last_round = 0;
   for (;;) {
-    move(GroupEvent::kJoin);
+    if (state == GroupState::kInit) move(GroupEvent::kJoin);
     v1::JoinRequest req;
     req.set_run_id(opts_.spec.run_id);
     *req.mutable_node() = opts_.node;

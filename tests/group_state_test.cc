@@ -14,6 +14,8 @@ struct Transition {
   std::optional<S> to;  // nullopt: illegal
 };
 
+void PrintTo(const Transition& c, std::ostream* os) { *os << GroupStateName(c.from) << "+" << static_cast<int>(c.event); }
+
 class GroupStateTable : public ::testing::TestWithParam<Transition> {};
 
 TEST_P(GroupStateTable, Transition) {

@@ -110,6 +110,7 @@ TEST(Launch, RestartsUntilSuccessWithNewPortsAndCounts) {
   for (const auto& l : Lines(r.out))
     if (absl::StrContains(l, "MASTER_PORT=")) ports.insert(l.substr(l.find('=') + 1));
   EXPECT_EQ(ports.size(), 3u) << "a new MASTER_PORT per attempt: " << r.out;
+  EXPECT_THAT(r.err, Not(HasSubstr("internal"))) << "an illegal supervisor transition";
 }
 
 TEST(Launch, RestartBudgetExhaustedExitsWithWorkerCode) {
@@ -117,6 +118,7 @@ TEST(Launch, RestartBudgetExhaustedExitsWithWorkerCode) {
   EXPECT_EQ(r.exit_code, 7) << r.err;
   EXPECT_EQ(CountLines(r.err, "restarting the group"), 2) << r.err;
   EXPECT_THAT(r.err, HasSubstr("restart budget exhausted"));
+  EXPECT_THAT(r.err, Not(HasSubstr("internal"))) << "an illegal supervisor transition";
 }
 
 TEST(Launch, WorkerIgnoringSigtermIsKilledAfterTheGrace) {
@@ -297,6 +299,17 @@ TEST(Launch, PythonScriptWithGlooAllreduce) {
   EXPECT_THAT(r.out, HasSubstr("[1]:rank 1/2 allreduce=3"));
 }
 
+TEST(Launch, PythonRecordErrorFileReachesTheSummary) {
+  if (RunCmd({"/usr/bin/python3", "-c", "import torch.distributed"}).exit_code != 0) {
+    GTEST_SKIP() << "/usr/bin/python3 has no torch (apt-get install python3-torch)";
+  }
+  auto r = RunCmd({kLaunch, "--nproc-per-node=2", std::string(TESTS_DIR) + "/python/record_error.py"},
+                  {"PYTHON_EXEC=/usr/bin/python3"}, std::chrono::seconds(120));
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("ValueError: rank 1 found a bad batch"));
+  EXPECT_THAT(r.err, HasSubstr("<- root cause"));
+}
+
 // ---- bad input: one line naming the value, exit 2, nothing started ----
 
 struct BadInput {
@@ -304,6 +317,8 @@ struct BadInput {
   std::vector<std::string> launch_args;
   std::string expect;  // in the error line
 };
+
+void PrintTo(const BadInput& b, std::ostream* os) { *os << b.name; }
 
 class BadInputTest : public ::testing::TestWithParam<BadInput> {};
 

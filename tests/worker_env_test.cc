@@ -20,6 +20,8 @@ struct EnvCase {
   int expected_threads;
 };
 
+void PrintTo(const EnvCase& c, std::ostream* os) { *os << "nproc=" << c.nproc << " offset=" << c.rank_offset; }
+
 class WorkerEnvTable : public ::testing::TestWithParam<EnvCase> {};
 
 TEST_P(WorkerEnvTable, TorchrunContract) {
@@ -152,6 +154,8 @@ struct ScaleCase {
   double lr, scale;
   int pwb, gb;
 };
+
+void PrintTo(const ScaleCase& c, std::ostream* os) { *os << "world=" << c.world << " lr=" << c.lr; }
 
 class ScaleTable : public ::testing::TestWithParam<ScaleCase> {};
 
