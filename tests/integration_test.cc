@@ -299,6 +299,16 @@ TEST(Launch, PythonScriptWithGlooAllreduce) {
   EXPECT_THAT(r.out, HasSubstr("[1]:rank 1/2 allreduce=3"));
 }
 
+TEST(Launch, ModuleFlagRunsPythonDashM) {
+  TempDir dir;
+  WriteFile(dir / "probe_mod.py", "import os, sys\nprint('module', os.environ['RANK'], sys.stdout.write_through)\n");
+  auto r = RunCmd({kLaunch, "--nproc-per-node=2", "-m", "probe_mod"},
+                  {"PYTHON_EXEC=/usr/bin/python3", "PYTHONPATH=" + dir.path()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("[0]:module 0 True"));  // -u (unbuffered), as torchrun
+  EXPECT_THAT(r.out, HasSubstr("[1]:module 1 True"));
+}
+
 TEST(Launch, PythonRecordErrorFileReachesTheSummary) {
   if (RunCmd({"/usr/bin/python3", "-c", "import torch.distributed"}).exit_code != 0) {
     GTEST_SKIP() << "/usr/bin/python3 has no torch (apt-get install python3-torch)";
