@@ -414,6 +414,7 @@ def main():
     else:
         print(f"  torchrun:    {args.torchrun_python} {wrapper}  ({args.torchrun_runs} runs per scenario, +1 warm-up)")
     print(f"  test_worker: {args.test_worker}")
+    print("  load average at start: %.2f %.2f %.2f (other CPU load skews every number)" % os.getloadavg())
     sys.stdout.flush()
 
     tmp = tempfile.mkdtemp(prefix="bench_launch-")
@@ -487,6 +488,7 @@ def main():
                  f"{tr3:.1f} MiB" if tr3 is not None else te,
                  f"{tr3 / lr3:.1f}x" if lr3 and tr3 else na_ratio, "-", "-"])
 
+    print("  load average at end:   %.2f %.2f %.2f" % os.getloadavg())
     print()
     print_table(rows)
     print(f"harness overhead: spawning /bin/true directly takes {_fmt_ms(statistics.median(base))} (median), "

@@ -1,0 +1,50 @@
+// The worker's start: read the launcher's environment, set LibTorch's threads, pick the device,
+// seed per rank, and build the c10d process group (Gloo on CPU, NCCL on CUDA builds).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+
+#include <c10/core/Device.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "launch_sdk/env.h"
+
+namespace launch_sdk {
+
+struct InitOptions {
+  std::chrono::milliseconds timeout{std::chrono::minutes(30)};  // store and collectives
+  uint64_t seed = 0;              // every rank seeds seed + rank
+  bool cudnn_benchmark = false;   // throughput (autotuned kernels) ...
+  bool deterministic = false;     // ... or reproducibility
+  bool force_cpu = false;
+};
+
+class Context {
+ public:
+  static std::unique_ptr<Context> Init(const InitOptions& opts = {});
+  ~Context();
+
+  const WorkerEnv& env() const { return env_; }
+  int rank() const { return env_.rank; }
+  int world_size() const { return env_.world_size; }
+  c10::Device device() const { return device_; }
+  const c10::intrusive_ptr<c10d::ProcessGroup>& process_group() const { return pg_; }
+  const char* backend() const { return backend_; }
+
+  void Barrier();
+  // Destroys the process group (also done by the destructor).
+  void Destroy();
+
+ private:
+  Context() = default;
+  WorkerEnv env_;
+  c10::Device device_{c10::kCPU};
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  const char* backend_ = "gloo";
+};
+
+}  // namespace launch_sdk

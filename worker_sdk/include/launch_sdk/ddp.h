@@ -1,0 +1,76 @@
+// Data parallelism: parameters and buffers broadcast from rank 0 at the start; gradients averaged
+// in buckets (default 25 MiB) launched from autograd hooks as backward produces them, so
+// communication overlaps the rest of backward; NoSync for gradient accumulation.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/nn/module.h>
+
+namespace launch_sdk {
+
+struct DdpOptions {
+  size_t bucket_bytes = 25u << 20;
+  bool broadcast_buffers = true;  // rank 0's buffers before every SyncBuffers()
+};
+
+class DistributedDataParallel {
+ public:
+  DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
+                          c10::intrusive_ptr<c10d::ProcessGroup> pg, DdpOptions opts = {});
+  ~DistributedDataParallel();
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  // While alive, backward accumulates gradients locally; the next synced backward averages
+  // the accumulated sum.
+  class NoSync {
+   public:
+    explicit NoSync(DistributedDataParallel* ddp) : ddp_(ddp) { ddp_->sync_ = false; }
+    ~NoSync() { ddp_->sync_ = true; }
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    DistributedDataParallel* ddp_;
+  };
+  NoSync no_sync() { return NoSync(this); }
+
+  // Broadcasts rank 0's buffers (batch-norm statistics); call before a forward when they matter.
+  void SyncBuffers();
+  size_t num_buckets() const { return buckets_.size(); }
+  torch::nn::Module& module() { return *module_; }
+
+ private:
+  struct Bucket {
+    at::Tensor flat;
+    std::vector<size_t> params;   // indices into params_
+    std::vector<int64_t> offsets;
+    size_t pending = 0;
+    bool ready = false;
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+  void OnGrad(size_t param, const at::Tensor& grad);
+  at::Tensor View(size_t param);  // the parameter's slice of its bucket
+  void LaunchReadyBuckets();
+  void Finish();  // end of backward: wait, write the averages into .grad
+
+  std::shared_ptr<torch::nn::Module> module_;
+  c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  DdpOptions opts_;
+  std::vector<at::Tensor> params_;
+  std::vector<unsigned> hooks_;
+  std::vector<size_t> bucket_of_;
+  std::vector<bool> seen_;
+  std::vector<Bucket> buckets_;
+  size_t next_bucket_ = 0;
+  bool sync_ = true;
+  bool finish_queued_ = false;
+  std::mutex mu_;
+};
+
+}  // namespace launch_sdk

@@ -1,0 +1,78 @@
+#include "launch_sdk/env.h"
+
+#include <cstdlib>
+#include <stdexcept>
+
+namespace launch_sdk {
+namespace {
+
+const char* Get(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : nullptr;
+}
+
+long ParseLong(const char* name, const char* v) {
+  char* end = nullptr;
+  long out = std::strtol(v, &end, 10);
+  if (end == v || *end != '\0') {
+    throw std::invalid_argument(std::string(name) + "=" + v + ": expected an integer");
+  }
+  return out;
+}
+
+double ParseDouble(const char* name, const char* v) {
+  char* end = nullptr;
+  double out = std::strtod(v, &end);
+  if (end == v || *end != '\0') {
+    throw std::invalid_argument(std::string(name) + "=" + v + ": expected a number");
+  }
+  return out;
+}
+
+void Int(const char* name, int* out) {
+  if (const char* v = Get(name)) *out = static_cast<int>(ParseLong(name, v));
+}
+void OptInt(const char* name, std::optional<int>* out) {
+  if (const char* v = Get(name)) *out = static_cast<int>(ParseLong(name, v));
+}
+void OptDouble(const char* name, std::optional<double>* out) {
+  if (const char* v = Get(name)) *out = ParseDouble(name, v);
+}
+void Str(const char* name, std::string* out) {
+  if (const char* v = Get(name)) *out = v;
+}
+
+}  // namespace
+
+WorkerEnv ReadWorkerEnv() {
+  WorkerEnv e;
+  e.under_launcher = Get("RANK") && Get("WORLD_SIZE");
+  Int("RANK", &e.rank);
+  Int("LOCAL_RANK", &e.local_rank);
+  Int("WORLD_SIZE", &e.world_size);
+  Int("LOCAL_WORLD_SIZE", &e.local_world_size);
+  Int("GROUP_RANK", &e.group_rank);
+  Int("TORCHELASTIC_RESTART_COUNT", &e.restart_count);
+  Int("TORCHELASTIC_MAX_RESTARTS", &e.max_restarts);
+  Str("MASTER_ADDR", &e.master_addr);
+  Int("MASTER_PORT", &e.master_port);
+  Str("TORCHELASTIC_RUN_ID", &e.run_id);
+  Str("TORCHELASTIC_ERROR_FILE", &e.error_file);
+  Str("LAUNCH_GPU_BINDING", &e.gpu_binding);
+  OptInt("OMP_NUM_THREADS", &e.omp_threads);
+  OptDouble("LAUNCH_LR", &e.lr);
+  OptDouble("LAUNCH_LR_SCALE", &e.lr_scale);
+  OptInt("LAUNCH_PER_WORKER_BATCH", &e.per_worker_batch);
+  OptInt("LAUNCH_GLOBAL_BATCH", &e.global_batch);
+  Str("LAUNCH_LOG_DIR", &e.log_dir);
+  Str("LAUNCH_PROFILE_STEPS", &e.profile_steps);
+  Int("LAUNCH_PROGRESS_FD", &e.progress_fd);
+  if (e.world_size < 1) throw std::invalid_argument("WORLD_SIZE must be at least 1");
+  if (e.rank < 0 || e.rank >= e.world_size) {
+    throw std::invalid_argument("RANK=" + std::to_string(e.rank) + ": expected 0.." +
+                                std::to_string(e.world_size - 1));
+  }
+  return e;
+}
+
+}  // namespace launch_sdk
