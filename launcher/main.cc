@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "agent/process.h"
 #include "agent/signals.h"
 #include "launcher/options.h"
@@ -26,6 +27,8 @@ void SetUpLogging() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Debian builds abseil with mutex deadlock detection on; it shows in every gRPC lock.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   launch::BlockLauncherSignals();
   SetUpLogging();
   std::vector<std::string> args(argv, argv + argc);
