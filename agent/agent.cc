@@ -75,7 +75,7 @@ int Agent::SleepUnlessSignaled(std::chrono::milliseconds d) {
 absl::StatusOr<std::vector<WorkerLaunch>> Agent::PrepareAttempt(const v1::Assignment& a,
                                                                 const std::string& attempt_dir) {
   const int n = opts_.spec.local_world_size;
-  std::vector<std::string> error_files;
+  std::vector<WorkerPaths> paths;
   for (int i = 0; i < n; ++i) {
     std::string dir = absl::StrCat(attempt_dir, "/", i);
     if (!opts_.dry_run) {
@@ -88,7 +88,7 @@ absl::StatusOr<std::vector<WorkerLaunch>> Agent::PrepareAttempt(const v1::Assign
         spdlog::warn("moved an earlier error file to {}", kept);
       }
     }
-    error_files.push_back(dir + "/error.json");
+    paths.push_back({dir + "/error.json", opts_.log_dir.empty() ? "" : dir});
   }
   RoundInfo round;
   round.round = a.round();
@@ -99,7 +99,7 @@ absl::StatusOr<std::vector<WorkerLaunch>> Agent::PrepareAttempt(const v1::Assign
   round.master_addr = a.master_addr();
   round.master_port = a.master_port();
   round.restart_count = a.restart_count();
-  ASSIGN_OR_RETURN(WorkerEnvPlan plan, BuildWorkerEnvs(parent_env_, opts_.spec, round, error_files));
+  ASSIGN_OR_RETURN(WorkerEnvPlan plan, BuildWorkerEnvs(parent_env_, opts_.spec, round, paths));
   if (a.restart_count() == 0) {
     for (const auto& note : plan.notes) spdlog::info("{}", note);
   }
@@ -114,7 +114,7 @@ absl::StatusOr<std::vector<WorkerLaunch>> Agent::PrepareAttempt(const v1::Assign
       w.argv.push_back(absl::StrReplaceAll(arg, {{"${local_rank}", std::to_string(i)}}));
     }
     w.env = EnvToStrings(plan.envs[i]);
-    w.error_file = error_files[i];
+    w.error_file = paths[i].error_file;
     std::string dir = absl::StrCat(attempt_dir, "/", i);
     if (keep_files) {
       w.stdout_file = dir + "/stdout.log";

@@ -85,6 +85,7 @@ absl::StatusOr<pid_t> PosixProcessLauncher::Spawn(const SpawnOptions& opts) {
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
     if (opts.stdout_fd >= 0) ::dup2(opts.stdout_fd, STDOUT_FILENO);
     if (opts.stderr_fd >= 0) ::dup2(opts.stderr_fd, STDERR_FILENO);
+    if (opts.extra_fd >= 0) ::dup2(opts.extra_fd, opts.extra_fd_target);
     if (cwd && ::chdir(cwd) != 0) {
       child_errno = errno;
     } else {

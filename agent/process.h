@@ -19,6 +19,8 @@ struct SpawnOptions {
   std::string cwd;                // empty: inherit
   int stdout_fd = -1;             // child's stdout; -1: inherit
   int stderr_fd = -1;
+  int extra_fd = -1;          // given to the child as fd `extra_fd_target` (e.g. progress socket)
+  int extra_fd_target = 3;
   bool new_process_group = true;
   int parent_death_signal = SIGKILL;  // 0: none
 };

@@ -83,11 +83,11 @@ bool SetUnlessUserSet(const Env& parent, Env& env, const std::string& key, const
 
 absl::StatusOr<WorkerEnvPlan> BuildWorkerEnvs(const Env& parent, const WorkerGroupSpec& spec,
                                               const RoundInfo& round,
-                                              const std::vector<std::string>& error_files) {
+                                              const std::vector<WorkerPaths>& paths) {
   const int n = spec.local_world_size;
   if (n < 1) return absl::InvalidArgumentError("local world size must be at least 1");
-  if (static_cast<int>(error_files.size()) != n) {
-    return absl::InvalidArgumentError("one error file per local rank expected");
+  if (static_cast<int>(paths.size()) != n) {
+    return absl::InvalidArgumentError("one set of paths per local rank expected");
   }
   WorkerEnvPlan plan;
 
@@ -140,7 +140,9 @@ absl::StatusOr<WorkerEnvPlan> BuildWorkerEnvs(const Env& parent, const WorkerGro
     env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(spec.max_restarts);
     env["TORCHELASTIC_RUN_ID"] = spec.run_id;
     env["TORCHELASTIC_USE_AGENT_STORE"] = "False";  // rank 0 hosts the TCPStore, as with torchrun
-    env["TORCHELASTIC_ERROR_FILE"] = error_files[local];
+    env["TORCHELASTIC_ERROR_FILE"] = paths[local].error_file;
+    if (!paths[local].log_dir.empty()) env["LAUNCH_LOG_DIR"] = paths[local].log_dir;
+    env["LAUNCH_PROGRESS_FD"] = std::to_string(kProgressFd);
     SetUnlessUserSet(parent, env, "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
     env["LAUNCH_ROUND"] = std::to_string(round.round);
 

@@ -77,10 +77,19 @@ struct WorkerEnvPlan {
   std::vector<std::string> notes;  // what was chosen and why, for one log line each
 };
 
-// error_files[i] is local rank i's TORCHELASTIC_ERROR_FILE.
+// The fd number at which workers find the agent's progress socket (LAUNCH_PROGRESS_FD).
+constexpr int kProgressFd = 3;
+
+// Per local rank: where its files go.
+struct WorkerPaths {
+  std::string error_file;  // TORCHELASTIC_ERROR_FILE
+  std::string log_dir;     // LAUNCH_LOG_DIR (profiler traces); empty: not set
+};
+
+// paths[i] is local rank i's.
 absl::StatusOr<WorkerEnvPlan> BuildWorkerEnvs(const Env& parent, const WorkerGroupSpec& spec,
                                               const RoundInfo& round,
-                                              const std::vector<std::string>& error_files);
+                                              const std::vector<WorkerPaths>& paths);
 
 // The variables launch sets (for --dry-run output): the keys whose value differs from `parent`.
 Env EnvDiff(const Env& parent, const Env& env);

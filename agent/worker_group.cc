@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/epoll.h>
+#include <sys/socket.h>
 #include <sys/timerfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -13,7 +14,9 @@
 #include "absl/strings/str_replace.h"
 #include "agent/error_file.h"
 #include "agent/log_relay.h"
+#include "agent/worker_env.h"
 #include "common/status_macros.h"
+#include "launch_sdk/progress.h"
 #include "spdlog/spdlog.h"
 
 namespace launch {
@@ -87,6 +90,7 @@ struct Slot {
 constexpr uint64_t kSignalTag = 1ull << 40;
 constexpr uint64_t kStopTimerTag = 2ull << 40;
 constexpr uint64_t kHeartbeatTag = 3ull << 40;
+constexpr uint64_t kProgressTag = 4ull << 40;
 constexpr uint64_t kStderrBit = 1ull << 32;
 
 absl::StatusOr<UniqueFd> OpenLog(const std::string& path) {
@@ -132,6 +136,14 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
     watch(hb_timer.get(), kHeartbeatTag);
     ArmTimer(hb_timer.get(), opts_.heartbeat_interval, /*periodic=*/true);
   }
+
+  // One datagram socket for every worker's progress reports (worker_sdk's ProgressReporter).
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) != 0) {
+    return ErrnoStatus("socketpair");
+  }
+  UniqueFd progress_read(sv[0]), progress_write(sv[1]);
+  watch(progress_read.get(), kProgressTag);
 
   std::vector<Slot> slots(launches.size());
   GroupOutcome outcome;
@@ -184,6 +196,8 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
     so.env = l.env;
     so.stdout_fd = out.write.get();
     so.stderr_fd = err.write.get();
+    so.extra_fd = progress_write.get();
+    so.extra_fd_target = kProgressFd;
     s.start = clock_->Now();
     auto pid = launcher_->Spawn(so);
     if (!pid.ok()) {
@@ -310,6 +324,17 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
                      opts_.stop_timeout.count());
         killed = false;
         kill_now();
+      } else if (tag == kProgressTag) {
+        launch_sdk::ProgressRecord rec;
+        while (::recv(progress_read.get(), &rec, sizeof rec, 0) == static_cast<ssize_t>(sizeof rec)) {
+          if (rec.magic != launch_sdk::ProgressRecord{}.magic) continue;
+          for (auto& s : slots) {
+            if (s.result.rank != rec.rank) continue;
+            s.result.last_step = rec.step;
+            s.result.last_loss = rec.loss;
+            s.result.last_step_seconds = rec.step_seconds;
+          }
+        }
       } else if (tag == kHeartbeatTag) {
         DrainTimer(hb_timer.get());
         if (!stopping && opts_.heartbeat()) begin_stop(GroupOutcome::kCoordinatorStop, SIGTERM);
@@ -341,7 +366,7 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
 
 std::string FailureSummary(const GroupOutcome& outcome, const std::string& headline) {
   std::string out = absl::StrCat(headline, "\n");
-  absl::StrAppend(&out, "  rank  local  pid       status        time     error\n");
+  absl::StrAppend(&out, "  rank  local  pid       status        time     last step   error\n");
   auto status_text = [](const WorkerResult& w) {
     return w.signal ? SignalName(w.signal) : absl::StrCat("exit ", w.exit_code);
   };
@@ -349,8 +374,9 @@ std::string FailureSummary(const GroupOutcome& outcome, const std::string& headl
     const WorkerResult& w = outcome.workers[i];
     if (!w.failed()) continue;
     char line[256];
-    std::snprintf(line, sizeof line, "  %-5d %-6d %-9d %-13s %6.2fs  ", w.rank, w.local_rank, w.pid,
-                  status_text(w).c_str(), w.run_seconds);
+    std::string step = w.last_step < 0 ? "-" : std::to_string(w.last_step);
+    std::snprintf(line, sizeof line, "  %-5d %-6d %-9d %-13s %6.2fs  %-10s  ", w.rank, w.local_rank, w.pid,
+                  status_text(w).c_str(), w.run_seconds, step.c_str());
     std::string msg = w.error_message.substr(0, w.error_message.find('\n'));
     absl::StrAppend(&out, line, msg.empty() ? "-" : msg,
                     static_cast<int>(i) == outcome.root_cause ? "   <- root cause" : "", "\n");

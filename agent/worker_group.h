@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <string>
@@ -54,6 +55,10 @@ struct WorkerResult {
   Clock::TimePoint ended{};
   std::string error_message;
   std::deque<std::string> stderr_tail;
+  // The last progress report (worker_sdk's per-step call); last_step < 0: none came.
+  int64_t last_step = -1;
+  double last_loss = 0;
+  double last_step_seconds = 0;
   bool failed() const { return signal != 0 || exit_code != 0; }
   // torchrun's meaning of a worker's status as a process exit code.
   int AsExitCode() const { return signal ? 128 + signal : exit_code; }

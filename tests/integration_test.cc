@@ -84,6 +84,15 @@ TEST(Launch, ExitsWithTheRootCauseWorkersCodeAndSummarizes) {
   EXPECT_THAT(r.err, HasSubstr("SIGTERM"));  // rank 0 was stopped
 }
 
+TEST(Launch, ProgressReportsReachTheAgent) {
+  auto r = RunCmd(Cmd({"--nproc-per-node=2"}, {"--progress", "17", "--fail-rank", "1", "5", "--sleep", "0"}));
+  EXPECT_EQ(r.exit_code, 5) << r.err;
+  // The failed rank's row names the last step it reported.
+  bool found = false;
+  for (const auto& l : Lines(r.err)) found |= absl::StrContains(l, "exit 5") && absl::StrContains(l, " 17 ");
+  EXPECT_TRUE(found) << r.err;
+}
+
 TEST(Launch, KilledWorkerExitCodeIs128PlusSignal) {
   auto r = RunCmd(Cmd({"--nproc-per-node=1"}, {"--kill-self", "9"}));
   EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r.err;

@@ -6,9 +6,9 @@
 namespace launch {
 namespace {
 
-std::vector<std::string> ErrorFiles(int n) {
-  std::vector<std::string> v;
-  for (int i = 0; i < n; ++i) v.push_back("/logs/" + std::to_string(i) + "/error.json");
+std::vector<WorkerPaths> ErrorFiles(int n) {
+  std::vector<WorkerPaths> v;
+  for (int i = 0; i < n; ++i) v.push_back({"/logs/" + std::to_string(i) + "/error.json", ""});
   return v;
 }
 
@@ -59,7 +59,9 @@ TEST_P(WorkerEnvTable, TorchrunContract) {
     EXPECT_EQ(e.at("TORCHELASTIC_RESTART_COUNT"), "2");
     EXPECT_EQ(e.at("TORCHELASTIC_MAX_RESTARTS"), "3");
     EXPECT_EQ(e.at("TORCHELASTIC_RUN_ID"), "job");
-    EXPECT_EQ(e.at("TORCHELASTIC_ERROR_FILE"), ErrorFiles(c.nproc)[i]);
+    EXPECT_EQ(e.at("TORCHELASTIC_ERROR_FILE"), ErrorFiles(c.nproc)[i].error_file);
+    EXPECT_EQ(e.at("LAUNCH_PROGRESS_FD"), "3");
+    EXPECT_EQ(e.count("LAUNCH_LOG_DIR"), 0u);
     EXPECT_EQ(e.at("TORCH_NCCL_ASYNC_ERROR_HANDLING"), "1");
     EXPECT_EQ(e.at("OMP_NUM_THREADS"), std::to_string(c.expected_threads));
     EXPECT_EQ(e.at("MKL_NUM_THREADS"), std::to_string(c.expected_threads));
@@ -210,6 +212,14 @@ TEST(WorkerEnv, ScalingVariablesFollowTheRoundsWorldSize) {
   EXPECT_EQ(plan->envs[0].at("LAUNCH_LR_SCALE"), "6");
   EXPECT_EQ(plan->envs[0].at("LAUNCH_PER_WORKER_BATCH"), "64");
   EXPECT_EQ(plan->envs[0].at("LAUNCH_GLOBAL_BATCH"), "384");
+}
+
+TEST(WorkerEnv, LogDirIsExportedWhenKept) {
+  WorkerGroupSpec spec;
+  spec.local_world_size = 2;
+  auto plan = BuildWorkerEnvs({}, spec, RoundInfo{}, {{"/l/0/error.json", "/l/0"}, {"/l/1/error.json", "/l/1"}});
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->envs[1].at("LAUNCH_LOG_DIR"), "/l/1");
 }
 
 TEST(WorkerEnv, EnvDiffListsOnlyChanges) {

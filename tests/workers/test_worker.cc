@@ -13,6 +13,7 @@
 //   --fail-below-restart K CODE   exit CODE while TORCHELASTIC_RESTART_COUNT < K
 //   --kill-self SIG       raise SIG
 //   --exit CODE           exit CODE
+//   --progress N          report steps 1..N (loss 1/step) through worker_sdk's ProgressReporter
 #include <signal.h>
 #include <time.h>
 #include <unistd.h>
@@ -21,6 +22,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+
+#include "launch_sdk/progress.h"
 
 namespace {
 
@@ -127,6 +130,10 @@ int main(int argc, char** argv) {
       if (restart < k) return code;
     } else if (a == "--kill-self") {
       raise(std::atoi(next()));
+    } else if (a == "--progress") {
+      long n = std::atol(next());
+      launch_sdk::ProgressReporter reporter = launch_sdk::ProgressReporter::FromEnv();
+      for (long step = 1; step <= n; ++step) reporter.Report(step, 1.0 / step, 0.001);
     } else if (a == "--exit") {
       return std::atoi(next());
     } else {

@@ -176,21 +176,21 @@ std::optional<TrainState> Checkpointer::LoadLatest(torch::nn::Module& model, tor
       model.load(m);
       optim.load(o);
       TrainState s;
-      at::Tensor t;
-      archive.read("step", t);
-      s.step = t.item<int64_t>();
-      archive.read("epoch", t);
-      s.epoch = t.item<int64_t>();
-      archive.read("sampler_position", t);
-      s.sampler_position = t.item<int64_t>();
-      archive.read("loss_scale", t);
-      s.loss_scale = t.item<double>();
-      archive.read("scaler_growth_tracker", t);
-      s.scaler_growth_tracker = t.item<int64_t>();
-      archive.read("cpu_rng_state", t);
+      // A fresh tensor per key: InputArchive::read set_()s a defined tensor in place.
+      auto scalar = [&](const char* key) {
+        at::Tensor t;
+        archive.read(key, t);
+        return t;
+      };
+      s.step = scalar("step").item<int64_t>();
+      s.epoch = scalar("epoch").item<int64_t>();
+      s.sampler_position = scalar("sampler_position").item<int64_t>();
+      s.loss_scale = scalar("loss_scale").item<double>();
+      s.scaler_growth_tracker = scalar("scaler_growth_tracker").item<int64_t>();
+      at::Tensor rng = scalar("cpu_rng_state");
       auto gen = at::detail::getDefaultCPUGenerator();
       std::lock_guard<std::mutex> lock(gen.mutex());
-      gen.set_state(t);
+      gen.set_state(rng);
       return s;
     } catch (const std::exception& e) {
       std::fprintf(stderr, "launch_sdk: skipping checkpoint %s: %s\n", path.c_str(), e.what());

@@ -1,0 +1,243 @@
+// train_mlp: the reference workload. A data-parallel MLP (default 784,1024,1024,10, ReLU) trained
+// with cross-entropy and SGD (momentum 0.9) on a synthetic, seeded data set, sharded by
+// DistributedSampler, checkpointed and resumed by worker_sdk. Run it under launch:
+//   launch --nproc-per-node=2 build/bin/train_mlp --steps 200 --checkpoint-dir /tmp/ckpt
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "launch_sdk/amp.h"
+#include "launch_sdk/checkpoint.h"
+#include "launch_sdk/context.h"
+#include "launch_sdk/ddp.h"
+#include "launch_sdk/errors.h"
+#include "launch_sdk/profiler.h"
+#include "launch_sdk/progress.h"
+#include "launch_sdk/sampler.h"
+#include "launch_sdk/scaling.h"
+
+namespace {
+
+struct Args {
+  std::string dims = "784,1024,1024,10";
+  int batch = 64;  // per worker
+  long steps = 100;
+  int warmup = 10;  // steps before steps_per_s is measured (and of lr warmup)
+  double lr = 0.01;
+  std::string lr_scaling = "none";
+  int dataset_size = 8192;
+  uint64_t seed = 0;
+  std::string checkpoint_dir;
+  int checkpoint_every = 0;
+  int keep = 3;
+  double bucket_mb = 25;
+  int accum = 1;
+  int print_every = 10;
+  bool amp = false;
+  std::string save_params;
+  long fail_at_step = -1;  // fault injection: SIGKILL itself at this step on the first attempt
+  int fail_rank = 1;
+};
+
+std::vector<int64_t> ParseDims(const std::string& s) {
+  std::vector<int64_t> dims;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    size_t used = 0;
+    long v = std::stol(item, &used);
+    if (used != item.size() || v < 1) throw std::invalid_argument("--dims=" + s + ": expected positive integers");
+    dims.push_back(v);
+  }
+  if (dims.size() < 2) throw std::invalid_argument("--dims=" + s + ": expected at least input,output");
+  return dims;
+}
+
+double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+int Train(const Args& a) {
+  launch_sdk::InitOptions init;
+  init.seed = a.seed;
+  auto ctx = launch_sdk::Context::Init(init);
+  const int rank = ctx->rank(), world = ctx->world_size();
+  const std::vector<int64_t> dims = ParseDims(a.dims);
+
+  // Same initial weights everywhere (DDP broadcasts rank 0's anyway).
+  torch::manual_seed(a.seed);
+  auto model = std::make_shared<torch::nn::SequentialImpl>();
+  for (size_t i = 0; i + 1 < dims.size(); ++i) {
+    model->push_back(torch::nn::Linear(dims[i], dims[i + 1]));
+    if (i + 2 < dims.size()) model->push_back(torch::nn::ReLU());
+  }
+  model->to(ctx->device());
+  launch_sdk::DdpOptions dopts;
+  dopts.bucket_bytes = static_cast<size_t>(a.bucket_mb * 1024 * 1024);
+  launch_sdk::DistributedDataParallel ddp(model, ctx->process_group(), dopts);
+
+  // A synthetic data set from its own seeded generator: identical on every rank and attempt.
+  at::Generator data_gen = at::make_generator<at::CPUGeneratorImpl>(a.seed + 1000003);
+  at::Tensor inputs = at::randn({a.dataset_size, dims.front()}, data_gen);
+  // Labels from a random linear teacher, so there is something to learn.
+  at::Tensor teacher = at::randn({dims.front(), dims.back()}, data_gen);
+  at::Tensor labels = inputs.matmul(teacher).argmax(1);
+  launch_sdk::DistributedSampler sampler(a.dataset_size, world, rank, /*shuffle=*/true, a.seed);
+
+  launch_sdk::ScalingConfig scaling;
+  scaling.base_lr = a.lr;
+  scaling.per_worker_batch = a.batch;
+  scaling.grad_accum_steps = a.accum;
+  scaling.warmup_steps = a.warmup;
+  scaling.mode = a.lr_scaling == "linear" ? launch_sdk::LrScaling::kLinear
+                 : a.lr_scaling == "sqrt" ? launch_sdk::LrScaling::kSqrt
+                                          : launch_sdk::LrScaling::kNone;
+  if (ctx->env().lr) {  // the launcher scaled it already (config train: section)
+    scaling.base_lr = *ctx->env().lr;
+    scaling.mode = launch_sdk::LrScaling::kNone;
+  }
+  torch::optim::SGD optim(model->parameters(), torch::optim::SGDOptions(scaling.base_lr).momentum(0.9));
+
+  launch_sdk::TrainState state;
+  std::optional<launch_sdk::Checkpointer> ckpt;
+  if (!a.checkpoint_dir.empty()) {
+    ckpt.emplace(a.checkpoint_dir, a.keep);
+    if (auto resumed = ckpt->LoadLatest(*model, optim)) {
+      state = *resumed;
+      if (rank == 0) std::printf("resumed from step %ld (epoch %ld)\n", static_cast<long>(state.step), static_cast<long>(state.epoch));
+    }
+  }
+  launch_sdk::ProgressReporter progress = launch_sdk::ProgressReporter::FromEnv();
+  launch_sdk::StepProfiler profiler = launch_sdk::StepProfiler::FromEnv(rank);
+  const auto scaled = launch_sdk::ScaleForWorld(scaling, world);
+  if (rank == 0) {
+    std::printf("train_mlp: world %d, %s on %s, per-worker batch %d, global batch %d, peak lr %g, %zu bucket(s)\n",
+                world, ctx->backend(), ctx->device().str().c_str(), a.batch, scaled.global_batch, scaled.peak_lr,
+                ddp.num_buckets());
+  }
+
+  sampler.SetEpoch(state.epoch);
+  std::vector<int64_t> order = sampler.Indices();
+  const int64_t micro = a.batch / a.accum;
+  if (micro < 1 || a.batch % a.accum != 0) throw std::invalid_argument("--batch must be a multiple of --accum");
+
+  auto measure_start = std::chrono::steady_clock::now();
+  long measured_from = -1;
+  const long first_step = state.step + 1;
+  double last_loss = 0;
+  for (long step = state.step + 1; step <= a.steps; ++step) {
+    if (step == first_step + a.warmup || (measured_from < 0 && step == a.steps)) {
+      ctx->Barrier();
+      measure_start = std::chrono::steady_clock::now();
+      measured_from = step;
+    }
+    profiler.BeginStep(step);
+    const auto t0 = std::chrono::steady_clock::now();
+    if (state.sampler_position + a.batch > static_cast<int64_t>(order.size())) {
+      sampler.SetEpoch(++state.epoch);
+      order = sampler.Indices();
+      state.sampler_position = 0;
+    }
+    for (auto& g : optim.param_groups()) {
+      static_cast<torch::optim::SGDOptions&>(g.options()).lr(launch_sdk::LrAtStep(scaling, world, step - 1));
+    }
+    optim.zero_grad();
+    double loss_sum = 0;
+    for (int m = 0; m < a.accum; ++m) {
+      auto first = order.begin() + state.sampler_position + m * micro;
+      at::Tensor idx = at::tensor(std::vector<int64_t>(first, first + micro), at::kLong);
+      at::Tensor x = inputs.index_select(0, idx).to(ctx->device());
+      at::Tensor y = labels.index_select(0, idx).to(ctx->device());
+      auto backward = [&] {
+        at::Tensor out;
+        {
+          launch_sdk::Autocast autocast(ctx->device().type(), at::kBFloat16, a.amp);
+          out = model->forward(x);
+        }
+        at::Tensor loss = torch::nn::functional::cross_entropy(out.to(at::kFloat), y) / a.accum;
+        loss.backward();
+        loss_sum += loss.item<double>();
+      };
+      if (m + 1 < a.accum) {
+        auto no_sync = ddp.no_sync();
+        backward();
+      } else {
+        backward();
+      }
+    }
+    optim.step();
+    state.sampler_position += a.batch;
+    state.step = step;
+    last_loss = loss_sum;
+    progress.Report(step, loss_sum, Seconds(t0, std::chrono::steady_clock::now()));
+    if (a.print_every > 0 && (step % a.print_every == 0 || step == a.steps) && rank == 0) {
+      std::printf("step %ld loss %.6f\n", step, loss_sum);
+      std::fflush(stdout);
+    }
+    if (ckpt && a.checkpoint_every > 0 && step % a.checkpoint_every == 0) ckpt->Save(state, *model, optim, rank);
+    if (step == a.fail_at_step && rank == a.fail_rank && ctx->env().restart_count == 0) {
+      std::printf("fault injection: rank %d kills itself at step %ld\n", rank, step);
+      std::fflush(stdout);
+      std::raise(SIGKILL);
+    }
+  }
+  profiler.Stop();
+  ctx->Barrier();
+  const auto end = std::chrono::steady_clock::now();
+  if (rank == 0) {
+    long measured = measured_from < 0 ? 0 : a.steps - measured_from + 1;
+    double secs = Seconds(measure_start, end);
+    std::printf("done: steps=%ld loss=%.6f measured_steps=%ld steps_per_s=%.3f\n", a.steps, last_loss, measured,
+                measured > 0 && secs > 0 ? measured / secs : 0.0);
+  }
+  if (!a.save_params.empty() && rank == 0) {
+    std::ofstream f(a.save_params, std::ios::binary | std::ios::trunc);
+    for (const auto& p : model->parameters()) {
+      at::Tensor c = p.detach().to(at::kCPU).to(at::kFloat).contiguous();
+      f.write(static_cast<const char*>(c.data_ptr()), c.numel() * sizeof(float));
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  CLI::App app{"train_mlp: data-parallel MLP on synthetic data (run under launch)"};
+  app.add_option("--dims", a.dims, "layer sizes, input first");
+  app.add_option("--batch", a.batch, "per-worker batch")->check(CLI::PositiveNumber);
+  app.add_option("--steps", a.steps, "optimizer steps")->check(CLI::PositiveNumber);
+  app.add_option("--warmup", a.warmup, "warm-up steps (lr warmup; not timed)")->check(CLI::NonNegativeNumber);
+  app.add_option("--lr", a.lr, "base learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--lr-scaling", a.lr_scaling, "linear, sqrt or none")->check(CLI::IsMember({"linear", "sqrt", "none"}));
+  app.add_option("--dataset-size", a.dataset_size, "synthetic samples")->check(CLI::PositiveNumber);
+  app.add_option("--seed", a.seed, "seed of weights, data and shuffling");
+  app.add_option("--checkpoint-dir", a.checkpoint_dir, "resume from and save to this directory");
+  app.add_option("--checkpoint-every", a.checkpoint_every, "steps between checkpoints (0: never)");
+  app.add_option("--keep", a.keep, "checkpoints kept")->check(CLI::PositiveNumber);
+  app.add_option("--bucket-mb", a.bucket_mb, "DDP gradient bucket size in MiB")->check(CLI::PositiveNumber);
+  app.add_option("--accum", a.accum, "gradient accumulation micro-batches")->check(CLI::PositiveNumber);
+  app.add_option("--print-every", a.print_every, "steps between loss lines (0: never)");
+  app.add_flag("--amp", a.amp, "bf16 autocast (CPU) / autocast (CUDA)");
+  app.add_option("--save-params", a.save_params, "rank 0 writes the final parameters (float32) here");
+  app.add_option("--fail-at-step", a.fail_at_step, "fault injection: SIGKILL at this step, first attempt only");
+  app.add_option("--fail-rank", a.fail_rank, "the rank that --fail-at-step kills");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return launch_sdk::RunWithErrorFile([&] { return Train(a); });
+}

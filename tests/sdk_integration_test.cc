@@ -1,0 +1,129 @@
+// worker_sdk end to end under the real `launch`: DDP equivalence, kill-and-resume, error files,
+// the profiler's trace.
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace launch::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::vector<float> ReadFloats(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::vector<float> v;
+  float x;
+  while (f.read(reinterpret_cast<char*>(&x), sizeof x)) v.push_back(x);
+  return v;
+}
+
+double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size() || a.empty()) return INFINITY;
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(static_cast<double>(a[i]) - b[i]));
+  return m;
+}
+
+struct DdpCase {
+  const char* name;
+  const char* bucket_bytes;
+  const char* accum;
+  const char* expect_buckets;
+};
+
+class DdpEquivalence : public ::testing::TestWithParam<DdpCase> {};
+
+TEST_P(DdpEquivalence, TwoRanksMatchOneProcessOnTheWholeBatch) {
+  TempDir dir;
+  const DdpCase& c = GetParam();
+  auto single = RunCmd({SDK_WORKER_BIN, "single", dir / "single.bin", c.accum});
+  ASSERT_EQ(single.exit_code, 0) << single.err;
+  auto ddp = RunCmd({LAUNCH_BIN, "--nproc-per-node=2", SDK_WORKER_BIN, "ddp", dir / "ddp.bin", c.bucket_bytes, c.accum},
+                    {}, std::chrono::seconds(120));
+  ASSERT_EQ(ddp.exit_code, 0) << ddp.err;
+  EXPECT_THAT(ddp.out, HasSubstr(std::string("[0]:buckets=") + c.expect_buckets));
+  double diff = MaxAbsDiff(ReadFloats(dir / "single.bin"), ReadFloats(dir / "ddp.bin"));
+  EXPECT_LE(diff, 1e-5) << "max abs diff after 20 SGD steps";
+}
+
+// The model has 6 parameter tensors: 2336 floats in all; 2 KiB buckets give 3 buckets.
+INSTANTIATE_TEST_SUITE_P(Sdk, DdpEquivalence,
+                         ::testing::Values(DdpCase{"one_bucket", "26214400", "1", "1"},
+                                           DdpCase{"three_buckets", "4300", "1", "3"},
+                                           DdpCase{"no_sync_accumulation", "26214400", "2", "1"}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+TEST(Sdk, KillAndResumeEndsWithTheSameParameters) {
+  TempDir dir;
+  std::vector<std::string> train = {TRAIN_MLP_BIN, "--dims", "32,64,64,10", "--batch", "16", "--steps", "40",
+                                    "--dataset-size", "256", "--warmup", "0", "--checkpoint-every", "5",
+                                    "--print-every", "0"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> v = train;
+    v.insert(v.end(), extra.begin(), extra.end());
+    return v;
+  };
+  std::vector<std::string> straight = {LAUNCH_BIN, "--nproc-per-node=2"};
+  for (const auto& a : with({"--checkpoint-dir", dir / "a", "--save-params", dir / "a.bin"})) straight.push_back(a);
+  auto a = RunCmd(straight, {}, std::chrono::seconds(180));
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+
+  std::vector<std::string> crashed = {LAUNCH_BIN, "--nproc-per-node=2", "--max-restarts=1"};
+  for (const auto& x : with({"--checkpoint-dir", dir / "b", "--save-params", dir / "b.bin", "--fail-at-step", "22"}))
+    crashed.push_back(x);
+  auto b = RunCmd(crashed, {}, std::chrono::seconds(180));
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  EXPECT_THAT(b.out, HasSubstr("fault injection: rank 1 kills itself at step 22"));
+  EXPECT_THAT(b.err, HasSubstr("restarting the group"));
+  EXPECT_THAT(b.out, HasSubstr("resumed from step 20"));
+  double diff = MaxAbsDiff(ReadFloats(dir / "a.bin"), ReadFloats(dir / "b.bin"));
+  EXPECT_LE(diff, 1e-6);
+}
+
+TEST(Sdk, UncaughtExceptionWritesTheErrorFile) {
+  auto r = RunCmd({LAUNCH_BIN, "--nproc-per-node=1", SDK_WORKER_BIN, "throw", "the optimizer diverged"});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("std::runtime_error: the optimizer diverged   <- root cause"));
+}
+
+TEST(Sdk, FatalSignalWritesTheErrorFile) {
+  TempDir dir;
+  auto r = RunCmd({LAUNCH_BIN, "--nproc-per-node=1", "--log-dir", dir.path(), "--rdzv-id", "s", SDK_WORKER_BIN, "segv"});
+  EXPECT_EQ(r.exit_code, 128 + 11) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("Fatal signal 11 (SIGSEGV)"));
+  // The file is valid JSON for Python's json module too.
+  auto py = RunCmd({"/usr/bin/python3", "-c", "import json,sys; print(json.load(open(sys.argv[1]))['message']['message'])",
+                    dir.path() + "/s/attempt_0/0/error.json"});
+  EXPECT_EQ(py.out, "Fatal signal 11 (SIGSEGV)\n") << py.err;
+}
+
+TEST(Sdk, ProfilerWritesAChromeTracePerRank) {
+  TempDir dir;
+  auto r = RunCmd({LAUNCH_BIN, "--nproc-per-node=2", "--log-dir", dir.path(), "--rdzv-id", "p", TRAIN_MLP_BIN,
+                   "--dims", "16,32,4", "--steps", "6", "--warmup", "0", "--print-every", "0"},
+                  {"LAUNCH_PROFILE_STEPS=2-3"}, std::chrono::seconds(120));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (int rank : {0, 1}) {
+    std::string trace = dir.path() + "/p/attempt_0/" + std::to_string(rank) + "/trace_rank" + std::to_string(rank) + ".json";
+    std::string text = ReadFile(trace);
+    EXPECT_THAT(text, HasSubstr("\"ph\"")) << trace;
+    auto py = RunCmd({"/usr/bin/python3", "-c", "import json,sys; e=json.load(open(sys.argv[1])); print(len(e) > 0)", trace});
+    EXPECT_EQ(py.out, "True\n") << py.err;
+  }
+}
+
+TEST(Sdk, TrainMlpPrintsStepsPerSecond) {
+  auto r = RunCmd({LAUNCH_BIN, "--nproc-per-node=2", TRAIN_MLP_BIN, "--dims", "16,32,4", "--steps", "30", "--warmup", "5"},
+                  {}, std::chrono::seconds(120));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("measured_steps=25 steps_per_s="));
+}
+
+}  // namespace
+}  // namespace launch::testing
