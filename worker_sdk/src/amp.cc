@@ -36,7 +36,7 @@ Autocast::~Autocast() {
   }
 }
 
-GradScaler::GradScaler(GradScalerOptions opts, c10::intrusive_ptr<c10d::ProcessGroup> pg)
+GradScaler::GradScaler(GradScalerOptions opts, c10::intrusive_ptr<Comm> pg)
     : opts_(opts), pg_(std::move(pg)), scale_(opts.init_scale) {}
 
 at::Tensor GradScaler::Scale(const at::Tensor& loss) const {

@@ -8,7 +8,7 @@
 namespace launch_sdk {
 
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
-                                                 c10::intrusive_ptr<c10d::ProcessGroup> pg,
+                                                 c10::intrusive_ptr<Comm> pg,
                                                  DdpOptions opts)
     : module_(std::move(module)), pg_(std::move(pg)), opts_(opts) {
   for (auto& p : module_->parameters())

@@ -8,7 +8,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/Device.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include "launch_sdk/comm.h"
 #include <torch/optim/optimizer.h>
 
 namespace launch_sdk {
@@ -39,7 +39,7 @@ struct GradScalerOptions {
 class GradScaler {
  public:
   // pg (may be null): found-inf is agreed across ranks so every rank skips the same steps.
-  explicit GradScaler(GradScalerOptions opts = {}, c10::intrusive_ptr<c10d::ProcessGroup> pg = {});
+  explicit GradScaler(GradScalerOptions opts = {}, c10::intrusive_ptr<Comm> pg = {});
 
   at::Tensor Scale(const at::Tensor& loss) const;
   // Unscales the gradients in place and checks them; idempotent until the next Update.
@@ -58,7 +58,7 @@ class GradScaler {
 
  private:
   GradScalerOptions opts_;
-  c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  c10::intrusive_ptr<Comm> pg_;
   double scale_;
   int64_t growth_tracker_ = 0;
   bool unscaled_ = false;

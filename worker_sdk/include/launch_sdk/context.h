@@ -7,7 +7,7 @@
 #include <memory>
 
 #include <c10/core/Device.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include "launch_sdk/comm.h"
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "launch_sdk/env.h"
@@ -31,7 +31,7 @@ class Context {
   int rank() const { return env_.rank; }
   int world_size() const { return env_.world_size; }
   c10::Device device() const { return device_; }
-  const c10::intrusive_ptr<c10d::ProcessGroup>& process_group() const { return pg_; }
+  const c10::intrusive_ptr<Comm>& process_group() const { return pg_; }
   const char* backend() const { return backend_; }
 
   void Barrier();
@@ -43,7 +43,7 @@ class Context {
   WorkerEnv env_;
   c10::Device device_{c10::kCPU};
   c10::intrusive_ptr<c10d::Store> store_;
-  c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  c10::intrusive_ptr<Comm> pg_;
   const char* backend_ = "gloo";
 };
 

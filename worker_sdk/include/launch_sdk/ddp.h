@@ -8,7 +8,7 @@
 #include <mutex>
 #include <vector>
 
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include "launch_sdk/comm.h"
 #include <torch/nn/module.h>
 
 namespace launch_sdk {
@@ -21,7 +21,7 @@ struct DdpOptions {
 class DistributedDataParallel {
  public:
   DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
-                          c10::intrusive_ptr<c10d::ProcessGroup> pg, DdpOptions opts = {});
+                          c10::intrusive_ptr<Comm> pg, DdpOptions opts = {});
   ~DistributedDataParallel();
   DistributedDataParallel(const DistributedDataParallel&) = delete;
   DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
@@ -60,7 +60,7 @@ class DistributedDataParallel {
   void Finish();  // end of backward: wait, write the averages into .grad
 
   std::shared_ptr<torch::nn::Module> module_;
-  c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  c10::intrusive_ptr<Comm> pg_;
   DdpOptions opts_;
   std::vector<at::Tensor> params_;
   std::vector<unsigned> hooks_;
