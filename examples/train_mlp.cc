@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -215,6 +216,7 @@ int Train(const Args& a) {
 
 int main(int argc, char** argv) {
   Args a;
+  if (const char* b = std::getenv("LAUNCH_PER_WORKER_BATCH")) a.batch = std::atoi(b);  // launch's train: section
   CLI::App app{"train_mlp: data-parallel MLP on synthetic data (run under launch)"};
   app.add_option("--dims", a.dims, "layer sizes, input first");
   app.add_option("--batch", a.batch, "per-worker batch")->check(CLI::PositiveNumber);

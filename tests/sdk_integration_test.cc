@@ -118,6 +118,42 @@ TEST(Sdk, ProfilerWritesAChromeTracePerRank) {
   }
 }
 
+std::string DoneLine(const std::string& out) {
+  auto at = out.find("[0]:done: ");
+  return at == std::string::npos ? "" : out.substr(at, out.find(" measured_steps", at) - at);
+}
+
+TEST(Sdk, PythonDdpTwinTrainsTheSameUnderLaunch) {
+  if (RunCmd({"/usr/bin/python3", "-c", "import torch.distributed"}).exit_code != 0) {
+    GTEST_SKIP() << "/usr/bin/python3 has no torch";
+  }
+  std::vector<std::string> flags = {"--dims", "16,32,4", "--batch", "8", "--steps", "30", "--warmup", "2",
+                                    "--dataset-size", "128", "--print-every", "0"};
+  std::vector<std::string> py = {LAUNCH_BIN, "--nproc-per-node=2", std::string(SOURCE_DIR) + "/examples/python/train_ddp.py"};
+  std::vector<std::string> cc = {LAUNCH_BIN, "--nproc-per-node=2", TRAIN_MLP_BIN};
+  py.insert(py.end(), flags.begin(), flags.end());
+  cc.insert(cc.end(), flags.begin(), flags.end());
+  auto p = RunCmd(py, {"PYTHON_EXEC=/usr/bin/python3"}, std::chrono::seconds(120));
+  auto c = RunCmd(cc, {}, std::chrono::seconds(120));
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  ASSERT_EQ(c.exit_code, 0) << c.err;
+  EXPECT_THAT(p.out, HasSubstr("steps_per_s="));
+  // Same data, sampler, model and optimizer: the same final loss to six digits.
+  EXPECT_EQ(DoneLine(p.out), DoneLine(c.out)) << p.out << c.out;
+  EXPECT_FALSE(DoneLine(c.out).empty());
+}
+
+TEST(Sdk, ExampleConfigsAreValid) {
+  // Paths in the configs are relative to the repository root.
+  auto r = RunCmd({"/bin/sh", "-c", std::string("cd ") + SOURCE_DIR + " && " + LAUNCH_BIN +
+                                        " --config examples/configs/train_mlp.yaml --dry-run && " +
+                                        "PYTHON_EXEC=/usr/bin/python3 " + LAUNCH_BIN +
+                                        " --config examples/configs/train_ddp.yaml --dry-run"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("LAUNCH_LR=0.02"));  // base_lr 0.01 x 2 workers, linear
+  EXPECT_THAT(r.out, HasSubstr("train_ddp.py --steps 100"));
+}
+
 TEST(Sdk, TrainMlpPrintsStepsPerSecond) {
   auto r = RunCmd({LAUNCH_BIN, "--nproc-per-node=2", TRAIN_MLP_BIN, "--dims", "16,32,4", "--steps", "30", "--warmup", "5"},
                   {}, std::chrono::seconds(120));

@@ -24,6 +24,7 @@ namespace {
 constexpr char kMagic[8] = {'L', 'A', 'U', 'N', 'C', 'H', 'C', '1'};
 constexpr const char* kPrefix = "ckpt-";
 constexpr const char* kSuffix = ".lck";
+constexpr const char* kBufferPrefix = "buffer:";
 
 struct Header {
   char magic[8];
@@ -92,7 +93,8 @@ void Checkpointer::Save(const TrainState& state, torch::nn::Module& model, torch
   torch::serialize::OutputArchive archive;
   {
     torch::serialize::OutputArchive m;
-    model.save(m);
+    for (const auto& p : model.named_parameters()) m.write(p.key(), p.value());
+    for (const auto& b : model.named_buffers()) m.write(std::string(kBufferPrefix) + b.key(), b.value(), /*is_buffer=*/true);
     archive.write("model", m);
     torch::serialize::OutputArchive o;
     optim.save(o);
@@ -173,8 +175,27 @@ std::optional<TrainState> Checkpointer::LoadLatest(torch::nn::Module& model, tor
       torch::serialize::InputArchive m, o;
       archive.read("model", m);
       archive.read("optimizer", o);
-      model.load(m);
+      // Copied into the existing tensors, never re-pointed: DistributedDataParallel's autograd
+      // hooks and the optimizer keep referring to the same parameters.
+      std::vector<std::pair<at::Tensor, at::Tensor>> loaded;
+      for (const auto& p : model.named_parameters()) {
+        at::Tensor t;
+        m.read(p.key(), t);
+        if (!t.sizes().equals(p.value().sizes())) {
+          throw std::runtime_error("parameter " + p.key() + " has a different shape");
+        }
+        loaded.emplace_back(p.value(), t);
+      }
+      for (const auto& b : model.named_buffers()) {
+        at::Tensor t;
+        m.read(std::string(kBufferPrefix) + b.key(), t, /*is_buffer=*/true);
+        loaded.emplace_back(b.value(), t);
+      }
       optim.load(o);
+      {
+        at::NoGradGuard no_grad;
+        for (auto& [dst, src] : loaded) dst.copy_(src);
+      }
       TrainState s;
       // A fresh tensor per key: InputArchive::read set_()s a defined tensor in place.
       auto scalar = [&](const char* key) {

@@ -2,14 +2,15 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <stdexcept>
 
 namespace launch_sdk {
 
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
-                                                 c10::intrusive_ptr<Comm> pg,
-                                                 DdpOptions opts)
+                                                 c10::intrusive_ptr<Comm> pg, DdpOptions opts)
     : module_(std::move(module)), pg_(std::move(pg)), opts_(opts) {
   for (auto& p : module_->parameters())
     if (p.requires_grad()) params_.push_back(p);
@@ -35,9 +36,9 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   for (size_t k = params_.size(); k-- > 0;) {
     const at::Tensor& p = params_[k];
     const size_t pbytes = static_cast<size_t>(p.numel()) * p.element_size();
-    bool fresh = buckets_.empty() || bytes + pbytes > opts_.bucket_bytes ||
-                 params_[buckets_.back().params.front()].scalar_type() != p.scalar_type() ||
-                 params_[buckets_.back().params.front()].device() != p.device();
+    const bool fresh = buckets_.empty() || bytes + pbytes > opts_.bucket_bytes ||
+                       params_[buckets_.back().params.front()].scalar_type() != p.scalar_type() ||
+                       params_[buckets_.back().params.front()].device() != p.device();
     if (fresh) {
       buckets_.emplace_back();
       bytes = 0;
@@ -48,28 +49,36 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     bucket_of_[k] = buckets_.size() - 1;
     bytes += pbytes;
   }
+  views_.resize(params_.size());
   for (auto& b : buckets_) {
     int64_t numel = b.offsets.back() + params_[b.params.back()].numel();
     b.flat = at::zeros({numel}, params_[b.params.front()].options());
     b.pending = b.params.size();
+    for (size_t i = 0; i < b.params.size(); ++i) {
+      const at::Tensor& p = params_[b.params[i]];
+      // An alias of the bucket's storage, not an autograd view: optimizers may detach_() it.
+      views_[b.params[i]] = at::empty({0}, p.options()).set_(b.flat.storage(), b.offsets[i], p.sizes(),
+                                                             p.contiguous().strides());
+    }
   }
+  // Post-hooks on the gradient accumulators run once a parameter's .grad holds this backward's
+  // contribution (as c10d's Reducer does).
   for (size_t k = 0; k < params_.size(); ++k) {
-    hooks_.push_back(params_[k].register_hook([this, k](const at::Tensor& grad) { OnGrad(k, grad); }));
+    auto acc = torch::autograd::impl::grad_accumulator(params_[k]);
+    hooks_.push_back(acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+        [this, k](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+          OnGradReady(k);
+          return outputs;
+        })));
+    accumulators_.push_back(std::move(acc));
   }
 }
 
 DistributedDataParallel::~DistributedDataParallel() {
-  for (size_t k = 0; k < params_.size() && k < hooks_.size(); ++k) params_[k].remove_hook(hooks_[k]);
+  for (size_t k = 0; k < accumulators_.size(); ++k) accumulators_[k]->del_post_hook(hooks_[k]);
 }
 
-at::Tensor DistributedDataParallel::View(size_t param) {
-  Bucket& b = buckets_[bucket_of_[param]];
-  size_t pos = 0;
-  while (b.params[pos] != param) ++pos;
-  return b.flat.narrow(0, b.offsets[pos], params_[param].numel()).view(params_[param].sizes());
-}
-
-void DistributedDataParallel::OnGrad(size_t param, const at::Tensor& grad) {
+void DistributedDataParallel::OnGradReady(size_t param) {
   if (!sync_) return;
   std::lock_guard<std::mutex> lock(mu_);
   if (!finish_queued_) {
@@ -78,11 +87,11 @@ void DistributedDataParallel::OnGrad(size_t param, const at::Tensor& grad) {
   }
   if (seen_[param]) return;  // a second gradient for the same parameter in one backward
   at::NoGradGuard no_grad;
-  at::Tensor view = View(param);
-  view.copy_(grad);
-  // Gradients accumulated under NoSync are averaged together with this one.
-  const at::Tensor& acc = params_[param].grad();
-  if (acc.defined()) view.add_(acc);
+  const at::Tensor& grad = params_[param].grad();
+  at::Tensor& view = View(param);
+  // Usually .grad is the bucket view already; in the first step, or after an optimizer set it to
+  // none, copy it in (it includes what NoSync steps accumulated).
+  if (grad.defined() && !grad.is_same(view)) view.copy_(grad);
   seen_[param] = true;
   Bucket& b = buckets_[bucket_of_[param]];
   if (--b.pending == 0) {
@@ -110,10 +119,9 @@ void DistributedDataParallel::Finish() {
     if (b.ready) continue;
     for (size_t k : b.params) {
       if (seen_[k]) continue;
-      at::Tensor view = View(k);
       const at::Tensor& acc = params_[k].grad();
-      if (acc.defined()) view.copy_(acc);
-      else view.zero_();
+      if (!acc.defined()) View(k).zero_();
+      else if (!acc.is_same(View(k))) View(k).copy_(acc);
       seen_[k] = true;
     }
     b.pending = 0;
@@ -123,11 +131,10 @@ void DistributedDataParallel::Finish() {
   for (auto& b : buckets_) {
     b.work->wait();
     b.work.reset();
+    // The averaged gradients are in the bucket; .grad becomes (or stays) the view of it.
     for (size_t k : b.params) {
-      at::Tensor view = View(k);
       at::Tensor& g = params_[k].mutable_grad();
-      if (g.defined()) g.copy_(view);
-      else g = view.clone();
+      if (!g.defined() || !g.is_same(View(k))) g = View(k);
     }
     b.pending = b.params.size();
     b.ready = false;

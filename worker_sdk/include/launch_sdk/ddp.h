@@ -1,6 +1,9 @@
 // Data parallelism: parameters and buffers broadcast from rank 0 at the start; gradients averaged
 // in buckets (default 25 MiB) launched from autograd hooks as backward produces them, so
 // communication overlaps the rest of backward; NoSync for gradient accumulation.
+// After the first step each parameter's .grad is a view into its bucket (PyTorch's
+// gradient_as_bucket_view), so gradients are accumulated and all-reduced in place, with no copies;
+// an optimizer that sets .grad to none costs one copy per step instead.
 #pragma once
 
 #include <cstddef>
@@ -9,6 +12,7 @@
 #include <vector>
 
 #include "launch_sdk/comm.h"
+#include <torch/csrc/autograd/function.h>
 #include <torch/nn/module.h>
 
 namespace launch_sdk {
@@ -54,8 +58,8 @@ class DistributedDataParallel {
     bool ready = false;
     c10::intrusive_ptr<c10d::Work> work;
   };
-  void OnGrad(size_t param, const at::Tensor& grad);
-  at::Tensor View(size_t param);  // the parameter's slice of its bucket
+  void OnGradReady(size_t param);  // after autograd accumulated the parameter's .grad
+  at::Tensor& View(size_t param) { return views_[param]; }  // its slice of its bucket
   void LaunchReadyBuckets();
   void Finish();  // end of backward: wait, write the averages into .grad
 
@@ -63,7 +67,9 @@ class DistributedDataParallel {
   c10::intrusive_ptr<Comm> pg_;
   DdpOptions opts_;
   std::vector<at::Tensor> params_;
-  std::vector<unsigned> hooks_;
+  std::vector<at::Tensor> views_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // kept alive for the hooks
+  std::vector<uintptr_t> hooks_;
   std::vector<size_t> bucket_of_;
   std::vector<bool> seen_;
   std::vector<Bucket> buckets_;
