@@ -36,7 +36,7 @@ REPO_ROOT = os.path.dirname(BENCH_DIR)
 # name: (dims, per-rank batch, steps, warm-up steps, target C++/Python ratio)
 CONFIGS = {
     "a": ("784,1024,1024,10", 64, 120, 20, 1.0),
-    "b": ("64,128,128,10", 32, 1600, 200, 2.0),
+    "b": ("64,128,128,10", 32, 1200, 200, 2.0),
 }
 
 DONE_RE = re.compile(r"^\[0\]:done: steps=(\d+) loss=(\S+) measured_steps=(\d+) steps_per_s=(\S+)\s*$",
