@@ -1,6 +1,5 @@
 #include "agent/worker_env.h"
 
-#include <cmath>
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
@@ -51,16 +50,15 @@ absl::StatusOr<ScaledTraining> ScaleTraining(const TrainScaling& t, int world_si
     return absl::InvalidArgumentError(
         "train.base_lr needs train.per_worker_batch or train.global_batch");
   }
-  int base_batch = t.base_batch ? *t.base_batch
-                   : t.per_worker_batch ? *t.per_worker_batch
-                                        : *t.global_batch;
-  double ratio = static_cast<double>(out.global_batch) / base_batch;
-  switch (t.mode) {
-    case LrScaling::kLinear: out.lr_scale = ratio; break;
-    case LrScaling::kSqrt: out.lr_scale = std::sqrt(ratio); break;
-    case LrScaling::kNone: out.lr_scale = 1; break;
-  }
-  out.lr = t.base_lr * out.lr_scale;
+  launch_sdk::ScalingConfig c;
+  c.base_lr = t.base_lr;
+  c.per_worker_batch = out.per_worker_batch;
+  c.grad_accum_steps = t.grad_accum_steps;
+  c.mode = t.mode;
+  c.base_batch = t.base_batch ? *t.base_batch : t.per_worker_batch ? *t.per_worker_batch : *t.global_batch;
+  const launch_sdk::Scaled s = launch_sdk::ScaleForWorld(c, world_size);
+  out.lr_scale = s.lr_scale;
+  out.lr = s.peak_lr;
   return out;
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "launch_sdk/scaling.h"
 
 namespace launch {
 
@@ -18,7 +19,8 @@ Env CurrentEnv();
 // "KEY=VALUE" strings, for execve.
 std::vector<std::string> EnvToStrings(const Env& env);
 
-enum class LrScaling { kLinear, kSqrt, kNone };
+// The SDK's scaling rules (torch-free) are the one definition both sides use.
+using LrScaling = launch_sdk::LrScaling;
 enum class GpuBinding { kShared, kIsolate };
 
 // The config's `train:` section: inputs to learning-rate and batch scaling.
