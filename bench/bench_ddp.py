@@ -20,11 +20,8 @@ printed no result line or left processes behind); 2 when everything ran but the 
 Python losses differ by more than --loss-rtol (the two sides did not compute the same thing).
 """
 import argparse
-import ctypes
 import os
 import re
-import select
-import signal
 import statistics
 import sys
 import tempfile
@@ -32,6 +29,9 @@ import time
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(BENCH_DIR)
+
+sys.path.insert(0, BENCH_DIR)
+import harness  # noqa: E402  (bench/harness.py, next to this script)
 
 # name: (dims, per-rank batch, steps, warm-up steps, target C++/Python ratio)
 CONFIGS = {
@@ -51,177 +51,21 @@ _SCRUB_NAMES = {
 }
 
 
-class HarnessError(Exception):
-    """The benchmark could not measure something (bad arguments, missing binary, failed run)."""
-
-
-# --------------------------------------------------------------------------------------------
-# Processes: every run has a timeout; nothing it starts outlives it.
-# --------------------------------------------------------------------------------------------
-
-def _become_subreaper():
-    """Orphaned descendants (workers a launcher left behind) re-parent to us, so they can be
-    found and killed. Linux only; best effort."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
-    except Exception:
-        return False
-
-
-def _stat(pid):
-    """(ppid, state) from /proc/pid/stat, or None."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read().decode("ascii", "replace")
-    except OSError:
-        return None
-    rest = data[data.rfind(")") + 2:].split()
-    return int(rest[1]), rest[0]
-
-
-def _pids():
-    return [int(d) for d in os.listdir("/proc") if d.isdigit()]
-
-
-def _descendants(root):
-    children = {}
-    for pid in _pids():
-        st = _stat(pid)
-        if st:
-            children.setdefault(st[0], []).append(pid)
-    out, todo = [], [root]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
-def _kill(pid, sig):
-    try:
-        os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _cmdline(pid):
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()[:200]
-    except OSError:
-        return "?"
-
-
-def _reap_zombies():
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-
-
-def _wait_exit(pid, timeout):
-    """Wait at most timeout s for child pid; (exit code or -signal, seconds) or None."""
-    deadline = time.perf_counter() + timeout
-    pidfd = -1
-    if hasattr(os, "pidfd_open"):
-        try:
-            pidfd = os.pidfd_open(pid)
-        except OSError:
-            pidfd = -1
-    try:
-        while True:
-            wpid, status = os.waitpid(pid, os.WNOHANG)
-            if wpid == pid:
-                return os.waitstatus_to_exitcode(status)
-            left = deadline - time.perf_counter()
-            if left <= 0:
-                return None
-            if pidfd >= 0:
-                select.select([pidfd], [], [], left)
-            else:
-                time.sleep(min(left, 0.01))
-    finally:
-        if pidfd >= 0:
-            os.close(pidfd)
-
-
-def _kill_leftovers():
-    """Kill any process re-parented to us (left behind by the last run); return what was found."""
-    me, found = os.getpid(), {}
-    for _ in range(100):
-        _reap_zombies()
-        stray = [p for p in _pids() if p != me and (st := _stat(p)) and st[0] == me
-                 and st[1] not in ("Z", "X")]
-        if not stray:
-            break
-        for p in stray:
-            found.setdefault(p, _cmdline(p))
-            _kill(p, signal.SIGKILL)
-        time.sleep(0.02)
-    _reap_zombies()
-    return sorted(found.items())
-
-
-def _tail(path, n=25):
-    try:
-        with open(path, "rb") as f:
-            lines = f.read().decode("utf-8", "replace").splitlines()
-    except OSError:
-        return "    | <no output>"
-    return "\n".join("    | " + l for l in lines[-n:]) or "    | <empty>"
+# Processes: every run has a timeout; nothing it starts outlives it (harness.py, shared with
+# bench_launch.py).
+HarnessError = harness.HarnessError  # could not measure something (bad arguments, missing binary, failed run)
+_tail = harness.tail
 
 
 def run_once(argv, env, timeout, log_path, stop_grace=5.0):
     """Run argv (own session; stdout+stderr to log_path) to completion. Returns (exit code,
     wall seconds). On timeout: SIGTERM the launcher (it stops its workers), then SIGKILL it and
-    every descendant, and raise HarnessError. Processes left behind are killed and reported."""
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        t0 = time.perf_counter()
-        pid = os.posix_spawn(argv[0], argv, env,
-                             file_actions=[(os.POSIX_SPAWN_DUP2, devnull, 0),
-                                           (os.POSIX_SPAWN_DUP2, log, 1),
-                                           (os.POSIX_SPAWN_DUP2, log, 2)],
-                             setsid=True)
-    finally:
-        os.close(devnull)
-        os.close(log)
-    done = False
-    try:
-        code = _wait_exit(pid, timeout)
-        if code is None:
-            tree = _descendants(pid)
-            _kill(pid, signal.SIGTERM)
-            if _wait_exit(pid, stop_grace) is None:
-                tree += [p for p in _descendants(pid) if p not in tree]
-                _kill(pid, signal.SIGKILL)
-                _wait_exit(pid, stop_grace)
-            done = True
-            for p in tree:
-                _kill(p, signal.SIGKILL)
-            _kill_leftovers()
-            raise HarnessError(f"timed out after {timeout:.0f} s (killed): {' '.join(argv)}\n"
-                               f"  output tail:\n{_tail(log_path)}")
-        wall = time.perf_counter() - t0
-        done = True
-        leaked = _kill_leftovers()
-        if leaked:
-            raise HarnessError(f"left {len(leaked)} process(es) running (killed them): {leaked}\n"
-                               f"  command: {' '.join(argv)}")
-        return code, wall
-    finally:
-        if not done:  # KeyboardInterrupt or similar: never leave the job behind
-            tree = _descendants(pid)
-            _kill(pid, signal.SIGKILL)
-            for p in tree:
-                _kill(p, signal.SIGKILL)
-            _wait_exit(pid, stop_grace)
-            _kill_leftovers()
+    every descendant, and raise HarnessError. Processes left behind are killed and reported
+    (HarnessError)."""
+    r = harness.run_once(argv, env, timeout, log_path, stop_grace=stop_grace, poll_s=0.01,
+                         leftover_tries=100, on_timeout=harness.timeout_error,
+                         on_leak=harness.leak_error)
+    return r.code, r.wall_s
 
 
 # --------------------------------------------------------------------------------------------
@@ -330,7 +174,7 @@ def main():
         dims, batch, steps, warmup, target = CONFIGS[c]
         plan[c] = (max(2, round(steps * args.steps_scale)), max(1, round(warmup * args.steps_scale)))
 
-    subreaper = _become_subreaper()
+    subreaper = harness.become_subreaper()
     print(f"bench_ddp: 2 ranks, Gloo on CPU, under {os.path.relpath(args.launch, REPO_ROOT)}; "
           f"{args.reps} interleaved rep(s) per side and config; CPUs: {os.cpu_count()}; "
           f"subreaper: {'yes' if subreaper else 'no'}")

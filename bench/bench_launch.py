@@ -15,19 +15,18 @@ Exit status: 0 when every row was measured (a missed target prints MISSED but st
 died from a signal, returned an unexpected exit code or left processes behind).
 """
 import argparse
-import ctypes
 import os
 import platform
-import select
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
-import time
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(BENCH_DIR)
+
+sys.path.insert(0, BENCH_DIR)
+import harness  # noqa: E402  (bench/harness.py, next to this script)
 
 MIB = 1024.0  # ru_maxrss is in KiB on Linux
 
@@ -43,221 +42,32 @@ _SCRUB_NAMES = {
 }
 
 
-class HarnessError(Exception):
-    """The benchmark itself could not run (bad arguments, missing binary...)."""
-
-
-class RunFailed(Exception):
-    """A launcher run misbehaved: timeout, signal, unexpected exit code, missing stamps."""
-
-
-# --------------------------------------------------------------------------------------------
-# Process handling
-# --------------------------------------------------------------------------------------------
-
-def _become_subreaper():
-    """Make orphaned descendants (workers a launcher left behind) re-parent to us, so they can
-    be detected and killed instead of leaking. Linux only; best effort."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        PR_SET_CHILD_SUBREAPER = 36
-        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-    except Exception:
-        return False
-
-
-def _read_stat(pid):
-    """(ppid, state) of pid from /proc, or None."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read().decode("ascii", "replace")
-    except OSError:
-        return None
-    rest = data[data.rfind(")") + 2:].split()
-    return int(rest[1]), rest[0]
-
-
-def _all_pids():
-    return [int(d) for d in os.listdir("/proc") if d.isdigit()]
-
-
-def _descendants(root):
-    """Live descendants of root (pids), found through /proc ppid links."""
-    children = {}
-    for pid in _all_pids():
-        st = _read_stat(pid)
-        if st:
-            children.setdefault(st[0], []).append(pid)
-    out, todo = [], [root]
-    while todo:
-        p = todo.pop()
-        for c in children.get(p, []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
-def _cmdline_has(pid, needle):
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return needle.encode() in f.read()
-    except OSError:
-        return False
-
-
-def _kill(pid, sig):
-    try:
-        os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _reap_orphans():
-    """Reap any zombie children (orphans re-parented to us as subreaper)."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-
-
-def _wait_exit(pid, timeout):
-    """Wait for child pid to exit, at most timeout seconds. Returns (status, rusage, t_exit) or
-    None on timeout. Uses a pidfd so the wake-up is immediate (no polling granularity)."""
-    deadline = time.perf_counter() + timeout
-    pidfd = -1
-    if hasattr(os, "pidfd_open"):
-        try:
-            pidfd = os.pidfd_open(pid)
-        except OSError:
-            pidfd = -1
-    try:
-        while True:
-            wpid, status, ru = os.wait4(pid, os.WNOHANG)
-            if wpid == pid:
-                return status, ru, time.perf_counter()
-            left = deadline - time.perf_counter()
-            if left <= 0:
-                return None
-            if pidfd >= 0:
-                select.select([pidfd], [], [], left)
-            else:
-                time.sleep(min(left, 0.0005))
-    finally:
-        if pidfd >= 0:
-            os.close(pidfd)
-
-
-def _spawn(argv, env, log_path):
-    """fork/exec argv with stdin=/dev/null and stdout+stderr to log_path. Returns (pid, t0)."""
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        t0 = time.perf_counter()
-        pid = os.posix_spawn(argv[0], argv, env,
-                             file_actions=[(os.POSIX_SPAWN_DUP2, devnull, 0),
-                                           (os.POSIX_SPAWN_DUP2, log, 1),
-                                           (os.POSIX_SPAWN_DUP2, log, 2)],
-                             setsid=True)
-    finally:
-        os.close(devnull)
-        os.close(log)
-    return pid, t0
+# Process handling lives in harness.py (shared with bench_ddp.py).
+HarnessError = harness.HarnessError  # the benchmark itself could not run (bad arguments, missing binary...)
+RunFailed = harness.RunFailed        # a launcher run misbehaved: timeout, signal, exit code, stamps
 
 
 def _tail(path, n=25):
-    try:
-        with open(path, "rb") as f:
-            lines = f.read().decode("utf-8", "replace").splitlines()
-    except OSError:
-        return "<no output>"
-    return "\n".join("    | " + l for l in lines[-n:]) or "    | <empty>"
+    return harness.tail(path, n, missing="<no output>")
 
 
-class Result:
-    def __init__(self, code, wall_s, maxrss_kib):
-        self.code = code          # exit code (>= 0) or -signal
-        self.wall_s = wall_s
-        self.maxrss_kib = maxrss_kib
+def _timeout_failed(argv, timeout, log_path):
+    return RunFailed(f"timed out after {timeout:.0f}s (killed); command:\n    {' '.join(argv)}"
+                     f"\n  output tail:\n{_tail(log_path)}")
+
+
+def _leak_failed(argv, leaked):
+    return RunFailed(f"left {len(leaked)} process(es) running after it exited "
+                     f"(killed them): {leaked}; command:\n    {' '.join(argv)}")
 
 
 def run_once(argv, env, timeout, log_path, leak_marker=None, stop_grace=5.0):
-    """Run one launcher invocation to completion and return Result.
-
-    On timeout: SIGTERM the launcher (its own job is to stop its workers), then after
-    stop_grace SIGKILL it and every descendant, and raise RunFailed. After the launcher exits,
-    any process it left behind (a descendant re-parented to us, or a process whose argv holds
-    leak_marker) is killed and reported as RunFailed."""
-    pid, t0 = _spawn(argv, env, log_path)
-    reaped = False
-    try:
-        got = _wait_exit(pid, timeout)
-        if got is None:
-            tree = _descendants(pid)
-            _kill(pid, signal.SIGTERM)
-            got = _wait_exit(pid, stop_grace)
-            tree += [p for p in _descendants(pid) if p not in tree]
-            if got is None:
-                _kill(pid, signal.SIGKILL)
-                for p in tree:
-                    _kill(p, signal.SIGKILL)
-                _wait_exit(pid, stop_grace)
-            reaped = True
-            for p in tree:
-                _kill(p, signal.SIGKILL)
-            _cleanup_leftovers(leak_marker)
-            raise RunFailed(f"timed out after {timeout:.0f}s (killed); command:\n    {' '.join(argv)}"
-                            f"\n  output tail:\n{_tail(log_path)}")
-        status, ru, t1 = got
-        reaped = True
-        code = os.waitstatus_to_exitcode(status)
-        leaked = _cleanup_leftovers(leak_marker)
-        if leaked:
-            raise RunFailed(f"left {len(leaked)} process(es) running after it exited "
-                            f"(killed them): {leaked}; command:\n    {' '.join(argv)}")
-        return Result(code, t1 - t0, ru.ru_maxrss)
-    finally:
-        if not reaped:  # an exception escaped (e.g. KeyboardInterrupt): never leave it behind
-            tree = _descendants(pid)
-            _kill(pid, signal.SIGKILL)
-            for p in tree:
-                _kill(p, signal.SIGKILL)
-            _wait_exit(pid, stop_grace)
-            _cleanup_leftovers(leak_marker)
-
-
-def _cleanup_leftovers(marker):
-    """Kill processes left behind by the last run (descendants re-parented to us, or processes
-    whose argv holds marker); return (pid, cmdline) for each one found."""
-    me = os.getpid()
-    found = {}
-    for _ in range(50):  # SIGKILLed processes take a moment to turn into zombies
-        _reap_orphans()
-        stray = []
-        for p in _all_pids():
-            st = _read_stat(p) if p != me else None
-            if not st or st[1] in ("Z", "X"):
-                continue
-            if st[0] == me or (marker and _cmdline_has(p, marker)):
-                stray.append(p)
-        if not stray:
-            break
-        for p in stray:
-            found.setdefault(p, _cmdline(p))
-            _kill(p, signal.SIGKILL)
-        time.sleep(0.02)
-    _reap_orphans()
-    return sorted(found.items())
-
-
-def _cmdline(pid):
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()[:200]
-    except OSError:
-        return "?"
+    """harness.run_once raising RunFailed: on a timeout (SIGTERM, then SIGKILL of the launcher
+    and its descendants after stop_grace) and when the launcher left a process behind (a
+    descendant re-parented to us, or a process whose argv holds leak_marker)."""
+    return harness.run_once(argv, env, timeout, log_path, leak_marker=leak_marker,
+                            stop_grace=stop_grace, poll_s=0.0005, leftover_tries=50,
+                            on_timeout=_timeout_failed, on_leak=_leak_failed)
 
 
 # --------------------------------------------------------------------------------------------
@@ -405,7 +215,7 @@ def main():
             ["--nproc_per_node=2", "--max_restarts=1", "--monitor_interval", "0.1", "--no_python"],
             args.torchrun_timeout))
 
-    subreaper = _become_subreaper()
+    subreaper = harness.become_subreaper()
     print(f"bench_launch: {platform.node()} {platform.release()}, {os.cpu_count()} CPUs, "
           f"python {platform.python_version()}, subreaper={'on' if subreaper else 'off'}")
     print(f"  launch:      {args.launch}  ({args.runs} runs per scenario, +1 warm-up)")
@@ -434,7 +244,7 @@ def main():
                     errors.append(f"{lch.name} / {key}: {e}")
                     print(f"    FAILED: {e}", flush=True)
     finally:
-        _cleanup_leftovers(tmp)
+        harness.cleanup_leftovers(tmp, tries=50)
         shutil.rmtree(tmp, ignore_errors=True)
 
     have_tr = not args.skip_torchrun
