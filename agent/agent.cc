@@ -27,10 +27,6 @@ absl::Status MakeDirs(const std::string& dir) {
   return absl::OkStatus();
 }
 
-std::string ExitText(const WorkerResult& w) {
-  return w.signal ? SignalName(w.signal) : absl::StrCat("exit ", w.exit_code);
-}
-
 v1::WorkerExit ToProto(const WorkerResult& w) {
   v1::WorkerExit e;
   e.set_rank(w.rank);
@@ -281,7 +277,7 @@ int Agent::Run() {
     if (verdict.ok() && verdict->restart()) {
       move(GroupEvent::kRestart);
       spdlog::warn("rank {} failed ({}{}{}); restarting the group ({} of {} restarts)", root.rank,
-                   ExitText(root), root.error_message.empty() ? "" : ": ",
+                   root.StatusText(), root.error_message.empty() ? "" : ": ",
                    root.error_message.substr(0, root.error_message.find('\n')),
                    verdict->restart_count(), assignment->max_restarts());
       if (int sig = SleepUnlessSignaled(opts_.restart_backoff)) {

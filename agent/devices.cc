@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/strings.h"
 
 namespace launch {
 namespace {
@@ -83,14 +84,6 @@ std::string Known(const std::vector<GpuInfo>& all) {
   return all.empty() ? "none" : absl::StrJoin(v, ", ");
 }
 
-std::vector<std::string> SplitList(const std::string& s) {
-  std::vector<std::string> out;
-  for (absl::string_view p : absl::StrSplit(s, ',', absl::SkipWhitespace())) {
-    out.emplace_back(absl::StripAsciiWhitespace(p));
-  }
-  return out;
-}
-
 }  // namespace
 
 std::vector<GpuInfo> NvmlInventory::ListGpus(std::string* why_none) {
@@ -141,7 +134,7 @@ absl::StatusOr<GpuPool> SelectGpuPool(const std::vector<GpuInfo>& all, const Gpu
   // Start: inherited CUDA_VISIBLE_DEVICES, or every GPU.
   std::vector<std::pair<std::string, const GpuInfo*>> members;
   if (sel.inherited_cuda_visible_devices) {
-    for (const auto& tok : SplitList(*sel.inherited_cuda_visible_devices)) {
+    for (const auto& tok : SplitCommaList(*sel.inherited_cuda_visible_devices)) {
       const GpuInfo* g = FindGpu(all, tok);
       if (!g && all.empty()) continue;  // no driver: nothing to narrow, the variable passes through
       if (!g) {

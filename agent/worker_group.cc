@@ -148,17 +148,12 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
   std::vector<Slot> slots(launches.size());
   GroupOutcome outcome;
   bool stopping = false;
-  bool killed = false;
 
   auto signal_all = [&](int sig) {
     for (auto& s : slots)
       if (s.pid > 0 && !s.group_gone) ::kill(-s.pid, sig);
   };
-  auto kill_now = [&] {
-    if (killed) return;
-    killed = true;
-    signal_all(SIGKILL);
-  };
+  auto kill_now = [&] { signal_all(SIGKILL); };
   auto begin_stop = [&](GroupOutcome::Kind kind, int sig) {
     if (stopping) return;
     stopping = true;
@@ -322,7 +317,6 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
         DrainTimer(stop_timer.get());
         spdlog::warn("workers still running {} ms after the stop signal: sending SIGKILL",
                      opts_.stop_timeout.count());
-        killed = false;
         kill_now();
       } else if (tag == kProgressTag) {
         launch_sdk::ProgressRecord rec;
@@ -364,19 +358,20 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
   return outcome;
 }
 
+std::string WorkerResult::StatusText() const {
+  return signal ? SignalName(signal) : absl::StrCat("exit ", exit_code);
+}
+
 std::string FailureSummary(const GroupOutcome& outcome, const std::string& headline) {
   std::string out = absl::StrCat(headline, "\n");
   absl::StrAppend(&out, "  rank  local  pid       status        time     last step   error\n");
-  auto status_text = [](const WorkerResult& w) {
-    return w.signal ? SignalName(w.signal) : absl::StrCat("exit ", w.exit_code);
-  };
   for (size_t i = 0; i < outcome.workers.size(); ++i) {
     const WorkerResult& w = outcome.workers[i];
     if (!w.failed()) continue;
     char line[256];
     std::string step = w.last_step < 0 ? "-" : std::to_string(w.last_step);
     std::snprintf(line, sizeof line, "  %-5d %-6d %-9d %-13s %6.2fs  %-10s  ", w.rank, w.local_rank, w.pid,
-                  status_text(w).c_str(), w.run_seconds, step.c_str());
+                  w.StatusText().c_str(), w.run_seconds, step.c_str());
     std::string msg = w.error_message.substr(0, w.error_message.find('\n'));
     absl::StrAppend(&out, line, msg.empty() ? "-" : msg,
                     static_cast<int>(i) == outcome.root_cause ? "   <- root cause" : "", "\n");

@@ -62,6 +62,8 @@ struct WorkerResult {
   bool failed() const { return signal != 0 || exit_code != 0; }
   // torchrun's meaning of a worker's status as a process exit code.
   int AsExitCode() const { return signal ? 128 + signal : exit_code; }
+  // "exit 3" or "SIGKILL".
+  std::string StatusText() const;
 };
 
 struct GroupOutcome {

@@ -13,6 +13,7 @@
 #include "absl/strings/strip.h"
 #include "common/net.h"
 #include "common/status_macros.h"
+#include "common/strings.h"
 #include "yaml-cpp/yaml.h"
 
 namespace launch {
@@ -201,13 +202,6 @@ absl::StatusOr<double> ParseSeconds(const RawValue& v) {
   if (!absl::SimpleAtod(absl::StripAsciiWhitespace(v.value), &out) || out < 0 || !std::isfinite(out)) {
     return Bad(v, "a number of seconds >= 0");
   }
-  return out;
-}
-
-std::vector<std::string> SplitCommaList(const std::string& s) {
-  std::vector<std::string> out;
-  for (absl::string_view p : absl::StrSplit(s, ',', absl::SkipWhitespace()))
-    out.emplace_back(absl::StripAsciiWhitespace(p));
   return out;
 }
 
