@@ -1,8 +1,10 @@
 #!/usr/bin/python3
 """Side-by-side training throughput: worker_sdk's train_mlp (C++) vs PyTorch DDP (train_ddp.py).
 
-Both run the same workload (same flags, same seed: the final loss must match) as 2 ranks, Gloo
-on CPU, under `launch --nproc-per-node=2`. Configs:
+Both run the same workload (same flags, same seed: the final loss must match) as 2 ranks on CPU
+under `launch --nproc-per-node=2`. Python DDP all-reduces through Gloo; the C++ side through
+worker_sdk's shared-memory all-reduce (the default for ranks on one host), or through Gloo too
+with --shm-allreduce 0. Configs:
   a  dims 784,1024,1024,10, batch 64/rank  (compute-bound)   target C++/Python steps/s >= 1.0
   b  dims 64,128,128,10,    batch 32/rank  (overhead-bound)  target C++/Python steps/s >= 2.0
 
@@ -153,6 +155,9 @@ def main():
     ap.add_argument("--python", default="/usr/bin/python3",
                     help="PYTHON_EXEC for train_ddp.py: an interpreter with torch (default /usr/bin/python3)")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per run before it counts as hung")
+    ap.add_argument("--shm-allreduce", choices=("1", "0"), default="1",
+                    help="LAUNCH_SHM_ALLREDUCE for the C++ side: 1 (default) all-reduces through shared "
+                         "memory, 0 through Gloo like the Python side")
     ap.add_argument("--loss-rtol", type=float, default=1e-4, help="allowed relative C++/Python loss difference")
     args = ap.parse_args()
 
@@ -168,6 +173,7 @@ def main():
 
     env = {k: v for k, v in os.environ.items() if k not in _SCRUB_NAMES and not k.startswith(_SCRUB_PREFIXES)}
     env["PYTHON_EXEC"] = args.python
+    env["LAUNCH_SHM_ALLREDUCE"] = args.shm_allreduce  # read by worker_sdk only; Python ignores it
     sides = ("C++", "Python")
     plan = {}
     for c in cfgs:
@@ -175,7 +181,8 @@ def main():
         plan[c] = (max(2, round(steps * args.steps_scale)), max(1, round(warmup * args.steps_scale)))
 
     subreaper = harness.become_subreaper()
-    print(f"bench_ddp: 2 ranks, Gloo on CPU, under {os.path.relpath(args.launch, REPO_ROOT)}; "
+    print(f"bench_ddp: 2 ranks on CPU, under {os.path.relpath(args.launch, REPO_ROOT)}; C++ all-reduce through "
+          f"{'shared memory' if args.shm_allreduce == '1' else 'Gloo'}, Python through Gloo; "
           f"{args.reps} interleaved rep(s) per side and config; CPUs: {os.cpu_count()}; "
           f"subreaper: {'yes' if subreaper else 'no'}")
     load_before = loadavg()

@@ -86,7 +86,7 @@ int Train(const Args& a) {
   model->to(ctx->device());
   launch_sdk::DdpOptions dopts;
   dopts.bucket_bytes = static_cast<size_t>(a.bucket_mb * 1024 * 1024);
-  launch_sdk::DistributedDataParallel ddp(model, ctx->process_group(), dopts);
+  launch_sdk::DistributedDataParallel ddp(model, *ctx, dopts);
 
   // A synthetic data set from its own seeded generator: identical on every rank and attempt.
   at::Generator data_gen = at::make_generator<at::CPUGeneratorImpl>(a.seed + 1000003);
@@ -123,9 +123,10 @@ int Train(const Args& a) {
   launch_sdk::StepProfiler profiler = launch_sdk::StepProfiler::FromEnv(rank);
   const auto scaled = launch_sdk::ScaleForWorld(scaling, world);
   if (rank == 0) {
-    std::printf("train_mlp: world %d, %s on %s, per-worker batch %d, global batch %d, peak lr %g, %zu bucket(s)\n",
+    std::printf("train_mlp: world %d, %s on %s, per-worker batch %d, global batch %d, peak lr %g, %zu bucket(s) "
+                "all-reduced through %s\n",
                 world, ctx->backend(), ctx->device().str().c_str(), a.batch, scaled.global_batch, scaled.peak_lr,
-                ddp.num_buckets());
+                ddp.num_buckets(), ddp.uses_shared_memory() ? "shared memory" : ctx->backend());
   }
 
   sampler.SetEpoch(state.epoch);

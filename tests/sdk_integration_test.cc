@@ -35,29 +35,39 @@ struct DdpCase {
   const char* bucket_bytes;
   const char* accum;
   const char* expect_buckets;
+  const char* nproc;
+  const char* shm;  // LAUNCH_SHM_ALLREDUCE: 1 all-reduces through shared memory, 0 through Gloo
 };
+
+void PrintTo(const DdpCase& c, std::ostream* os) { *os << c.name; }
 
 class DdpEquivalence : public ::testing::TestWithParam<DdpCase> {};
 
-TEST_P(DdpEquivalence, TwoRanksMatchOneProcessOnTheWholeBatch) {
+TEST_P(DdpEquivalence, RanksMatchOneProcessOnTheWholeBatch) {
   TempDir dir;
   const DdpCase& c = GetParam();
   auto single = RunCmd({SDK_WORKER_BIN, "single", dir / "single.bin", c.accum});
   ASSERT_EQ(single.exit_code, 0) << single.err;
-  auto ddp = RunCmd({LAUNCH_BIN, "--nproc-per-node=2", SDK_WORKER_BIN, "ddp", dir / "ddp.bin", c.bucket_bytes, c.accum},
-                    {}, std::chrono::seconds(120));
+  auto ddp = RunCmd({LAUNCH_BIN, std::string("--nproc-per-node=") + c.nproc, SDK_WORKER_BIN, "ddp", dir / "ddp.bin",
+                     c.bucket_bytes, c.accum},
+                    {std::string("LAUNCH_SHM_ALLREDUCE=") + c.shm}, std::chrono::seconds(120));
   ASSERT_EQ(ddp.exit_code, 0) << ddp.err;
-  EXPECT_THAT(ddp.out, HasSubstr(std::string("[0]:buckets=") + c.expect_buckets));
+  EXPECT_THAT(ddp.out, HasSubstr(std::string("[0]:buckets=") + c.expect_buckets + " shm=" + c.shm));
   double diff = MaxAbsDiff(ReadFloats(dir / "single.bin"), ReadFloats(dir / "ddp.bin"));
   EXPECT_LE(diff, 1e-5) << "max abs diff after 20 SGD steps";
 }
 
 // The model has 6 parameter tensors: 2336 floats in all; 2 KiB buckets give 3 buckets.
-INSTANTIATE_TEST_SUITE_P(Sdk, DdpEquivalence,
-                         ::testing::Values(DdpCase{"one_bucket", "26214400", "1", "1"},
-                                           DdpCase{"three_buckets", "4300", "1", "3"},
-                                           DdpCase{"no_sync_accumulation", "26214400", "2", "1"}),
-                         [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(
+    Sdk, DdpEquivalence,
+    ::testing::Values(DdpCase{"one_bucket", "26214400", "1", "1", "2", "1"},
+                      DdpCase{"three_buckets", "4300", "1", "3", "2", "1"},
+                      DdpCase{"no_sync_accumulation", "26214400", "2", "1", "2", "1"},
+                      DdpCase{"four_ranks_three_buckets", "4300", "1", "3", "4", "1"},
+                      DdpCase{"gloo_one_bucket", "26214400", "1", "1", "2", "0"},
+                      DdpCase{"gloo_three_buckets", "4300", "1", "3", "2", "0"},
+                      DdpCase{"gloo_no_sync_accumulation", "26214400", "2", "1", "2", "0"}),
+    [](const auto& info) { return std::string(info.param.name); });
 
 TEST(Sdk, KillAndResumeEndsWithTheSameParameters) {
   TempDir dir;

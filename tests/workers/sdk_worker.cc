@@ -60,8 +60,8 @@ int Ddp(const std::string& out, size_t bucket_bytes, int accum) {
   auto model = launch_sdk::testing::MakeMlp(kIn, kHidden, kOut, 7 + ctx->rank());  // rank 0's wins
   launch_sdk::DdpOptions o;
   o.bucket_bytes = bucket_bytes;
-  launch_sdk::DistributedDataParallel ddp(model, ctx->process_group(), o);
-  std::printf("buckets=%zu\n", ddp.num_buckets());
+  launch_sdk::DistributedDataParallel ddp(model, *ctx, o);
+  std::printf("buckets=%zu shm=%d\n", ddp.num_buckets(), ddp.uses_shared_memory() ? 1 : 0);
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   const int64_t half = kBatch / ctx->world_size();
   for (int s = 0; s < kSteps; ++s) {

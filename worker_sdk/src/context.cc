@@ -11,16 +11,61 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstdlib>
+#include <random>
 #include <stdexcept>
 
 #include "launch_sdk/errors.h"
+#include "launch_sdk/shm_allreduce.h"
 
 namespace launch_sdk {
 namespace {
 
 bool IsLoopback(const std::string& host) {
   return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+}
+
+std::string Text(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
+
+// Every rank of a one-host group maps one segment that rank 0 creates and names in the store.
+// All ranks use it only when all of them could map it, so the choice is the same everywhere.
+std::shared_ptr<ShmAllreduce> MakeShmAllreduce(c10d::Store& store, Comm& pg, const WorkerEnv& env,
+                                               std::chrono::milliseconds timeout) {
+  std::shared_ptr<ShmAllreduce> shm;
+  std::string name, error;
+  if (env.rank == 0) {
+    std::random_device rd;
+    name = "/launch_sdk." + std::to_string(getpid()) + "." + std::to_string(rd());
+    try {
+      shm = std::make_shared<ShmAllreduce>(name, /*create=*/true, env.rank, env.world_size, timeout);
+    } catch (const std::exception& e) {
+      error = e.what();
+      name.clear();
+    }
+    store.set("shm_allreduce/name", std::vector<uint8_t>(name.begin(), name.end()));
+  } else {
+    name = Text(store.get("shm_allreduce/name"));
+    if (name.empty()) error = "rank 0 could not create the segment";
+    else {
+      try {
+        shm = std::make_shared<ShmAllreduce>(name, /*create=*/false, env.rank, env.world_size, timeout);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    }
+  }
+  store.add("shm_allreduce/mapped", shm ? 1 : 0);
+  pg.barrier()->wait();  // everyone has tried to map it
+  const int64_t mapped = store.add("shm_allreduce/mapped", 0);
+  if (shm && env.rank == 0) shm->Unlink();  // nothing is left in /dev/shm, whatever happens next
+  if (mapped != env.world_size) {
+    if (!error.empty()) std::fprintf(stderr, "[rank %d] launch_sdk: %s; all-reduce goes through gloo\n", env.rank, error.c_str());
+    return nullptr;
+  }
+  return shm;
 }
 
 }  // namespace
@@ -72,6 +117,8 @@ std::unique_ptr<Context> Context::Init(const InitOptions& opts) {
   }
   c->pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(c->store_, env.rank, env.world_size, gopts);
   c->backend_ = "gloo";
+  if (opts.shm_allreduce && env.shm_allreduce && env.world_size > 1 && env.local_world_size == env.world_size)
+    c->shm_ = MakeShmAllreduce(*c->store_, *c->pg_, env, opts.timeout);
   return c;
 }
 
@@ -80,6 +127,7 @@ void Context::Barrier() {
 }
 
 void Context::Destroy() {
+  shm_.reset();
   pg_.reset();
   store_.reset();
 }

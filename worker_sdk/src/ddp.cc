@@ -7,6 +7,8 @@
 
 #include <stdexcept>
 
+#include "launch_sdk/context.h"
+
 namespace launch_sdk {
 
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
@@ -15,6 +17,10 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   for (auto& p : module_->parameters())
     if (p.requires_grad()) params_.push_back(p);
   if (params_.empty()) throw std::invalid_argument("DistributedDataParallel: the module has no trainable parameters");
+  if (opts_.local_allreduce && opts_.local_allreduce->size() != pg_->getSize())
+    throw std::invalid_argument("DistributedDataParallel: the shared-memory all-reduce has " +
+                                std::to_string(opts_.local_allreduce->size()) + " ranks, the process group " +
+                                std::to_string(pg_->getSize()));
 
   // Every rank starts from rank 0's weights.
   {
@@ -74,6 +80,17 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   }
 }
 
+namespace {
+DdpOptions WithContext(DdpOptions o, const Context& ctx) {
+  if (!o.local_allreduce) o.local_allreduce = ctx.shm_allreduce();
+  return o;
+}
+}  // namespace
+
+DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, const Context& ctx,
+                                                 DdpOptions opts)
+    : DistributedDataParallel(std::move(module), ctx.process_group(), WithContext(std::move(opts), ctx)) {}
+
 DistributedDataParallel::~DistributedDataParallel() {
   for (size_t k = 0; k < accumulators_.size(); ++k) accumulators_[k]->del_post_hook(hooks_[k]);
 }
@@ -106,8 +123,12 @@ void DistributedDataParallel::LaunchReadyBuckets() {
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].ready) {
     Bucket& b = buckets_[next_bucket_++];
     b.flat.div_(world);
-    std::vector<at::Tensor> one = {b.flat};
-    b.work = pg_->allreduce(one);
+    if (opts_.local_allreduce) {
+      b.local_work = opts_.local_allreduce->Allreduce(b.flat);
+    } else {
+      std::vector<at::Tensor> one = {b.flat};
+      b.work = pg_->allreduce(one);
+    }
   }
 }
 
@@ -129,8 +150,13 @@ void DistributedDataParallel::Finish() {
   }
   LaunchReadyBuckets();
   for (auto& b : buckets_) {
-    b.work->wait();
-    b.work.reset();
+    if (b.local_work) {
+      b.local_work->wait();
+      b.local_work.reset();
+    } else {
+      b.work->wait();
+      b.work.reset();
+    }
     // The averaged gradients are in the bucket; .grad becomes (or stays) the view of it.
     for (size_t k : b.params) {
       at::Tensor& g = params_[k].mutable_grad();

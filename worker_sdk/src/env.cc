@@ -38,6 +38,14 @@ void OptInt(const char* name, std::optional<int>* out) {
 void OptDouble(const char* name, std::optional<double>* out) {
   if (const char* v = Get(name)) *out = ParseDouble(name, v);
 }
+void Bool(const char* name, bool* out) {
+  if (const char* v = Get(name)) {
+    const std::string s = v;
+    if (s == "1") *out = true;
+    else if (s == "0") *out = false;
+    else throw std::invalid_argument(std::string(name) + "=" + s + ": expected 0 or 1");
+  }
+}
 void Str(const char* name, std::string* out) {
   if (const char* v = Get(name)) *out = v;
 }
@@ -67,6 +75,7 @@ WorkerEnv ReadWorkerEnv() {
   Str("LAUNCH_LOG_DIR", &e.log_dir);
   Str("LAUNCH_PROFILE_STEPS", &e.profile_steps);
   Int("LAUNCH_PROGRESS_FD", &e.progress_fd);
+  Bool("LAUNCH_SHM_ALLREDUCE", &e.shm_allreduce);
   if (e.world_size < 1) throw std::invalid_argument("WORLD_SIZE must be at least 1");
   if (e.rank < 0 || e.rank >= e.world_size) {
     throw std::invalid_argument("RANK=" + std::to_string(e.rank) + ": expected 0.." +

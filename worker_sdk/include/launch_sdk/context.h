@@ -20,7 +20,13 @@ struct InitOptions {
   bool cudnn_benchmark = false;   // throughput (autotuned kernels) ...
   bool deterministic = false;     // ... or reproducibility
   bool force_cpu = false;
+  // When every rank is on this host (LOCAL_WORLD_SIZE == WORLD_SIZE) and on CPU, gradients are
+  // all-reduced through shared memory instead of Gloo's TCP; LAUNCH_SHM_ALLREDUCE=0 also turns
+  // it off. Falls back to Gloo, with a warning, when a rank cannot map the segment.
+  bool shm_allreduce = true;
 };
+
+class ShmAllreduce;
 
 class Context {
  public:
@@ -33,6 +39,8 @@ class Context {
   c10::Device device() const { return device_; }
   const c10::intrusive_ptr<Comm>& process_group() const { return pg_; }
   const char* backend() const { return backend_; }
+  // The intra-node shared-memory all-reduce, or null when Gloo (or NCCL) does it.
+  const std::shared_ptr<ShmAllreduce>& shm_allreduce() const { return shm_; }
 
   void Barrier();
   // Destroys the process group (also done by the destructor).
@@ -44,6 +52,7 @@ class Context {
   c10::Device device_{c10::kCPU};
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<Comm> pg_;
+  std::shared_ptr<ShmAllreduce> shm_;
   const char* backend_ = "gloo";
 };
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "launch_sdk/comm.h"
+#include "launch_sdk/shm_allreduce.h"
 #include <torch/csrc/autograd/function.h>
 #include <torch/nn/module.h>
 
@@ -20,12 +21,19 @@ namespace launch_sdk {
 struct DdpOptions {
   size_t bucket_bytes = 25u << 20;
   bool broadcast_buffers = true;  // rank 0's buffers before every SyncBuffers()
+  // Gradients go through this instead of the process group when set (the constructor that takes
+  // a Context sets it to Context::shm_allreduce()).
+  std::shared_ptr<ShmAllreduce> local_allreduce;
 };
+
+class Context;
 
 class DistributedDataParallel {
  public:
   DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
                           c10::intrusive_ptr<Comm> pg, DdpOptions opts = {});
+  // The context's process group, and its shared-memory all-reduce where it has one.
+  DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, const Context& ctx, DdpOptions opts = {});
   ~DistributedDataParallel();
   DistributedDataParallel(const DistributedDataParallel&) = delete;
   DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
@@ -47,6 +55,7 @@ class DistributedDataParallel {
   // Broadcasts rank 0's buffers (batch-norm statistics); call before a forward when they matter.
   void SyncBuffers();
   size_t num_buckets() const { return buckets_.size(); }
+  bool uses_shared_memory() const { return opts_.local_allreduce != nullptr; }
   torch::nn::Module& module() { return *module_; }
 
  private:
@@ -57,6 +66,7 @@ class DistributedDataParallel {
     size_t pending = 0;
     bool ready = false;
     c10::intrusive_ptr<c10d::Work> work;
+    std::shared_ptr<ShmWork> local_work;
   };
   void OnGradReady(size_t param);  // after autograd accumulated the parameter's .grad
   at::Tensor& View(size_t param) { return views_[param]; }  // its slice of its bucket

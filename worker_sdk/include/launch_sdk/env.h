@@ -28,6 +28,7 @@ struct WorkerEnv {
   std::string log_dir;           // LAUNCH_LOG_DIR (this attempt's directory for this rank)
   std::string profile_steps;     // LAUNCH_PROFILE_STEPS, "a-b"
   int progress_fd = -1;          // LAUNCH_PROGRESS_FD
+  bool shm_allreduce = true;     // LAUNCH_SHM_ALLREDUCE (0 turns it off)
   bool under_launcher = false;   // RANK and WORLD_SIZE were set
 };
 
