@@ -134,7 +134,8 @@ TEST(Launch, WorkerIgnoringSigtermIsKilledAfterTheGrace) {
   TempDir dir;
   auto start = std::chrono::steady_clock::now();
   auto r = RunCmd(Cmd({"--nproc-per-node=2", "--stop-timeout=0.5"},
-                   {"--ignore-sigterm", "--fail-rank", "1", "4", "--sleep", "0"}));
+                   {"--ignore-sigterm", "--pid-file", dir / "ready", "--wait-lines", dir / "ready", "2",
+                    "--fail-rank", "1", "4", "--sleep", "0"}));
   auto took = std::chrono::steady_clock::now() - start;
   EXPECT_EQ(r.exit_code, 4) << r.err;
   EXPECT_THAT(r.err, HasSubstr("sending SIGKILL"));

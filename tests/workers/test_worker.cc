@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 
 #include "launch_sdk/progress.h"
@@ -93,6 +94,17 @@ int main(int argc, char** argv) {
       Append(path, std::to_string(pid));
     } else if (a == "--ignore-sigterm") {
       signal(SIGTERM, SIG_IGN);
+    } else if (a == "--wait-lines") {
+      // Waits (polling, at most 60 s) until the file has N lines: other ranks got this far.
+      const std::string path = next();
+      const long want = std::atol(next());
+      for (int tries = 0; tries < 60000; ++tries) {
+        std::ifstream f(path);
+        long lines = 0;
+        for (std::string line; std::getline(f, line);) ++lines;
+        if (lines >= want) break;
+        usleep(1000);
+      }
     } else if (a == "--ignore") {
       signal(std::atoi(next()), SIG_IGN);
     } else if (a == "--stderr") {
