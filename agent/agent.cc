@@ -50,13 +50,18 @@ std::string ShellQuote(const std::string& s) {
 
 }  // namespace
 
-int Agent::SleepUnlessSignaled(std::chrono::milliseconds d) {
-  auto deadline = clock_->Now() + d;
+int Agent::WaitSignalOr(int fd, std::optional<std::chrono::milliseconds> timeout) {
+  std::optional<Clock::TimePoint> deadline;
+  if (timeout) deadline = clock_->Now() + *timeout;
   for (;;) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock_->Now());
-    if (left.count() <= 0) return 0;
-    pollfd p{signals_->fd(), POLLIN, 0};
-    ::poll(&p, 1, static_cast<int>(left.count()));
+    int wait_ms = -1;
+    if (deadline) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*deadline - clock_->Now());
+      if (left.count() <= 0) return -1;
+      wait_ms = static_cast<int>(left.count());
+    }
+    pollfd p[2] = {{signals_->fd(), POLLIN, 0}, {fd, POLLIN, 0}};
+    int n = ::poll(p, fd >= 0 ? 2 : 1, wait_ms);
     while (int sig = signals_->Read()) {
       if (sig == SIGCHLD) {
         while (::waitpid(-1, nullptr, WNOHANG) > 0) {  // late orphans reparented to us
@@ -65,7 +70,113 @@ int Agent::SleepUnlessSignaled(std::chrono::milliseconds d) {
       }
       return sig;
     }
+    if (n > 0 && fd >= 0 && (p[1].revents & POLLIN)) return 0;
   }
+}
+
+absl::StatusOr<v1::Assignment> Agent::JoinRound(long last_round, int* signal) {
+  *signal = 0;
+  const auto deadline = clock_->Now() + std::chrono::milliseconds(static_cast<long>(opts_.run_spec.join_timeout_s() * 1000));
+  std::chrono::milliseconds delay(50);
+  bool warned = false;
+  for (;;) {
+    v1::JoinRequest req;
+    req.set_run_id(opts_.spec.run_id);
+    *req.mutable_node() = opts_.node;
+    req.set_last_round(last_round);
+    req.set_proposed_master_addr(opts_.master_addr);
+    if (opts_.run_spec.min_nodes() > 0) *req.mutable_spec() = opts_.run_spec;
+    if (opts_.master_port) {
+      req.set_proposed_master_port(*opts_.master_port);
+    } else {
+      auto port = PickFreePort(opts_.master_addr);
+      if (!port.ok()) {
+        return absl::UnavailableError(absl::StrCat("cannot pick a MASTER_PORT on ", opts_.master_addr, ": ",
+                                                   port.status().message()));
+      }
+      req.set_proposed_master_port(*port);
+    }
+    absl::StatusOr<v1::Assignment> result = absl::UnknownError("join did not run");
+    BackgroundCall call;
+    RETURN_IF_ERROR(call.Start([&](CallCanceller* c) { result = coordinator_->Join(req, c); }));
+    if (int sig = WaitSignalOr(call.fd(), std::nullopt); sig > 0) {
+      call.Cancel();
+      call.Wait();
+      *signal = sig;
+      return absl::CancelledError(absl::StrCat("stopped by ", SignalName(sig), " while waiting for the rendezvous"));
+    }
+    call.Wait();
+    if (result.ok() || !CoordinatorUnreachable(result.status()) || clock_->Now() >= deadline) return result;
+    // The coordinator went away while the round was forming: wait for it to come back.
+    if (!warned) {
+      spdlog::warn("{}; retrying", std::string(result.status().message()));
+      warned = true;
+    }
+    if (int sig = SleepUnlessSignaled(delay)) {
+      *signal = sig;
+      return absl::CancelledError(absl::StrCat("stopped by ", SignalName(sig), " while waiting for the rendezvous"));
+    }
+    delay = std::min(delay * 2, std::chrono::milliseconds(2000));
+  }
+}
+
+absl::StatusOr<v1::ReportExitResponse> Agent::Report(const v1::ReportExitRequest& req, const v1::Assignment& a,
+                                                     int* signal) {
+  *signal = 0;
+  const auto deadline = clock_->Now() + opts_.coordinator_patience;
+  std::chrono::milliseconds delay(50);
+  bool warned = false;
+  for (;;) {
+    auto resp = coordinator_->ReportExit(req, std::chrono::seconds(10));
+    if (resp.ok()) return resp;
+    if (absl::IsNotFound(resp.status())) {
+      // A restarted coordinator that has not heard of the run yet: re-register, then report.
+      v1::HeartbeatRequest hb;
+      hb.set_run_id(req.run_id());
+      hb.set_node_id(req.node_id());
+      hb.set_round(a.round());
+      *hb.mutable_node() = opts_.node;
+      *hb.mutable_assignment() = a;
+      *hb.mutable_spec() = opts_.run_spec;
+      auto re = coordinator_->Heartbeat(hb, nullptr);
+      if (re.ok()) {
+        resp = coordinator_->ReportExit(req, std::chrono::seconds(10));
+        if (resp.ok()) return resp;
+      }
+    }
+    if (!CoordinatorUnreachable(resp.status()) && !absl::IsNotFound(resp.status())) return resp.status();
+    if (clock_->Now() >= deadline) {
+      return absl::UnavailableError(absl::StrCat("gave up on the coordinator at ", coordinator_->target(),
+                                                 " after ", opts_.coordinator_patience.count() / 1000, " s: ",
+                                                 resp.status().message()));
+    }
+    if (!warned) {
+      spdlog::warn("{}; retrying for up to {} s", std::string(resp.status().message()),
+                   opts_.coordinator_patience.count() / 1000);
+      warned = true;
+    }
+    if (int sig = SleepUnlessSignaled(delay)) {
+      *signal = sig;
+      return absl::CancelledError(absl::StrCat("stopped by ", SignalName(sig)));
+    }
+    delay = std::min(delay * 2, std::chrono::milliseconds(2000));
+  }
+}
+
+absl::StatusOr<v1::HeartbeatResponse> Agent::AwaitVerdict(const v1::Assignment& a, int* signal) {
+  *signal = 0;
+  CoordinatorWatch::Options wo;
+  wo.run_id = opts_.spec.run_id;
+  wo.node = opts_.node;
+  wo.spec = opts_.run_spec;
+  wo.hold = opts_.heartbeat_hold;
+  CoordinatorWatch watch(wo, coordinator_);
+  RETURN_IF_ERROR(watch.Start(a));
+  if (int sig = WaitSignalOr(watch.fd(), std::nullopt); sig > 0) {
+    *signal = sig;
+    return absl::CancelledError(absl::StrCat("stopped by ", SignalName(sig)));
+  }
+  return watch.answer();
 }
 
 absl::StatusOr<std::vector<WorkerLaunch>> Agent::PrepareAttempt(const v1::Assignment& a,
@@ -143,6 +254,27 @@ void Agent::PrintDryRun(const std::vector<WorkerLaunch>& workers) const {
   std::fflush(stdout);
 }
 
+namespace {
+
+int FailureExitCode(const v1::Failure& f) {
+  if (!f.has_exit()) return 1;
+  if (f.exit().signal()) return 128 + f.exit().signal();
+  return f.exit().exit_code() ? f.exit().exit_code() : 1;
+}
+
+// "rank 3 on node host1 (10.0.0.2): exit 1: message" — the job's first failure, wherever it was.
+std::string DescribeFailure(const v1::Failure& f) {
+  WorkerResult w;
+  w.exit_code = f.exit().exit_code();
+  w.signal = f.exit().signal();
+  std::string msg = f.exit().error_message().substr(0, f.exit().error_message().find('\n'));
+  return absl::StrCat("rank ", f.exit().rank(), " on ", f.hostname().empty() ? f.node_id() : f.hostname(),
+                      f.host_address().empty() ? "" : absl::StrCat(" (", f.host_address(), ")"), ": ",
+                      w.StatusText(), msg.empty() ? "" : ": ", msg);
+}
+
+}  // namespace
+
 int Agent::Run() {
   parent_env_ = CurrentEnv();
   const bool temp_dir = opts_.log_dir.empty();
@@ -164,6 +296,16 @@ int Agent::Run() {
       fs::remove_all(base, ec);
     }
   };
+  // The job failed as the coordinator saw it: say where it failed first and exit with that code.
+  auto job_failed = [&](const v1::ReportExitResponse& verdict, int own_code) {
+    if (verdict.has_first_failure()) {
+      std::fprintf(stderr, "launch: job failed: first failure: %s\n", DescribeFailure(verdict.first_failure()).c_str());
+    } else {
+      std::fprintf(stderr, "launch: job failed: %s\n", verdict.reason().c_str());
+    }
+    cleanup();
+    return verdict.has_first_failure() ? FailureExitCode(verdict.first_failure()) : (own_code ? own_code : 1);
+  };
 
   GroupState state = GroupState::kInit;
   auto move = [&](GroupEvent e) {
@@ -171,32 +313,37 @@ int Agent::Run() {
     if (next.ok()) state = *next;
     else spdlog::error("internal: {}", std::string(next.status().message()));
   };
+  CoordinatorWatch::Options wo;
+  wo.run_id = opts_.spec.run_id;
+  wo.node = opts_.node;
+  wo.spec = opts_.run_spec;
+  wo.hold = opts_.heartbeat_hold;
   long last_round = 0;
   for (;;) {
     if (state == GroupState::kInit) move(GroupEvent::kJoin);
-    v1::JoinRequest req;
-    req.set_run_id(opts_.spec.run_id);
-    *req.mutable_node() = opts_.node;
-    req.set_last_round(last_round);
-    req.set_proposed_master_addr(opts_.master_addr);
-    if (opts_.master_port) {
-      req.set_proposed_master_port(*opts_.master_port);
-    } else {
-      auto port = PickFreePort(opts_.master_addr);
-      if (!port.ok()) {
-        spdlog::error("cannot pick a MASTER_PORT on {}: {}", opts_.master_addr, std::string(port.status().message()));
-        cleanup();
-        return 1;
-      }
-      req.set_proposed_master_port(*port);
+    int sig = 0;
+    auto assignment = JoinRound(last_round, &sig);
+    if (sig) {
+      spdlog::warn("stopped by {} while waiting for the rendezvous", SignalName(sig));
+      cleanup();
+      return 128 + sig;
     }
-    auto assignment = coordinator_->Join(req);
     if (!assignment.ok()) {
       spdlog::error("{}", std::string(assignment.status().message()));
       cleanup();
       return 1;
     }
     last_round = assignment->round();
+    if (const auto& t = opts_.static_topology) {
+      // Every node runs the same number of workers in static mode (as torchrun).
+      const int local = opts_.spec.local_world_size;
+      assignment->set_group_rank(t->group_rank);
+      assignment->set_group_world_size(t->group_world_size);
+      assignment->set_world_size(local * t->group_world_size);
+      assignment->set_rank_offset(local * t->group_rank);
+      assignment->set_master_addr(t->master_addr);
+      assignment->set_master_port(t->master_port);
+    }
     move(GroupEvent::kAssigned);
     std::string attempt_dir = absl::StrCat(base, "/attempt_", assignment->restart_count());
     auto workers = PrepareAttempt(*assignment, attempt_dir);
@@ -210,80 +357,154 @@ int Agent::Run() {
       cleanup();
       return 0;
     }
-    spdlog::info("round {}: starting {} worker(s), ranks {}-{} of world size {}, master {}, restart {}/{}",
+    spdlog::info("round {}: starting {} worker(s), ranks {}-{} of world size {}{}, master {}, restart {}/{}",
                  assignment->round(), workers->size(), assignment->rank_offset(),
-                 assignment->rank_offset() + static_cast<int>(workers->size()) - 1,
-                 assignment->world_size(), JoinHostPort(assignment->master_addr(), assignment->master_port()),
+                 assignment->rank_offset() + static_cast<int>(workers->size()) - 1, assignment->world_size(),
+                 assignment->group_world_size() > 1
+                     ? absl::StrCat(" (node ", assignment->group_rank(), " of ", assignment->group_world_size(), ")")
+                     : "",
+                 JoinHostPort(assignment->master_addr(), assignment->master_port()),
                  assignment->restart_count(), assignment->max_restarts());
 
+    const long round = assignment->round();
+    v1::ReportExitRequest report;
+    report.set_run_id(opts_.spec.run_id);
+    report.set_node_id(opts_.node.node_id());
+    report.set_round(round);
+
+    CoordinatorWatch watch(wo, coordinator_);
+    if (auto st = watch.Start(*assignment); !st.ok()) {
+      spdlog::error("{}", std::string(st.message()));
+      cleanup();
+      return 1;
+    }
     WorkerGroup::Options gopts;
     gopts.stop_timeout = opts_.stop_timeout;
-    gopts.heartbeat_interval = opts_.heartbeat_interval;
-    const long round = assignment->round();
-    if (opts_.heartbeat_interval.count() > 0) {
-      gopts.heartbeat = [this, round] {
-        v1::HeartbeatRequest hb;
-        hb.set_run_id(opts_.spec.run_id);
-        hb.set_node_id(opts_.node.node_id());
-        hb.set_round(round);
-        auto resp = coordinator_->Heartbeat(hb);
-        return resp.ok() && (resp->stop_workers() || resp->current_round() > round);
-      };
-    }
+    gopts.stop_fd = watch.fd();
+    gopts.on_failure = [&](const WorkerResult& w) {
+      // Tell the coordinator now, not after the group has stopped: the other nodes stop at once.
+      v1::ReportExitRequest early = report;
+      *early.add_exits() = ToProto(w);
+      (void)coordinator_->ReportExit(early, std::chrono::seconds(1));
+    };
     WorkerGroup group(gopts, launcher_, guard_, signals_, clock_);
     auto outcome = group.Run(*workers);
+    watch.Stop();
     if (!outcome.ok()) {
       spdlog::error("{}", std::string(outcome.status().message()));
       cleanup();
       return 2;
     }
-
-    v1::ReportExitRequest report;
-    report.set_run_id(opts_.spec.run_id);
-    report.set_node_id(opts_.node.node_id());
-    report.set_round(round);
-    report.set_group_succeeded(outcome->kind == GroupOutcome::kSucceeded);
-    for (const auto& w : outcome->workers)
-      if (w.failed()) *report.add_exits() = ToProto(w);
+    if (outcome->kind == GroupOutcome::kFailed) {
+      // The root cause first: the coordinator keeps the first exit of the job's first report.
+      *report.add_exits() = ToProto(outcome->workers[outcome->root_cause]);
+      for (int i = 0; i < static_cast<int>(outcome->workers.size()); ++i)
+        if (i != outcome->root_cause && outcome->workers[i].failed()) *report.add_exits() = ToProto(outcome->workers[i]);
+    }
 
     switch (outcome->kind) {
-      case GroupOutcome::kSucceeded:
+      case GroupOutcome::kSucceeded: {
         move(GroupEvent::kAllSucceeded);
-        (void)coordinator_->ReportExit(report);
-        spdlog::info("all {} worker(s) exited 0", outcome->workers.size());
-        cleanup();
-        return 0;
-      case GroupOutcome::kInterrupted:
+        report.set_group_succeeded(true);
+        auto verdict = Report(report, *assignment, &sig);
+        if (sig) {
+          cleanup();
+          return 128 + sig;
+        }
+        if (!verdict.ok()) {
+          spdlog::error("{}", std::string(verdict.status().message()));
+          cleanup();
+          return 1;
+        }
+        if (!verdict->job_succeeded() && !verdict->job_failed() && !verdict->restart()) {
+          spdlog::info("all {} worker(s) of this node exited 0; waiting for the other nodes",
+                       outcome->workers.size());
+          auto answer = AwaitVerdict(*assignment, &sig);
+          if (sig) {
+            spdlog::warn("stopped by {} while waiting for the other nodes", SignalName(sig));
+            cleanup();
+            return 128 + sig;
+          }
+          if (answer.ok() && answer->job_succeeded()) verdict->set_job_succeeded(true);
+          else if (answer.ok() && answer->stop_workers() && !answer->job_failed()) verdict->set_restart(true);
+          else {
+            // Failed, or an answer we cannot wait past: ask for the verdict with its first failure.
+            v1::ReportExitRequest ask = report;
+            ask.set_group_succeeded(false);
+            auto v2 = Report(ask, *assignment, &sig);
+            if (v2.ok()) {
+              *verdict = *v2;
+            } else {
+              verdict->set_job_failed(true);
+              verdict->set_reason(std::string(v2.status().message()));
+            }
+          }
+        }
+        if (verdict->job_succeeded()) {
+          spdlog::info("all {} worker(s) exited 0", outcome->workers.size());
+          cleanup();
+          return 0;
+        }
+        if (verdict->job_failed()) return job_failed(*verdict, 1);
+        // Another node failed after ours succeeded: the whole group runs again.
+        move(GroupEvent::kRestart);
+        spdlog::info("another node started a new round: re-joining");
+        continue;
+      }
+      case GroupOutcome::kInterrupted: {
         move(GroupEvent::kSignal);
         move(GroupEvent::kAllStopped);
         move(GroupEvent::kSignal);
-        (void)coordinator_->ReportExit(report);
+        report.set_leaving(true);
+        (void)coordinator_->ReportExit(report, std::chrono::seconds(2));
         spdlog::warn("stopped by {}", SignalName(outcome->signal));
         cleanup();
         return 128 + outcome->signal;
-      case GroupOutcome::kCoordinatorStop:
+      }
+      case GroupOutcome::kCoordinatorStop: {
         move(GroupEvent::kCoordinatorStop);
         move(GroupEvent::kAllStopped);
+        const v1::HeartbeatResponse why = watch.answer();
+        auto verdict = Report(report, *assignment, &sig);  // no exits: only asks for the verdict
+        if (sig) {
+          cleanup();
+          return 128 + sig;
+        }
+        if (!verdict.ok()) {
+          spdlog::error("{}", std::string(verdict.status().message()));
+          cleanup();
+          return 1;
+        }
+        if (verdict->job_failed() || why.job_failed()) {
+          move(GroupEvent::kGiveUp);
+          return job_failed(*verdict, 1);
+        }
         move(GroupEvent::kRestart);
-        spdlog::info("the coordinator started a new round: re-joining");
+        spdlog::info("the coordinator started a new round{}{}: re-joining", why.reason().empty() ? "" : " (",
+                     why.reason().empty() ? "" : why.reason() + ")");
         continue;
+      }
       case GroupOutcome::kFailed:
         break;
     }
     move(GroupEvent::kWorkerFailed);
     move(GroupEvent::kAllStopped);
     const WorkerResult& root = outcome->workers[outcome->root_cause];
-    auto verdict = coordinator_->ReportExit(report);
+    auto verdict = Report(report, *assignment, &sig);
+    if (sig) {
+      cleanup();
+      return 128 + sig;
+    }
     if (verdict.ok() && verdict->restart()) {
       move(GroupEvent::kRestart);
       spdlog::warn("rank {} failed ({}{}{}); restarting the group ({} of {} restarts)", root.rank,
                    root.StatusText(), root.error_message.empty() ? "" : ": ",
                    root.error_message.substr(0, root.error_message.find('\n')),
                    verdict->restart_count(), assignment->max_restarts());
-      if (int sig = SleepUnlessSignaled(opts_.restart_backoff)) {
-        spdlog::warn("stopped by {} while waiting to restart", SignalName(sig));
+      if (int s2 = SleepUnlessSignaled(opts_.restart_backoff)) {
+        spdlog::warn("stopped by {} while waiting to restart", SignalName(s2));
         cleanup();
-        return 128 + sig;
+        return 128 + s2;
       }
       continue;
     }
@@ -293,6 +514,14 @@ int Agent::Run() {
         assignment->max_restarts() > 0 ? " (restart budget exhausted)" : "",
         temp_dir ? "" : absl::StrCat("; logs in ", attempt_dir));
     std::fputs(FailureSummary(*outcome, headline).c_str(), stderr);
+    if (!verdict.ok()) {
+      spdlog::error("{}", std::string(verdict.status().message()));
+      cleanup();
+      return root.AsExitCode();
+    }
+    if (verdict->has_first_failure() && verdict->first_failure().node_id() != opts_.node.node_id()) {
+      return job_failed(*verdict, root.AsExitCode());
+    }
     cleanup();
     return root.AsExitCode();
   }

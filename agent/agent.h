@@ -2,6 +2,7 @@
 // group, reports to the coordinator, and restarts the group while the job's budget allows.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 #include <set>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "agent/coordinator_client.h"
+#include "agent/coordinator_watch.h"
 #include "agent/log_relay.h"
 #include "agent/process.h"
 #include "agent/signals.h"
@@ -17,6 +19,14 @@
 #include "common/clock.h"
 
 namespace launch {
+
+// --rdzv-backend=static: the node's place is given, not negotiated (torchrun's static mode).
+struct StaticTopology {
+  int group_rank = 0;
+  int group_world_size = 1;
+  std::string master_addr;
+  int master_port = 29500;
+};
 
 struct AgentOptions {
   WorkerGroupSpec spec;
@@ -29,8 +39,14 @@ struct AgentOptions {
   std::optional<std::set<int>> console_local_ranks;  // --local-ranks-filter
   std::chrono::milliseconds stop_timeout{30000};
   std::chrono::milliseconds restart_backoff{0};
-  std::chrono::milliseconds heartbeat_interval{0};
+  // How long the coordinator may hold each heartbeat (the lease is renewed at least this often).
+  std::chrono::milliseconds heartbeat_hold{1000};
+  // How long to keep trying an unreachable coordinator once the workers have ended.
+  std::chrono::milliseconds coordinator_patience{30000};
   bool dry_run = false;
+  // The run's settings, sent with every join (the coordinator checks all nodes agree).
+  v1::RunSpec run_spec;
+  std::optional<StaticTopology> static_topology;
   // What this node offers as MASTER_ADDR/MASTER_PORT if it becomes group rank 0.
   std::string master_addr = "127.0.0.1";
   std::optional<int> master_port;  // --master-port; else a free port per attempt
@@ -52,8 +68,17 @@ class Agent {
   int Run();
 
  private:
-  // Waits `d`, or less if a terminating signal arrives (returned; 0 if none).
-  int SleepUnlessSignaled(std::chrono::milliseconds d);
+  // Waits until `fd` is readable (0), `timeout` passes (-1), or a terminating signal arrives
+  // (its number). fd < 0: only the timeout and signals; no timeout: wait for ever.
+  int WaitSignalOr(int fd, std::optional<std::chrono::milliseconds> timeout);
+  int SleepUnlessSignaled(std::chrono::milliseconds d) { return std::max(0, WaitSignalOr(-1, d)); }
+  // Joins the next round, riding out a coordinator that restarts; *signal set if interrupted.
+  absl::StatusOr<v1::Assignment> JoinRound(long last_round, int* signal);
+  // Reports to the coordinator, retrying while it is unreachable (up to coordinator_patience).
+  absl::StatusOr<v1::ReportExitResponse> Report(const v1::ReportExitRequest& req, const v1::Assignment& a,
+                                                int* signal);
+  // Waits, after this node's workers succeeded, for the job's verdict or a new round.
+  absl::StatusOr<v1::HeartbeatResponse> AwaitVerdict(const v1::Assignment& a, int* signal);
   absl::StatusOr<std::vector<WorkerLaunch>> PrepareAttempt(const v1::Assignment& a,
                                                            const std::string& attempt_dir);
   void PrintDryRun(const std::vector<WorkerLaunch>& workers) const;

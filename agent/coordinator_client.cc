@@ -12,43 +12,83 @@ absl::Status FromGrpc(const grpc::Status& s, const std::string& what) {
                       absl::StrCat(what, ": ", s.error_message()));
 }
 
-GrpcCoordinatorClient::GrpcCoordinatorClient(std::shared_ptr<grpc::Channel> channel,
-                                             std::chrono::seconds join_timeout)
-    : stub_(v1::Rendezvous::NewStub(channel)), join_timeout_(join_timeout) {}
-
-namespace {
-void SetDeadline(grpc::ClientContext* ctx, std::chrono::seconds d) {
-  ctx->set_deadline(std::chrono::system_clock::now() + d);
+bool CoordinatorUnreachable(const absl::Status& s) {
+  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsCancelled(s);
 }
-}  // namespace
 
-absl::StatusOr<v1::Assignment> GrpcCoordinatorClient::Join(const v1::JoinRequest& req) {
+void CallCanceller::Cancel() {
+  std::lock_guard<std::mutex> lock(mu_);
+  cancelled_ = true;
+  if (ctx_) ctx_->TryCancel();
+}
+
+bool CallCanceller::cancelled() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cancelled_;
+}
+
+void CallCanceller::Reset() {
+  std::lock_guard<std::mutex> lock(mu_);
+  cancelled_ = false;
+  ctx_ = nullptr;
+}
+
+bool CallCanceller::Attach(grpc::ClientContext* ctx) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (cancelled_) return false;
+  ctx_ = ctx;
+  return true;
+}
+
+void CallCanceller::Detach() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ctx_ = nullptr;
+}
+
+GrpcCoordinatorClient::GrpcCoordinatorClient(std::shared_ptr<grpc::Channel> channel, std::string target,
+                                             std::string token, std::chrono::milliseconds join_timeout)
+    : stub_(v1::Rendezvous::NewStub(channel)),
+      target_(std::move(target)),
+      token_(std::move(token)),
+      join_timeout_(join_timeout) {}
+
+void GrpcCoordinatorClient::Prepare(grpc::ClientContext* ctx, std::chrono::milliseconds timeout) const {
+  ctx->set_deadline(std::chrono::system_clock::now() + timeout);
+  if (!token_.empty()) ctx->AddMetadata("x-launch-token", token_);
+}
+
+absl::StatusOr<v1::Assignment> GrpcCoordinatorClient::Join(const v1::JoinRequest& req, CallCanceller* cancel) {
   grpc::ClientContext ctx;
-  SetDeadline(&ctx, join_timeout_ + std::chrono::seconds(5));
+  Prepare(&ctx, join_timeout_ + std::chrono::seconds(5));
+  // A coordinator that is not up yet (another node is starting it) is waited for, not an error.
   ctx.set_wait_for_ready(true);
+  if (cancel && !cancel->Attach(&ctx)) return absl::CancelledError("join cancelled");
   v1::JoinResponse resp;
   grpc::Status s = stub_->Join(&ctx, req, &resp);
-  if (!s.ok()) return FromGrpc(s, "rendezvous join");
+  if (cancel) cancel->Detach();
+  if (!s.ok()) return FromGrpc(s, absl::StrCat("rendezvous join at ", target_));
   return resp.assignment();
 }
 
-absl::StatusOr<v1::HeartbeatResponse> GrpcCoordinatorClient::Heartbeat(
-    const v1::HeartbeatRequest& req) {
+absl::StatusOr<v1::HeartbeatResponse> GrpcCoordinatorClient::Heartbeat(const v1::HeartbeatRequest& req,
+                                                                        CallCanceller* cancel) {
   grpc::ClientContext ctx;
-  SetDeadline(&ctx, std::chrono::seconds(5));
+  Prepare(&ctx, std::chrono::milliseconds(req.wait_ms()) + std::chrono::seconds(5));
+  if (cancel && !cancel->Attach(&ctx)) return absl::CancelledError("heartbeat cancelled");
   v1::HeartbeatResponse resp;
   grpc::Status s = stub_->Heartbeat(&ctx, req, &resp);
-  if (!s.ok()) return FromGrpc(s, "heartbeat");
+  if (cancel) cancel->Detach();
+  if (!s.ok()) return FromGrpc(s, absl::StrCat("heartbeat to ", target_));
   return resp;
 }
 
-absl::StatusOr<v1::ReportExitResponse> GrpcCoordinatorClient::ReportExit(
-    const v1::ReportExitRequest& req) {
+absl::StatusOr<v1::ReportExitResponse> GrpcCoordinatorClient::ReportExit(const v1::ReportExitRequest& req,
+                                                                         std::chrono::milliseconds timeout) {
   grpc::ClientContext ctx;
-  SetDeadline(&ctx, std::chrono::seconds(10));
+  Prepare(&ctx, timeout);
   v1::ReportExitResponse resp;
   grpc::Status s = stub_->ReportExit(&ctx, req, &resp);
-  if (!s.ok()) return FromGrpc(s, "report exit");
+  if (!s.ok()) return FromGrpc(s, absl::StrCat("exit report to ", target_));
   return resp;
 }
 

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -10,28 +11,59 @@
 
 namespace launch {
 
+// Lets another thread cut a blocking call short (the held heartbeat) at once.
+class CallCanceller {
+ public:
+  void Cancel();
+  bool cancelled() const;
+  void Reset();  // before reuse, with no call in flight
+  // For clients: register the call in flight; false when already cancelled.
+  bool Attach(grpc::ClientContext* ctx);
+  void Detach();
+
+ private:
+  mutable std::mutex mu_;
+  grpc::ClientContext* ctx_ = nullptr;
+  bool cancelled_ = false;
+};
+
 class CoordinatorClient {
  public:
   virtual ~CoordinatorClient() = default;
-  virtual absl::StatusOr<v1::Assignment> Join(const v1::JoinRequest& req) = 0;
-  virtual absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req) = 0;
-  virtual absl::StatusOr<v1::ReportExitResponse> ReportExit(const v1::ReportExitRequest& req) = 0;
+  // Waits for the round to form (bounded by the coordinator's join timeout).
+  virtual absl::StatusOr<v1::Assignment> Join(const v1::JoinRequest& req, CallCanceller* cancel = nullptr) = 0;
+  virtual absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req,
+                                                          CallCanceller* cancel = nullptr) = 0;
+  virtual absl::StatusOr<v1::ReportExitResponse> ReportExit(const v1::ReportExitRequest& req,
+                                                            std::chrono::milliseconds timeout) = 0;
+  // "host:port" for messages.
+  virtual std::string target() const = 0;
 };
 
 class GrpcCoordinatorClient : public CoordinatorClient {
  public:
-  // `join_timeout` bounds how long a Join may wait for its round to form.
-  GrpcCoordinatorClient(std::shared_ptr<grpc::Channel> channel, std::chrono::seconds join_timeout);
-  absl::StatusOr<v1::Assignment> Join(const v1::JoinRequest& req) override;
-  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req) override;
-  absl::StatusOr<v1::ReportExitResponse> ReportExit(const v1::ReportExitRequest& req) override;
+  // `join_timeout` bounds how long a Join may wait for its round to form; `token` goes with
+  // every call when not empty.
+  GrpcCoordinatorClient(std::shared_ptr<grpc::Channel> channel, std::string target, std::string token,
+                        std::chrono::milliseconds join_timeout);
+  absl::StatusOr<v1::Assignment> Join(const v1::JoinRequest& req, CallCanceller* cancel) override;
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req,
+                                                  CallCanceller* cancel) override;
+  absl::StatusOr<v1::ReportExitResponse> ReportExit(const v1::ReportExitRequest& req,
+                                                    std::chrono::milliseconds timeout) override;
+  std::string target() const override { return target_; }
 
  private:
+  void Prepare(grpc::ClientContext* ctx, std::chrono::milliseconds timeout) const;
   std::unique_ptr<v1::Rendezvous::Stub> stub_;
-  std::chrono::seconds join_timeout_;
+  std::string target_, token_;
+  std::chrono::milliseconds join_timeout_;
 };
 
 // grpc::Status → absl::Status, keeping the code and the message.
 absl::Status FromGrpc(const grpc::Status& s, const std::string& what);
+
+// Whether a failed call is worth retrying: the coordinator is unreachable or restarting.
+bool CoordinatorUnreachable(const absl::Status& s);
 
 }  // namespace launch

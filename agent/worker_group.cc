@@ -89,7 +89,7 @@ struct Slot {
 // What an epoll event is for: encoded in data.u64.
 constexpr uint64_t kSignalTag = 1ull << 40;
 constexpr uint64_t kStopTimerTag = 2ull << 40;
-constexpr uint64_t kHeartbeatTag = 3ull << 40;
+constexpr uint64_t kCoordinatorTag = 3ull << 40;
 constexpr uint64_t kProgressTag = 4ull << 40;
 constexpr uint64_t kStderrBit = 1ull << 32;
 
@@ -122,8 +122,7 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
   UniqueFd ep(::epoll_create1(EPOLL_CLOEXEC));
   if (!ep.valid()) return ErrnoStatus("epoll_create1");
   UniqueFd stop_timer(::timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
-  UniqueFd hb_timer(::timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
-  if (!stop_timer.valid() || !hb_timer.valid()) return ErrnoStatus("timerfd_create");
+  if (!stop_timer.valid()) return ErrnoStatus("timerfd_create");
   auto watch = [&](int fd, uint64_t tag) {
     epoll_event ev{};
     ev.events = EPOLLIN;
@@ -132,10 +131,7 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
   };
   watch(signals_->fd(), kSignalTag);
   watch(stop_timer.get(), kStopTimerTag);
-  if (opts_.heartbeat && opts_.heartbeat_interval.count() > 0) {
-    watch(hb_timer.get(), kHeartbeatTag);
-    ArmTimer(hb_timer.get(), opts_.heartbeat_interval, /*periodic=*/true);
-  }
+  if (opts_.stop_fd >= 0) watch(opts_.stop_fd, kCoordinatorTag);
 
   // One datagram socket for every worker's progress reports (worker_sdk's ProgressReporter).
   int sv[2];
@@ -250,8 +246,8 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
           }
           if (!stopping) {
             outcome.root_cause = static_cast<int>(i);
-            if (opts_.on_failure) opts_.on_failure(s.result);
             begin_stop(GroupOutcome::kFailed, SIGTERM);
+            if (opts_.on_failure) opts_.on_failure(s.result);
           }
         }
       }
@@ -329,9 +325,10 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
             s.result.last_step_seconds = rec.step_seconds;
           }
         }
-      } else if (tag == kHeartbeatTag) {
-        DrainTimer(hb_timer.get());
-        if (!stopping && opts_.heartbeat()) begin_stop(GroupOutcome::kCoordinatorStop, SIGTERM);
+      } else if (tag == kCoordinatorTag) {
+        // Level-triggered and never drained: seen once, then out of the set.
+        ::epoll_ctl(ep.get(), EPOLL_CTL_DEL, opts_.stop_fd, nullptr);
+        if (!stopping) begin_stop(GroupOutcome::kCoordinatorStop, SIGTERM);
       } else {
         drain(slots[tag & 0xffffffff], (tag & kStderrBit) != 0, false);
       }

@@ -78,10 +78,10 @@ class WorkerGroup {
  public:
   struct Options {
     std::chrono::milliseconds stop_timeout{30000};
-    std::chrono::milliseconds heartbeat_interval{0};  // 0: no heartbeat
-    // Called every heartbeat_interval; returns true when the coordinator wants the group stopped.
-    std::function<bool()> heartbeat;
-    // Called as soon as a worker's failure is seen (to tell the coordinator at once).
+    // Readable when the coordinator wants the group stopped (-1: none).
+    int stop_fd = -1;
+    // Called as soon as a worker's failure is seen and the others are signalled (to tell the
+    // coordinator at once).
     std::function<void(const WorkerResult&)> on_failure;
     std::string console_prefix_format = "[{rank}]:";
     size_t stderr_tail_lines = 5;

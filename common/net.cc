@@ -1,6 +1,7 @@
 #include "common/net.h"
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -127,6 +128,93 @@ absl::StatusOr<bool> PortInUse(const std::string& host, int port) {
   if (absl::IsInvalidArgument(fd.status())) return fd.status();
   if (err == EADDRINUSE) return true;
   return fd.status();
+}
+
+namespace {
+
+std::string NumericAddress(const sockaddr* sa) {
+  char buf[INET6_ADDRSTRLEN] = {0};
+  if (sa->sa_family == AF_INET) {
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(sa)->sin_addr, buf, sizeof buf);
+  } else if (sa->sa_family == AF_INET6) {
+    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr, buf, sizeof buf);
+  }
+  return buf;
+}
+
+bool IsLoopbackAddress(const std::string& ip) {
+  in_addr a4;
+  if (inet_pton(AF_INET, ip.c_str(), &a4) == 1) return (ntohl(a4.s_addr) >> 24) == 127;
+  in6_addr a6;
+  if (inet_pton(AF_INET6, ip.c_str(), &a6) == 1) {
+    if (IN6_IS_ADDR_LOOPBACK(&a6)) return true;
+    if (IN6_IS_ADDR_V4MAPPED(&a6)) return a6.s6_addr[12] == 127;
+  }
+  return false;
+}
+
+std::vector<std::string> InterfaceAddresses() {
+  std::vector<std::string> out;
+  ifaddrs* ifs = nullptr;
+  if (getifaddrs(&ifs) != 0) return out;
+  for (ifaddrs* i = ifs; i; i = i->ifa_next) {
+    if (!i->ifa_addr || (i->ifa_addr->sa_family != AF_INET && i->ifa_addr->sa_family != AF_INET6)) continue;
+    std::string ip = NumericAddress(i->ifa_addr);
+    if (ip.rfind("fe80:", 0) == 0) continue;  // link-local needs a scope id; not a node address
+    out.push_back(ip);
+  }
+  freeifaddrs(ifs);
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> ResolveHost(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  int rc = getaddrinfo(host.c_str(), nullptr, &hints, &res);
+  if (rc != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot resolve '", host, "': ", gai_strerror(rc)));
+  }
+  std::vector<std::string> out;
+  for (addrinfo* ai = res; ai; ai = ai->ai_next) {
+    std::string ip = NumericAddress(ai->ai_addr);
+    if (!ip.empty() && std::find(out.begin(), out.end(), ip) == out.end()) out.push_back(ip);
+  }
+  freeaddrinfo(res);
+  return out;
+}
+
+absl::StatusOr<bool> IsLoopbackHost(const std::string& host) {
+  ASSIGN_OR_RETURN(std::vector<std::string> ips, ResolveHost(host));
+  for (const auto& ip : ips)
+    if (!IsLoopbackAddress(ip)) return false;
+  return !ips.empty();
+}
+
+absl::StatusOr<bool> IsLocalHost(const std::string& host) {
+  ASSIGN_OR_RETURN(std::vector<std::string> ips, ResolveHost(host));
+  std::vector<std::string> mine = InterfaceAddresses();
+  for (const auto& ip : ips) {
+    if (IsLoopbackAddress(ip) || std::find(mine.begin(), mine.end(), ip) != mine.end()) return true;
+  }
+  return false;
+}
+
+absl::StatusOr<std::string> DefaultHostAddress() {
+  char name[256] = {0};
+  ::gethostname(name, sizeof name - 1);
+  auto ips = ResolveHost(name);
+  if (ips.ok()) {
+    for (const auto& ip : *ips)
+      if (!IsLoopbackAddress(ip)) return ip;
+  }
+  for (const auto& ip : InterfaceAddresses())
+    if (!IsLoopbackAddress(ip)) return ip;
+  if (ips.ok() && !ips->empty()) return ips->front();
+  return absl::NotFoundError(absl::StrCat("host name '", name, "' has no address"));
 }
 
 }  // namespace launch

@@ -3,6 +3,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -22,5 +23,15 @@ std::string JoinHostPort(const std::string& host, int port);
 absl::StatusOr<int> PickFreePort(const std::string& host);
 // Whether something already listens on host:port (bind fails with EADDRINUSE).
 absl::StatusOr<bool> PortInUse(const std::string& host, int port);
+
+// The numeric addresses `host` resolves to (IPv4 and IPv6), in resolver order.
+absl::StatusOr<std::vector<std::string>> ResolveHost(const std::string& host);
+// Whether every address `host` resolves to is a loopback address (127/8, ::1).
+absl::StatusOr<bool> IsLoopbackHost(const std::string& host);
+// Whether `host` resolves to an address of one of this machine's interfaces.
+absl::StatusOr<bool> IsLocalHost(const std::string& host);
+// This node's address as other nodes would reach it: the host name's first non-loopback address,
+// else the first non-loopback interface address, else the host name's first address.
+absl::StatusOr<std::string> DefaultHostAddress();
 
 }  // namespace launch

@@ -2,6 +2,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/net.h"
 #include "spdlog/spdlog.h"
@@ -9,114 +11,423 @@
 namespace launch {
 
 namespace {
+
 grpc::Status ToGrpc(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
+
+bool ValidId(const std::string& s, size_t max) {
+  if (s.empty() || s.size() > max) return false;
+  return std::all_of(s.begin(), s.end(), [](char c) { return c > ' ' && c < 127; });
+}
+
+absl::Status ValidateNode(const std::string& run_id, const v1::NodeIdentity& n) {
+  if (!ValidId(run_id, 128)) return absl::InvalidArgumentError("run id missing, too long or not printable");
+  if (!ValidId(n.node_id(), 256)) return absl::InvalidArgumentError("node id missing, too long or not printable");
+  if (n.local_world_size() < 1 || n.local_world_size() > 65536) {
+    return absl::InvalidArgumentError(absl::StrCat("node ", n.node_id(), ": local_world_size ",
+                                                   n.local_world_size(), " is not 1-65536"));
+  }
+  if (n.host_address().size() > 256 || n.hostname().size() > 256) {
+    return absl::InvalidArgumentError("host name or address longer than 256 bytes");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
-Rendezvous* CoordinatorService::RunFor(const std::string& run_id) {
-  auto& slot = runs_[run_id];
-  if (!slot) slot = std::make_unique<Rendezvous>(run_id, defaults_, clock_);
-  return slot.get();
-}
+// A Join or Heartbeat whose answer may come later; it owns nothing but its place in the run.
+class CoordinatorService::HeldCall final : public grpc::ServerUnaryReactor {
+ public:
+  enum Kind { kJoin, kHeartbeat };
+  HeldCall(CoordinatorService* svc, Kind kind, std::string run_id) : svc_(svc), kind(kind), run_id(std::move(run_id)) {}
+  void OnCancel() override { svc_->Cancelled(this); }
+  void OnDone() override { delete this; }
 
-grpc::Status CoordinatorService::Join(grpc::ServerContext* ctx, const v1::JoinRequest* req,
-                                      v1::JoinResponse* resp) {
-  std::unique_lock<std::mutex> lock(mu_);
-  Rendezvous* rdzv = RunFor(req->run_id());
-  absl::Status st = rdzv->Join(*req);
-  if (!st.ok()) {
-    spdlog::warn("rejected join of node {} from {}: {}", req->node().node_id(), ctx->peer(),
-                 std::string(st.message()));
-    return ToGrpc(st);
-  }
-  changed_.notify_all();
-  const auto deadline = clock_->Now() + rdzv->config().join_timeout;
-  for (;;) {
-    if (auto a = rdzv->AssignmentFor(req->node().node_id(), req->last_round())) {
-      *resp->mutable_assignment() = *a;
-      return grpc::Status::OK;
-    }
-    if (shutting_down_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down");
-    if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "join cancelled");
-    const int was_waiting = rdzv->waiting_nodes();
-    std::optional<Clock::TimePoint> wake = rdzv->Tick();
-    if (rdzv->phase() == Rendezvous::Phase::kRunning) {
-      changed_.notify_all();
-      continue;
-    }
-    if (clock_->Now() >= deadline) {
-      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                          absl::StrCat("round did not form within the join timeout: ", was_waiting,
-                                       " of at least ", rdzv->config().min_nodes, " node(s) joined"));
-    }
-    // Wake at the last call, the deadline, or a change; at least every second to see cancels.
-    auto until = std::min(deadline, clock_->Now() + std::chrono::seconds(1));
-    if (wake) until = std::min(until, *wake);
-    changed_.wait_for(lock, until - clock_->Now());
-  }
-}
+  CoordinatorService* svc_;
+  const Kind kind;
+  const std::string run_id;
+  const v1::JoinRequest* join_req = nullptr;
+  v1::JoinResponse* join_resp = nullptr;
+  const v1::HeartbeatRequest* hb_req = nullptr;
+  v1::HeartbeatResponse* hb_resp = nullptr;
+  std::optional<Clock::TimePoint> deadline;
+};
 
-grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* req,
-                                           v1::HeartbeatResponse* resp) {
+CoordinatorService::CoordinatorService(CoordinatorOptions opts, const Clock* clock)
+    : opts_(std::move(opts)), clock_(clock) {}
+
+CoordinatorService::~CoordinatorService() { Shutdown(); }
+
+void CoordinatorService::Start() {
   std::lock_guard<std::mutex> lock(mu_);
-  *resp = RunFor(req->run_id())->Heartbeat(*req);
-  return grpc::Status::OK;
-}
-
-grpc::Status CoordinatorService::ReportExit(grpc::ServerContext*, const v1::ReportExitRequest* req,
-                                            v1::ReportExitResponse* resp) {
-  std::lock_guard<std::mutex> lock(mu_);
-  *resp = RunFor(req->run_id())->ReportExit(*req);
-  changed_.notify_all();
-  return grpc::Status::OK;
-}
-
-grpc::Status CoordinatorService::Status(grpc::ServerContext*, const v1::StatusRequest* req,
-                                        v1::StatusResponse* resp) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = runs_.find(req->run_id());
-  if (it == runs_.end()) {
-    return grpc::Status(grpc::StatusCode::NOT_FOUND, absl::StrCat("no run '", req->run_id(), "'"));
-  }
-  *resp = it->second->Status();
-  return grpc::Status::OK;
+  if (!timer_.joinable()) timer_ = std::thread([this] { TimerLoop(); });
 }
 
 void CoordinatorService::Shutdown() {
-  std::lock_guard<std::mutex> lock(mu_);
-  shutting_down_ = true;
-  changed_.notify_all();
+  Finishes f;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ && !timer_.joinable()) return;
+    stopping_ = true;
+    for (auto& [id, run] : runs_) {
+      for (HeldCall* c : run.held) f.emplace_back(c, grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down"));
+      run.held.clear();
+    }
+    hold_deadlines_.clear();
+    wake_.notify_all();
+  }
+  FinishAll(f);
+  if (timer_.joinable()) timer_.join();
 }
 
-absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
-    const std::string& listen, RendezvousConfig defaults, const Clock* clock) {
+bool CoordinatorService::WaitUntilEveryNodeKnowsTheEnd(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return settled_.wait_for(lock, timeout, [&] {
+    for (const auto& [id, run] : runs_)
+      if (!run.rdzv->EveryoneToldEnd()) return false;
+    return true;
+  });
+}
+
+int CoordinatorService::runs_for_test() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(runs_.size());
+}
+
+void CoordinatorService::FinishAll(Finishes& f) {
+  for (auto& [call, status] : f) call->Finish(status);
+  f.clear();
+}
+
+grpc::Status CoordinatorService::CheckToken(grpc::CallbackServerContext* ctx, const char* rpc) {
+  if (opts_.token.empty()) return grpc::Status::OK;
+  const auto& md = ctx->client_metadata();
+  auto it = md.find(kTokenMetadataKey);
+  std::string got = it == md.end() ? "" : std::string(it->second.data(), it->second.size());
+  if (it != md.end() && ConstantTimeEquals(got, opts_.token)) return grpc::Status::OK;
+  spdlog::warn("rejected {} from {}: {} rendezvous token", rpc, ctx->peer(), it == md.end() ? "no" : "wrong");
+  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                      it == md.end() ? "this coordinator needs a rendezvous token (--rdzv-token-file or LAUNCH_RDZV_TOKEN)"
+                                     : "wrong rendezvous token");
+}
+
+void CoordinatorService::Hold(Run& run, HeldCall* call) {
+  run.held.insert(call);
+  if (call->deadline) hold_deadlines_.emplace(*call->deadline, call);
+}
+
+void CoordinatorService::Pump(Run& run, Finishes* out) {
+  Rendezvous& r = *run.rdzv;
+  for (auto it = run.held.begin(); it != run.held.end();) {
+    HeldCall* c = *it;
+    bool done = false;
+    if (c->kind == HeldCall::kJoin) {
+      if (auto a = r.AssignmentFor(c->join_req->node().node_id(), c->join_req->last_round())) {
+        *c->join_resp->mutable_assignment() = *a;
+        out->emplace_back(c, grpc::Status::OK);
+        done = true;
+      } else if (r.ended()) {
+        out->emplace_back(c, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                          absl::StrCat("run '", c->run_id, "' ", PhaseName(r.phase()),
+                                                       r.reason().empty() ? "" : ": ", r.reason())));
+        done = true;
+      }
+    } else {
+      v1::HeartbeatResponse ans = r.HeartbeatAnswer(*c->hb_req);
+      if (Rendezvous::Urgent(ans)) {
+        if (ans.job_succeeded() || ans.job_failed()) r.NoteToldEnd(c->hb_req->node_id());
+        *c->hb_resp = ans;
+        out->emplace_back(c, grpc::Status::OK);
+        done = true;
+      }
+    }
+    if (done) {
+      if (c->deadline) hold_deadlines_.erase({*c->deadline, c});
+      it = run.held.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void CoordinatorService::Cancelled(HeldCall* call) {
+  Finishes f;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = runs_.find(call->run_id);
+    if (it == runs_.end() || !it->second.held.erase(call)) return;  // already answered
+    if (call->deadline) hold_deadlines_.erase({*call->deadline, call});
+    f.emplace_back(call, grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+    if (call->kind == HeldCall::kJoin) {
+      Rendezvous& r = *it->second.rdzv;
+      uint64_t v = r.version();
+      r.CancelJoin(call->join_req->node().node_id());
+      r.Tick();
+      if (r.version() != v) Pump(it->second, &f);
+      wake_.notify_one();
+    }
+  }
+  FinishAll(f);
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* ctx, const v1::JoinRequest* req,
+                                                   v1::JoinResponse* resp) {
+  auto* call = new HeldCall(this, HeldCall::kJoin, req->run_id());
+  call->join_req = req;
+  call->join_resp = resp;
+  if (grpc::Status st = CheckToken(ctx, "Join"); !st.ok()) {
+    call->Finish(st);
+    return call;
+  }
+  auto reject = [&](const absl::Status& st) {
+    spdlog::warn("rejected join of node {} to run '{}' from {}: {}", req->node().node_id(), req->run_id(),
+                 ctx->peer(), std::string(st.message()));
+    call->Finish(ToGrpc(st));
+    return call;
+  };
+  if (absl::Status st = ValidateNode(req->run_id(), req->node()); !st.ok()) return reject(st);
+  Finishes f;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (stopping_) {
+      lock.unlock();
+      call->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down"));
+      return call;
+    }
+    auto it = runs_.find(req->run_id());
+    if (it == runs_.end()) {
+      RendezvousConfig cfg = opts_.defaults;
+      if (req->has_spec()) {
+        auto c = RendezvousConfig::FromSpec(req->spec());
+        if (!c.ok()) {
+          lock.unlock();
+          return reject(c.status());
+        }
+        cfg = *c;
+      }
+      it = runs_.emplace(req->run_id(), Run{std::make_unique<Rendezvous>(req->run_id(), cfg, clock_), {}}).first;
+      spdlog::info("run '{}': first node {} ({}) from {}", req->run_id(), req->node().hostname(),
+                   req->node().node_id(), ctx->peer());
+    }
+    Run& run = it->second;
+    absl::Status st = run.rdzv->Join(*req);
+    if (!st.ok()) {
+      lock.unlock();
+      return reject(st);
+    }
+    run.rdzv->Tick();
+    Hold(run, call);
+    Pump(run, &f);
+    wake_.notify_one();
+  }
+  FinishAll(f);
+  return call;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerContext* ctx,
+                                                        const v1::HeartbeatRequest* req,
+                                                        v1::HeartbeatResponse* resp) {
+  auto* call = new HeldCall(this, HeldCall::kHeartbeat, req->run_id());
+  call->hb_req = req;
+  call->hb_resp = resp;
+  if (grpc::Status st = CheckToken(ctx, "Heartbeat"); !st.ok()) {
+    call->Finish(st);
+    return call;
+  }
+  Finishes f;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (stopping_) {
+      lock.unlock();
+      call->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down"));
+      return call;
+    }
+    auto it = runs_.find(req->run_id());
+    if (it == runs_.end()) {
+      if (!req->has_assignment()) {
+        resp->set_unknown_node(true);
+        lock.unlock();
+        call->Finish(grpc::Status::OK);
+        return call;
+      }
+      auto cfg = Rendezvous::ConfigForReattach(*req);
+      absl::Status valid = cfg.ok() ? ValidateNode(req->run_id(), req->node()) : cfg.status();
+      if (!valid.ok()) {
+        lock.unlock();
+        spdlog::warn("rejected re-registration of node {} from {}: {}", req->node_id(), ctx->peer(),
+                     std::string(valid.message()));
+        call->Finish(ToGrpc(valid));
+        return call;
+      }
+      it = runs_.emplace(req->run_id(), Run{std::make_unique<Rendezvous>(req->run_id(), *cfg, clock_), {}}).first;
+    }
+    Run& run = it->second;
+    const bool known_before = !run.rdzv->HeartbeatAnswer(*req).unknown_node();
+    uint64_t v = run.rdzv->version();
+    v1::HeartbeatResponse ans = run.rdzv->Heartbeat(*req);
+    if (!known_before && req->has_assignment() && !ans.unknown_node()) {
+      spdlog::info("run '{}': node {} ({}) re-registered in round {} from {}", req->run_id(), req->node().hostname(),
+                   req->node_id(), req->round(), ctx->peer());
+    }
+    if (run.rdzv->version() != v) Pump(run, &f);
+    if (Rendezvous::Urgent(ans) || req->wait_ms() <= 0) {
+      if (ans.job_succeeded() || ans.job_failed()) run.rdzv->NoteToldEnd(req->node_id());
+      *resp = ans;
+      f.emplace_back(call, grpc::Status::OK);
+    } else {
+      call->deadline = clock_->Now() + std::min(std::chrono::milliseconds(req->wait_ms()), opts_.max_hold);
+      Hold(run, call);
+      wake_.notify_one();
+    }
+  }
+  FinishAll(f);
+  settled_.notify_all();
+  return call;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::ReportExit(grpc::CallbackServerContext* ctx,
+                                                         const v1::ReportExitRequest* req,
+                                                         v1::ReportExitResponse* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (grpc::Status st = CheckToken(ctx, "ReportExit"); !st.ok()) {
+    reactor->Finish(st);
+    return reactor;
+  }
+  Finishes f;
+  grpc::Status status = grpc::Status::OK;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = runs_.find(req->run_id());
+    if (it == runs_.end()) {
+      spdlog::warn("rejected exit report of node {} from {}: no run '{}'", req->node_id(), ctx->peer(), req->run_id());
+      status = grpc::Status(grpc::StatusCode::NOT_FOUND,
+                            absl::StrCat("no run '", req->run_id(), "' on this coordinator (unknown, or closed)"));
+    } else {
+      Run& run = it->second;
+      uint64_t v = run.rdzv->version();
+      *resp = run.rdzv->ReportExit(*req);
+      if (resp->job_succeeded() || resp->job_failed()) run.rdzv->NoteToldEnd(req->node_id());
+      run.rdzv->Tick();
+      if (run.rdzv->version() != v) {
+        if (!run.rdzv->reason().empty()) spdlog::info("run '{}': {}", req->run_id(), run.rdzv->reason());
+        Pump(run, &f);
+      }
+      wake_.notify_one();
+    }
+  }
+  FinishAll(f);
+  reactor->Finish(status);
+  settled_.notify_all();
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Status(grpc::CallbackServerContext* ctx, const v1::StatusRequest* req,
+                                                     v1::StatusResponse* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  grpc::Status status = CheckToken(ctx, "Status");
+  if (status.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = runs_.find(req->run_id());
+    if (it == runs_.end()) {
+      status = grpc::Status(grpc::StatusCode::NOT_FOUND, absl::StrCat("no run '", req->run_id(), "'"));
+    } else {
+      *resp = it->second.rdzv->Status();
+    }
+  }
+  reactor->Finish(status);
+  return reactor;
+}
+
+void CoordinatorService::TimerLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    const auto now = clock_->Now();
+    auto next = now + std::chrono::seconds(3600);
+    Finishes f;
+    while (!hold_deadlines_.empty() && hold_deadlines_.begin()->first <= now) {
+      HeldCall* c = hold_deadlines_.begin()->second;
+      hold_deadlines_.erase(hold_deadlines_.begin());
+      auto it = runs_.find(c->run_id);
+      if (it == runs_.end() || !it->second.held.erase(c)) continue;
+      *c->hb_resp = it->second.rdzv->HeartbeatAnswer(*c->hb_req);
+      if (c->hb_resp->job_succeeded() || c->hb_resp->job_failed()) it->second.rdzv->NoteToldEnd(c->hb_req->node_id());
+      f.emplace_back(c, grpc::Status::OK);
+    }
+    if (!hold_deadlines_.empty()) next = std::min(next, hold_deadlines_.begin()->first);
+    for (auto it = runs_.begin(); it != runs_.end();) {
+      Rendezvous& r = *it->second.rdzv;
+      uint64_t v = r.version();
+      std::optional<Clock::TimePoint> t = r.Tick();
+      if (r.version() != v) {
+        if (!r.reason().empty()) spdlog::warn("run '{}': {}", it->first, r.reason());
+        Pump(it->second, &f);
+      }
+      if (t) next = std::min(next, *t);
+      if (r.ended()) {
+        auto close = r.ended_at() + r.config().close_timeout;
+        if (now >= close && it->second.held.empty()) {
+          spdlog::info("run '{}' closed ({})", it->first, PhaseName(r.phase()));
+          it = runs_.erase(it);
+          continue;
+        }
+        next = std::min(next, close);
+      }
+      ++it;
+    }
+    if (!f.empty()) {
+      settled_.notify_all();
+      lock.unlock();
+      FinishAll(f);
+      lock.lock();
+      continue;
+    }
+    wake_.wait_for(lock, std::max(next - clock_->Now(), Clock::TimePoint::duration(0)));
+  }
+}
+
+absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const std::string& listen,
+                                                                            CoordinatorOptions opts,
+                                                                            const SecurityOptions& security,
+                                                                            const Clock* clock) {
+  auto hp = ParseHostPort(listen, "listen");
+  if (!hp.ok()) return hp.status();
+  if (hp->port && *hp->port != 0) {
+    auto in_use = PortInUse(hp->host, *hp->port);
+    if (in_use.ok() && *in_use) return absl::AlreadyExistsError(absl::StrCat(listen, " is already in use"));
+  }
+  auto creds = MakeServerCredentials(security);
+  if (!creds.ok()) return creds.status();
   std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
-  s->service_ = std::make_unique<CoordinatorService>(defaults, clock);
+  opts.token = security.token;
+  s->service_ = std::make_unique<CoordinatorService>(std::move(opts), clock);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &s->port_);
+  builder.AddListeningPort(JoinHostPort(hp->host, hp->port.value_or(29400)), *creds, &s->port_);
   builder.RegisterService(s->service_.get());
   builder.SetMaxReceiveMessageSize(kMaxRendezvousMessageBytes);
   builder.SetMaxSendMessageSize(kMaxRendezvousMessageBytes);
-  // A coordinator serves few, mostly idle, connections: one completion queue and a small poller
-  // pool start much faster than gRPC's per-core defaults.
-  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::NUM_CQS, 1);
-  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 1);
-  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 8);
+  // Two coordinators on one port would split a job in two: the second must fail to bind.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Pings find agents that vanished (a cut link) while their Join is held.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 5000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 3000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   s->server_ = builder.BuildAndStart();
   if (!s->server_ || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));
   }
-  auto hp = ParseHostPort(listen, "listen");
-  s->address_ = JoinHostPort(hp.ok() ? hp->host : "127.0.0.1", s->port_);
+  s->service_->Start();
+  s->address_ = JoinHostPort(hp->host, s->port_);
   return s;
 }
 
 CoordinatorServer::~CoordinatorServer() {
   if (service_) service_->Shutdown();
-  // Every RPC of ours has returned by now; in-flight ones (a Join from a remote agent) are cancelled.
-  if (server_) server_->Shutdown(std::chrono::system_clock::now());
+  // Every held call is answered by now; in-flight ones (a remote ReportExit) are cancelled.
+  // Answers already given get a moment to reach the agents.
+  if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  server_.reset();
 }
 
 }  // namespace launch

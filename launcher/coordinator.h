@@ -1,58 +1,98 @@
 // The rendezvous coordinator as a gRPC service: a thin, locked wrapper around one Rendezvous
-// state machine per run id. Single-node runs host it in-process on 127.0.0.1 (port 0).
+// state machine per run id. Joins and heartbeats are held (gRPC callback API, no thread per call)
+// and answered the moment their answer changes, so every agent learns of a new round at once.
+// Single-node runs host it in-process on 127.0.0.1 (port 0); `launch coordinator` and the
+// agent-hosted coordinator serve many nodes and many runs.
 #pragma once
 
 #include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
+#include <thread>
 
 #include "absl/status/statusor.h"
 #include "common/clock.h"
 #include "launch.grpc.pb.h"
 #include "launcher/rendezvous.h"
+#include "launcher/security.h"
 
 namespace launch {
 
-class CoordinatorService final : public v1::Rendezvous::Service {
+struct CoordinatorOptions {
+  // For joins that carry no run spec (older agents, tests): the run's settings.
+  RendezvousConfig defaults;
+  std::string token;  // required on every RPC when not empty
+  // Longest a heartbeat is held (the agent asks for less).
+  std::chrono::milliseconds max_hold{10000};
+};
+
+class CoordinatorService final : public v1::Rendezvous::CallbackService {
  public:
-  CoordinatorService(RendezvousConfig defaults, const Clock* clock)
-      : defaults_(defaults), clock_(clock) {}
+  CoordinatorService(CoordinatorOptions opts, const Clock* clock);
+  ~CoordinatorService() override;
 
-  grpc::Status Join(grpc::ServerContext* ctx, const v1::JoinRequest* req,
-                    v1::JoinResponse* resp) override;
-  grpc::Status Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* req,
-                         v1::HeartbeatResponse* resp) override;
-  grpc::Status ReportExit(grpc::ServerContext* ctx, const v1::ReportExitRequest* req,
-                          v1::ReportExitResponse* resp) override;
-  grpc::Status Status(grpc::ServerContext* ctx, const v1::StatusRequest* req,
-                      v1::StatusResponse* resp) override;
+  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const v1::JoinRequest* req,
+                                 v1::JoinResponse* resp) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx, const v1::HeartbeatRequest* req,
+                                      v1::HeartbeatResponse* resp) override;
+  grpc::ServerUnaryReactor* ReportExit(grpc::CallbackServerContext* ctx, const v1::ReportExitRequest* req,
+                                       v1::ReportExitResponse* resp) override;
+  grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* ctx, const v1::StatusRequest* req,
+                                   v1::StatusResponse* resp) override;
 
-  // Wakes every waiting Join so the server can shut down.
+  // Starts the timer thread (last calls, leases, held heartbeats, closing ended runs).
+  void Start();
+  // Answers every held call UNAVAILABLE and stops the timer thread.
   void Shutdown();
 
- private:
-  Rendezvous* RunFor(const std::string& run_id);  // mu_ held
+  // Waits until every run has ended and each of its live nodes has been told (bounded).
+  bool WaitUntilEveryNodeKnowsTheEnd(std::chrono::milliseconds timeout);
 
-  RendezvousConfig defaults_;
+  int runs_for_test();
+
+ private:
+  class HeldCall;
+  struct Run {
+    std::unique_ptr<Rendezvous> rdzv;
+    std::set<HeldCall*> held;
+  };
+  using Finishes = std::vector<std::pair<HeldCall*, grpc::Status>>;
+
+  grpc::Status CheckToken(grpc::CallbackServerContext* ctx, const char* rpc);
+  // Answers the run's held calls whose answer is ready; mu_ held. Finish happens after unlock.
+  void Pump(Run& run, Finishes* out);
+  void Hold(Run& run, HeldCall* call);  // mu_ held
+  void Cancelled(HeldCall* call);
+  void TimerLoop();
+  static void FinishAll(Finishes& f);
+
+  CoordinatorOptions opts_;
   const Clock* clock_;
   std::mutex mu_;
-  std::condition_variable changed_;
-  bool shutting_down_ = false;
-  std::map<std::string, std::unique_ptr<Rendezvous>> runs_;
+  std::condition_variable wake_;     // the timer thread
+  std::condition_variable settled_;  // WaitUntilEveryNodeKnowsTheEnd
+  bool stopping_ = false;
+  std::map<std::string, Run> runs_;
+  std::set<std::pair<Clock::TimePoint, HeldCall*>> hold_deadlines_;
+  std::thread timer_;
 };
 
 // A coordinator listening on an address, with its own gRPC threads.
 class CoordinatorServer {
  public:
-  // "127.0.0.1:0" picks a free port; port() tells which.
+  // "127.0.0.1:0" picks a free port; port() tells which. An address already in use is an
+  // AlreadyExists error (another agent on this host hosts it: be its client).
   static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(const std::string& listen,
-                                                                   RendezvousConfig defaults,
+                                                                   CoordinatorOptions opts,
+                                                                   const SecurityOptions& security,
                                                                    const Clock* clock);
   ~CoordinatorServer();
   int port() const { return port_; }
   std::string address() const { return address_; }
+  CoordinatorService* service() { return service_.get(); }
 
  private:
   CoordinatorServer() = default;

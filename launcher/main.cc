@@ -32,6 +32,20 @@ int main(int argc, char** argv) {
   launch::BlockLauncherSignals();
   SetUpLogging();
   std::vector<std::string> args(argv, argv + argc);
+  if (args.size() > 1 && args[1] == "coordinator") {
+    auto parsed = launch::ParseCoordinatorArgs(args);
+    if (!parsed.ok()) {
+      std::fprintf(stderr, "launch coordinator: %s\n", std::string(parsed.status().message()).c_str());
+      return 2;
+    }
+    if (parsed->help) return 0;
+    auto signals = launch::SignalFd::Create();
+    if (!signals.ok()) {
+      std::fprintf(stderr, "launch coordinator: %s\n", std::string(signals.status().message()).c_str());
+      return 1;
+    }
+    return launch::RunCoordinator(parsed->config, &*signals);
+  }
   auto parsed = launch::ParseLaunchArgs(args);
   if (!parsed.ok()) {
     std::fprintf(stderr, "launch: %s\n", std::string(parsed.status().message()).c_str());

@@ -1,5 +1,7 @@
 #include "launcher/options.h"
 
+#include <algorithm>
+#include <cmath>
 #include <iostream>
 #include <map>
 
@@ -85,6 +87,15 @@ const OptionDef kOptions[] = {
     {"threads_per_worker", "--threads-per-worker,--threads_per_worker", Kind::kValue,
      "OMP/MKL/OPENBLAS threads per worker (default: usable CPUs / local workers)"},
     {"dry_run", "--dry-run,--dry_run", Kind::kFlag, "Print each worker's argv and env; start nothing"},
+    {"rdzv_token_file", "--rdzv-token-file,--rdzv_token_file", Kind::kValue,
+     "File whose first line is the job's rendezvous token (else LAUNCH_RDZV_TOKEN)"},
+    {"tls_cert", "--tls-cert,--tls_cert", Kind::kValue,
+     "PEM certificate: the coordinator's, or this agent's for mutual TLS"},
+    {"tls_key", "--tls-key,--tls_key", Kind::kValue, "PEM private key of --tls-cert"},
+    {"tls_ca", "--tls-ca,--tls_ca", Kind::kValue,
+     "PEM CA: agents trust the coordinator signed by it; a hosting agent requires client certificates"},
+    {"insecure", "--insecure", Kind::kFlag,
+     "Let a coordinator reachable from other hosts run without token or TLS"},
     {"program", "", Kind::kYamlOnly, ""},
     {"args", "", Kind::kYamlOnly, ""},
     {"train_base_lr", "", Kind::kYamlOnly, ""},
@@ -216,13 +227,31 @@ absl::Status ParseRdzvConf(const RawValue& v, LaunchConfig* c) {
     if (!kKeys.count(key)) {
       return Bad(v, absl::StrCat("keys among ", absl::StrJoin(kKeys, ", "), " ('", key, "' is unknown)"));
     }
-    if (key != "is_host") {
+    if (key == "is_host") {
+      std::string b = absl::AsciiStrToLower(value);
+      if (b == "1" || b == "true" || b == "yes") c->rdzv.is_host = true;
+      else if (b == "0" || b == "false" || b == "no") c->rdzv.is_host = false;
+      else return Bad(v, absl::StrCat("is_host=1 or is_host=0 (got '", value, "')"));
+    } else {
       double d;
-      if (!absl::SimpleAtod(value, &d) || d < 0) {
+      if (!absl::SimpleAtod(value, &d) || d < 0 || !std::isfinite(d) || d > 1e7) {
         return Bad(v, absl::StrCat("a number of seconds for ", key, " (got '", value, "')"));
       }
+      const bool positive = key == "join_timeout" || key == "timeout" || key == "heartbeat_interval" ||
+                            key == "heartbeat_timeout";
+      if (positive && d <= 0) return Bad(v, absl::StrCat(key, " > 0 (got '", value, "')"));
+      if (key == "join_timeout" || key == "timeout") c->rdzv.join_timeout = d;
+      else if (key == "last_call_timeout") c->rdzv.last_call_timeout = d;
+      else if (key == "close_timeout") c->rdzv.close_timeout = d;
+      else if (key == "heartbeat_interval") c->rdzv.heartbeat_interval = d;
+      else if (key == "heartbeat_timeout") c->rdzv.heartbeat_timeout = d;
+      // read_timeout: the c10d store's read timeout; there is no store here to apply it to.
     }
     c->rdzv_conf.emplace_back(key, value);
+  }
+  if (c->rdzv.heartbeat_interval >= c->rdzv.heartbeat_timeout) {
+    return Bad(v, absl::StrCat("heartbeat_interval < heartbeat_timeout (got ", c->rdzv.heartbeat_interval, " and ",
+                               c->rdzv.heartbeat_timeout, ")"));
   }
   return absl::OkStatus();
 }
@@ -399,6 +428,25 @@ absl::StatusOr<LaunchConfig> Validate(RawMap& raw, std::vector<std::string> rema
     c.threads_per_worker = t;
   }
   c.dry_run = flag("dry_run");
+  if (is("rdzv_token_file")) c.rdzv_token_file = raw["rdzv_token_file"].value;
+  if (is("tls_cert")) c.tls_cert = raw["tls_cert"].value;
+  if (is("tls_key")) c.tls_key = raw["tls_key"].value;
+  if (is("tls_ca")) c.tls_ca = raw["tls_ca"].value;
+  c.insecure = flag("insecure");
+  if (is("local_addr") && !c.local_addr.empty()) {
+    auto hp = ParseHostPort(c.local_addr, raw["local_addr"].origin);
+    if (!hp.ok() || hp->port) return Bad(raw["local_addr"], "a host name or IP address (no port)");
+    c.local_addr = hp->host;
+  }
+  if (c.rdzv_backend == "static" && c.min_nodes != c.max_nodes) {
+    return Bad(raw["nnodes"], "a fixed number of nodes with --rdzv-backend=static");
+  }
+  if (c.rdzv_backend == "static" && c.node_rank >= c.max_nodes) {
+    return Bad(raw["node_rank"], absl::StrCat("a node rank below --nnodes=", c.max_nodes));
+  }
+  if (c.standalone && c.max_nodes > 1) {
+    return Bad(raw["nnodes"], "1 with --standalone (a single-node run)");
+  }
   RETURN_IF_ERROR(ParseTrain(raw, &c));
 
   // The program: the command line's, else the config file's.
@@ -466,6 +514,42 @@ absl::StatusOr<ParsedArgs> ParseLaunchArgs(const std::vector<std::string>& argv)
   ASSIGN_OR_RETURN(LaunchConfig config, Validate(raw, app.remaining()));
   if (raw["config"].set) config.config_file = raw["config"].value;
   return ParsedArgs{false, std::move(config)};
+}
+
+}  // namespace launch
+
+namespace launch {
+
+absl::StatusOr<ParsedCoordinatorArgs> ParseCoordinatorArgs(const std::vector<std::string>& argv) {
+  CLI::App app{"launch coordinator: a standalone rendezvous coordinator for any number of jobs",
+               "launch coordinator"};
+  ParsedCoordinatorArgs out;
+  CoordinatorConfig& c = out.config;
+  app.add_option("--listen", c.listen, "HOST:PORT to serve on (default 0.0.0.0:29400; port 0 picks one)");
+  app.add_option("--rdzv-token-file,--rdzv_token_file", c.rdzv_token_file,
+                 "File whose first line is the token every agent must present (else LAUNCH_RDZV_TOKEN)");
+  app.add_option("--tls-cert,--tls_cert", c.tls_cert, "PEM certificate to serve TLS with");
+  app.add_option("--tls-key,--tls_key", c.tls_key, "PEM private key of --tls-cert");
+  app.add_option("--tls-ca,--tls_ca", c.tls_ca, "PEM CA: require agents' client certificates signed by it (mTLS)");
+  app.add_flag("--insecure", c.insecure, "Serve a non-loopback address without token or TLS");
+  std::vector<std::string> args(argv.rbegin(), argv.rend() - 2);
+  try {
+    app.parse(args);
+  } catch (const CLI::CallForHelp&) {
+    std::cout << app.help();
+    out.help = true;
+    return out;
+  } catch (const CLI::ParseError& e) {
+    std::string what = e.what();
+    std::replace(what.begin(), what.end(), '\n', ' ');
+    return absl::InvalidArgumentError(absl::StrCat(what, " (see launch coordinator --help)"));
+  }
+  auto hp = ParseHostPort(c.listen, "--listen");
+  if (!hp.ok()) return hp.status();
+  if (!hp->port) {
+    return absl::InvalidArgumentError(absl::StrCat("--listen=", c.listen, ": expected HOST:PORT"));
+  }
+  return out;
 }
 
 }  // namespace launch

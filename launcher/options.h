@@ -14,6 +14,16 @@
 
 namespace launch {
 
+// --rdzv-conf, typed.
+struct RdzvSettings {
+  double join_timeout = 600;
+  double last_call_timeout = 30;
+  double close_timeout = 30;
+  double heartbeat_interval = 1;
+  double heartbeat_timeout = 3;
+  std::optional<bool> is_host;  // unset: host the coordinator when the endpoint is this machine
+};
+
 struct LaunchConfig {
   enum class Nproc { kCount, kCpu, kGpu, kAuto };
   Nproc nproc_kind = Nproc::kCount;
@@ -24,6 +34,10 @@ struct LaunchConfig {
   std::string rdzv_endpoint;
   std::string rdzv_id;  // empty: a fresh id
   std::vector<std::pair<std::string, std::string>> rdzv_conf;
+  RdzvSettings rdzv;
+  std::string rdzv_token_file;
+  std::string tls_cert, tls_key, tls_ca;
+  bool insecure = false;
   bool standalone = false;
   int max_restarts = 0;
   double monitor_interval = 0.1;
@@ -56,5 +70,19 @@ struct ParsedArgs {
 
 // argv[0] is the program name. Errors are InvalidArgument with a one-line message.
 absl::StatusOr<ParsedArgs> ParseLaunchArgs(const std::vector<std::string>& argv);
+
+// `launch coordinator --listen HOST:PORT ...`: a standalone coordinator for any number of jobs.
+struct CoordinatorConfig {
+  std::string listen = "0.0.0.0:29400";
+  std::string rdzv_token_file;
+  std::string tls_cert, tls_key, tls_ca;
+  bool insecure = false;
+};
+struct ParsedCoordinatorArgs {
+  bool help = false;
+  CoordinatorConfig config;
+};
+// argv[0] is "launch", argv[1] "coordinator".
+absl::StatusOr<ParsedCoordinatorArgs> ParseCoordinatorArgs(const std::vector<std::string>& argv);
 
 }  // namespace launch

@@ -1,10 +1,27 @@
 #include "launcher/rendezvous.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace launch {
+
+namespace {
+using Ms = std::chrono::milliseconds;
+
+double Secs(Ms d) { return static_cast<double>(d.count()) / 1000.0; }
+
+absl::StatusOr<Ms> FromSecs(double s, const char* what, bool positive) {
+  if (!std::isfinite(s) || s < 0 || (positive && s <= 0) || s > 1e7) {
+    return absl::InvalidArgumentError(absl::StrCat(what, "=", s, ": expected a number of seconds",
+                                                   positive ? " > 0" : " >= 0"));
+  }
+  return Ms(static_cast<long>(std::llround(s * 1000)));
+}
+}  // namespace
 
 const char* PhaseName(Rendezvous::Phase p) {
   switch (p) {
@@ -16,8 +33,68 @@ const char* PhaseName(Rendezvous::Phase p) {
   return "?";
 }
 
+v1::RunSpec RendezvousConfig::ToSpec() const {
+  v1::RunSpec s;
+  s.set_min_nodes(min_nodes);
+  s.set_max_nodes(max_nodes);
+  s.set_max_restarts(max_restarts);
+  s.set_join_timeout_s(Secs(join_timeout));
+  s.set_last_call_timeout_s(Secs(last_call_timeout));
+  s.set_close_timeout_s(Secs(close_timeout));
+  s.set_heartbeat_timeout_s(Secs(heartbeat_timeout));
+  return s;
+}
+
+absl::StatusOr<RendezvousConfig> RendezvousConfig::FromSpec(const v1::RunSpec& s) {
+  RendezvousConfig c;
+  if (s.min_nodes() < 1 || s.max_nodes() < s.min_nodes()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("nnodes ", s.min_nodes(), ":", s.max_nodes(), ": expected 1 <= MIN <= MAX"));
+  }
+  if (s.max_restarts() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("max_restarts=", s.max_restarts(), ": expected >= 0"));
+  }
+  c.min_nodes = s.min_nodes();
+  c.max_nodes = s.max_nodes();
+  c.max_restarts = s.max_restarts();
+  auto jt = FromSecs(s.join_timeout_s(), "join_timeout", true);
+  auto lc = FromSecs(s.last_call_timeout_s(), "last_call_timeout", false);
+  auto ct = FromSecs(s.close_timeout_s(), "close_timeout", false);
+  auto ht = FromSecs(s.heartbeat_timeout_s(), "heartbeat_timeout", true);
+  for (const auto* st : {&jt, &lc, &ct, &ht})
+    if (!st->ok()) return st->status();
+  c.join_timeout = *jt;
+  c.last_call_timeout = *lc;
+  c.close_timeout = *ct;
+  c.heartbeat_timeout = *ht;
+  return c;
+}
+
+std::string DescribeSpec(const v1::RunSpec& s) {
+  return absl::StrFormat(
+      "--nnodes %d:%d, --max-restarts %d, join_timeout %gs, last_call_timeout %gs, close_timeout %gs, "
+      "heartbeat_timeout %gs",
+      s.min_nodes(), s.max_nodes(), s.max_restarts(), s.join_timeout_s(), s.last_call_timeout_s(),
+      s.close_timeout_s(), s.heartbeat_timeout_s());
+}
+
 Rendezvous::Rendezvous(std::string run_id, RendezvousConfig config, const Clock* clock)
-    : run_id_(std::move(run_id)), config_(config), clock_(clock) {}
+    : run_id_(std::move(run_id)), config_(config), clock_(clock), waiting_since_(clock->Now()) {}
+
+std::string Rendezvous::NodeName(const std::string& id) const {
+  auto it = identities_.find(id);
+  if (it == identities_.end() || it->second.hostname().empty()) return id;
+  return absl::StrCat(it->second.hostname(), " (", it->second.host_address(), ", node ", id, ")");
+}
+
+Rendezvous::Member* Rendezvous::FindMember(const std::string& id) {
+  for (auto& m : members_)
+    if (m.id == id) return &m;
+  return nullptr;
+}
+const Rendezvous::Member* Rendezvous::FindMember(const std::string& id) const {
+  return const_cast<Rendezvous*>(this)->FindMember(id);
+}
 
 absl::Status Rendezvous::Join(const v1::JoinRequest& req) {
   const std::string& id = req.node().node_id();
@@ -26,19 +103,31 @@ absl::Status Rendezvous::Join(const v1::JoinRequest& req) {
     return absl::InvalidArgumentError(
         absl::StrCat("node ", id, " joined with local_world_size ", req.node().local_world_size()));
   }
-  if (phase_ == Phase::kSucceeded || phase_ == Phase::kFailed) {
+  if (req.has_spec()) {
+    v1::RunSpec mine = config_.ToSpec();
+    if (req.spec().min_nodes() != mine.min_nodes() || req.spec().max_nodes() != mine.max_nodes() ||
+        req.spec().max_restarts() != mine.max_restarts()) {
+      return absl::FailedPreconditionError(absl::StrCat("run '", run_id_, "' has ", DescribeSpec(mine),
+                                                        "; this node asks for ", DescribeSpec(req.spec())));
+    }
+  }
+  if (ended()) {
     return absl::FailedPreconditionError(
         absl::StrCat("run '", run_id_, "' has ended (", PhaseName(phase_), ")"));
   }
+  identities_[id] = req.node();
   if (phase_ == Phase::kRunning) {
-    // A node (new, or back after a restart of its own) asks in while a round runs: the next round
-    // takes it, the running nodes learn of it from their heartbeats. No restart budget is spent.
-    OpenNextRound();
+    if (!FindMember(id) && static_cast<int>(members_.size()) >= config_.max_nodes) {
+      return absl::ResourceExhaustedError(absl::StrCat("run '", run_id_, "' already runs with its ",
+                                                       config_.max_nodes, " node(s) (--nnodes max)"));
+    }
+    // A node (new, or back after being cut off) asks in while a round runs: the next round takes
+    // it; the running nodes learn of it at once. No restart budget is spent.
+    OpenNextRound(absl::StrCat("node ", NodeName(id), " joined"));
   }
-  for (auto& m : waiting_) {
-    if (m.join.node().node_id() == id) {  // a retry: refresh what it offers
-      m.join = req;
-      m.last_seen = clock_->Now();
+  for (auto& w : waiting_) {
+    if (w.join.node().node_id() == id) {  // a retry: refresh what it offers
+      w.join = req;
       return absl::OkStatus();
     }
   }
@@ -46,39 +135,76 @@ absl::Status Rendezvous::Join(const v1::JoinRequest& req) {
     return absl::ResourceExhaustedError(absl::StrCat("run '", run_id_, "' already has its ",
                                                      config_.max_nodes, " node(s) (--nnodes max)"));
   }
-  waiting_.push_back({req, clock_->Now()});
+  waiting_.push_back({req});
   if (static_cast<int>(waiting_.size()) >= config_.min_nodes && !last_call_deadline_) {
     last_call_deadline_ = clock_->Now() + config_.last_call_timeout;
   }
-  if (static_cast<int>(waiting_.size()) == config_.max_nodes) FormRound();
+  if (static_cast<int>(waiting_.size()) == config_.max_nodes ||
+      (static_cast<int>(waiting_.size()) >= config_.min_nodes && round_ > 0 && LiveMembersNotWaiting() == 0)) {
+    FormRound();
+  }
   return absl::OkStatus();
 }
 
-void Rendezvous::OpenNextRound() {
+int Rendezvous::LiveMembersNotWaiting() const {
+  const auto now = clock_->Now();
+  int n = 0;
+  for (const auto& m : members_) {
+    if (m.id.empty() || now - m.last_seen > config_.heartbeat_timeout) continue;
+    bool back = std::any_of(waiting_.begin(), waiting_.end(),
+                            [&](const Waiting& w) { return w.join.node().node_id() == m.id; });
+    n += back ? 0 : 1;
+  }
+  return n;
+}
+
+void Rendezvous::CancelJoin(const std::string& node_id) {
+  if (phase_ != Phase::kWaiting) return;
+  auto it = std::find_if(waiting_.begin(), waiting_.end(),
+                         [&](const Waiting& w) { return w.join.node().node_id() == node_id; });
+  if (it == waiting_.end()) return;
+  waiting_.erase(it);
+  if (static_cast<int>(waiting_.size()) < config_.min_nodes) last_call_deadline_.reset();
+  // Its lease is over too: a running round's member that gave up is not waited for.
+  if (Member* m = FindMember(node_id)) m->last_seen = clock_->Now() - config_.heartbeat_timeout - Ms(1);
+}
+
+void Rendezvous::OpenNextRound(std::string why) {
   if (phase_ == Phase::kWaiting) return;
   phase_ = Phase::kWaiting;
   waiting_.clear();
+  waiting_since_ = clock_->Now();
   last_call_deadline_.reset();
-  succeeded_.clear();
+  reason_ = std::move(why);
+  ++version_;
+}
+
+void Rendezvous::End(Phase phase, std::string reason) {
+  phase_ = phase;
+  reason_ = std::move(reason);
+  ended_at_ = clock_->Now();
+  ++version_;
 }
 
 void Rendezvous::FormRound() {
   // Stable group ranks: survivors keep their order from the last round; newcomers follow.
-  std::vector<const Member*> order;
-  for (const auto& id : members_) {
-    for (const auto& m : waiting_)
-      if (m.join.node().node_id() == id) order.push_back(&m);
+  std::vector<const Waiting*> order;
+  for (const auto& m : members_) {
+    for (const auto& w : waiting_)
+      if (w.join.node().node_id() == m.id) order.push_back(&w);
   }
-  for (const auto& m : waiting_) {
-    if (std::find(order.begin(), order.end(), &m) == order.end()) order.push_back(&m);
+  for (const auto& w : waiting_) {
+    if (std::find(order.begin(), order.end(), &w) == order.end()) order.push_back(&w);
   }
   ++round_;
-  members_.clear();
+  ++version_;
+  std::vector<Member> members;
   assignments_.clear();
   int world = 0;
-  for (const auto* m : order) world += m->join.node().local_world_size();
+  for (const auto* w : order) world += w->join.node().local_world_size();
   const v1::JoinRequest& host = order.front()->join;
   int offset = 0;
+  const auto now = clock_->Now();
   for (size_t r = 0; r < order.size(); ++r) {
     const v1::JoinRequest& j = order[r]->join;
     v1::Assignment a;
@@ -92,12 +218,10 @@ void Rendezvous::FormRound() {
     a.set_restart_count(restart_count_);
     a.set_max_restarts(config_.max_restarts);
     offset += j.node().local_world_size();
-    const std::string& id = j.node().node_id();
-    members_.push_back(id);
-    assignments_[id] = a;
-    identities_[id] = j.node();
-    last_seen_[id] = order[r]->last_seen;
+    members.push_back({j.node().node_id(), now, false});
+    assignments_.push_back(a);
   }
+  members_ = std::move(members);
   waiting_.clear();
   last_call_deadline_.reset();
   phase_ = Phase::kRunning;
@@ -106,48 +230,155 @@ void Rendezvous::FormRound() {
 std::optional<v1::Assignment> Rendezvous::AssignmentFor(const std::string& node_id,
                                                         long last_round) const {
   if (phase_ != Phase::kRunning || round_ <= last_round) return std::nullopt;
-  auto it = assignments_.find(node_id);
-  if (it == assignments_.end()) return std::nullopt;
-  return it->second;
+  for (size_t r = 0; r < members_.size(); ++r)
+    if (members_[r].id == node_id) return assignments_[r];
+  return std::nullopt;
 }
 
 std::optional<Clock::TimePoint> Rendezvous::Tick() {
-  if (phase_ != Phase::kWaiting || !last_call_deadline_) return std::nullopt;
-  if (clock_->Now() >= *last_call_deadline_) {
+  const auto now = clock_->Now();
+  if (phase_ == Phase::kRunning) {
+    std::optional<Clock::TimePoint> next;
+    std::vector<std::string> lost;
+    for (size_t r = 0; r < members_.size(); ++r) {
+      const Member& m = members_[r];
+      if (m.succeeded) continue;  // done; it waits for the others without a lease to keep
+      auto expiry = m.last_seen + config_.heartbeat_timeout;
+      if (now > expiry) {
+        lost.push_back(m.id.empty()
+                           ? absl::StrCat("group rank ", r, " (never re-registered after a coordinator restart)")
+                           : absl::StrFormat("%s (no heartbeat for %.1f s)", NodeName(m.id),
+                                             SecondsBetween(m.last_seen, now)));
+      } else if (!next || expiry < *next) {
+        next = expiry;
+      }
+    }
+    if (lost.empty()) return next ? std::optional<Clock::TimePoint>(*next + Ms(1)) : std::nullopt;
+    for (const auto& l : lost) lost_.push_back(l);
+    OpenNextRound(absl::StrCat("lost node ", absl::StrJoin(lost, ", ")));
+  }
+  if (phase_ != Phase::kWaiting) return std::nullopt;
+  const int n = static_cast<int>(waiting_.size());
+  if (n >= config_.min_nodes && (round_ > 0 && LiveMembersNotWaiting() == 0)) {
     FormRound();
+    return Tick();
+  }
+  if (last_call_deadline_ && now >= *last_call_deadline_) {
+    FormRound();
+    return Tick();
+  }
+  const auto join_deadline = waiting_since_ + config_.join_timeout;
+  if (n < config_.min_nodes && now >= join_deadline) {
+    std::string why = absl::StrFormat("round %d did not form within join_timeout %.0f s: %d of at least %d node(s) joined",
+                                      round_ + 1, Secs(config_.join_timeout), n, config_.min_nodes);
+    if (!lost_.empty()) absl::StrAppend(&why, "; lost: ", absl::StrJoin(lost_, ", "));
+    End(Phase::kFailed, why);
     return std::nullopt;
   }
-  return last_call_deadline_;
+  auto next = n < config_.min_nodes ? join_deadline : *last_call_deadline_;
+  // Members whose lease runs out change whether the round can form without them.
+  for (const auto& m : members_) {
+    auto expiry = m.last_seen + config_.heartbeat_timeout + Ms(1);
+    if (expiry > now && expiry < next) next = expiry;
+  }
+  return next;
 }
 
-v1::HeartbeatResponse Rendezvous::Heartbeat(const v1::HeartbeatRequest& req) {
-  last_seen_[req.node_id()] = clock_->Now();
+bool Rendezvous::Reattach(const v1::HeartbeatRequest& req) {
+  const v1::Assignment& a = req.assignment();
+  if (a.round() < 1 || a.group_rank() < 0 || a.group_rank() >= a.group_world_size()) return false;
+  if (round_ == 0 && phase_ == Phase::kWaiting && waiting_.empty()) {
+    // A fresh run made from the first node that re-registers: its round, its restart count.
+    round_ = a.round();
+    restart_count_ = a.restart_count();
+    members_.assign(a.group_world_size(), Member{"", clock_->Now(), false});
+    assignments_.assign(a.group_world_size(), v1::Assignment());
+    phase_ = Phase::kRunning;
+    reattached_ = true;
+  }
+  if (phase_ != Phase::kRunning || a.round() != round_ ||
+      static_cast<int>(members_.size()) != a.group_world_size()) {
+    return false;
+  }
+  Member& slot = members_[a.group_rank()];
+  if (!slot.id.empty() && slot.id != req.node_id()) return false;
+  slot.id = req.node_id();
+  slot.last_seen = clock_->Now();
+  assignments_[a.group_rank()] = a;
+  identities_[req.node_id()] = req.node();
+  return true;
+}
+
+v1::HeartbeatResponse Rendezvous::HeartbeatAnswer(const v1::HeartbeatRequest& req) const {
   v1::HeartbeatResponse resp;
-  long current = phase_ == Phase::kWaiting ? round_ + 1 : round_;
+  const long current = phase_ == Phase::kWaiting ? round_ + 1 : round_;
   resp.set_current_round(current);
-  resp.set_stop_workers(phase_ == Phase::kFailed || current > req.round());
+  if (!identities_.contains(req.node_id())) {
+    resp.set_unknown_node(true);
+    return resp;
+  }
+  resp.set_job_succeeded(phase_ == Phase::kSucceeded);
+  resp.set_job_failed(phase_ == Phase::kFailed);
+  // Not a member of the round it says it runs (its slot went to another node): stop too.
+  const bool stranger = phase_ == Phase::kRunning && req.round() == round_ && !FindMember(req.node_id());
+  resp.set_stop_workers(phase_ == Phase::kFailed || current > req.round() || stranger);
+  if (stranger) resp.set_reason("this node is not part of the running round");
+  else if (resp.stop_workers()) resp.set_reason(reason_);
   return resp;
 }
 
+v1::HeartbeatResponse Rendezvous::Heartbeat(const v1::HeartbeatRequest& req) {
+  if (!identities_.contains(req.node_id()) && req.has_assignment() && req.has_node()) {
+    if (!Reattach(req)) identities_[req.node_id()] = req.node();  // known now; told to stop below
+  }
+  if (Member* m = FindMember(req.node_id()); m && req.round() == round_) m->last_seen = clock_->Now();
+  return HeartbeatAnswer(req);
+}
+
 v1::ReportExitResponse Rendezvous::ReportExit(const v1::ReportExitRequest& req) {
-  v1::ReportExitResponse resp;
-  if (req.round() == round_ && phase_ == Phase::kRunning) {
-    if (req.group_succeeded()) {
-      succeeded_[req.node_id()] = true;
-      if (succeeded_.size() == members_.size()) phase_ = Phase::kSucceeded;
-    } else {
-      if (!first_failure_ && req.exits_size() > 0) first_failure_ = req.exits(0);
+  Member* m = FindMember(req.node_id());
+  if (req.round() == round_ && phase_ == Phase::kRunning && m) {
+    m->last_seen = clock_->Now();
+    if (req.leaving()) {
+      // Its agent was stopped: a membership change, like a lost node; no budget is spent.
+      m->last_seen = clock_->Now() - config_.heartbeat_timeout - Ms(1);
+      lost_.push_back(absl::StrCat(NodeName(req.node_id()), " (its agent was stopped)"));
+      OpenNextRound(absl::StrCat("node ", NodeName(req.node_id()), " left"));
+    } else if (req.group_succeeded()) {
+      m->succeeded = true;
+      if (std::all_of(members_.begin(), members_.end(), [](const Member& x) { return x.succeeded; })) {
+        End(Phase::kSucceeded, "");
+      }
+    } else if (req.exits_size() > 0) {  // no exits: the node only asks for the verdict
+      if (!first_failure_) {
+        v1::Failure f;
+        f.set_node_id(req.node_id());
+        auto id = identities_.find(req.node_id());
+        if (id != identities_.end()) {
+          f.set_hostname(id->second.hostname());
+          f.set_host_address(id->second.host_address());
+        }
+        f.set_round(round_);
+        *f.mutable_exit() = req.exits(0);
+        first_failure_ = f;
+      }
+      const std::string who = absl::StrCat("rank ", req.exits(0).rank(), " on ", NodeName(req.node_id()), " failed");
       if (restart_count_ < config_.max_restarts) {
         ++restart_count_;
-        OpenNextRound();
+        OpenNextRound(who);
       } else {
-        phase_ = Phase::kFailed;
+        End(Phase::kFailed, absl::StrCat(who, config_.max_restarts > 0 ? "; restart budget exhausted" : ""));
       }
     }
   }
+  v1::ReportExitResponse resp;
   // A node stopped because of another node's failure learns whether a new round is coming.
-  resp.set_restart(phase_ == Phase::kWaiting);
+  resp.set_restart(phase_ == Phase::kWaiting || (phase_ == Phase::kRunning && round_ > req.round()));
   resp.set_restart_count(restart_count_);
+  resp.set_job_failed(phase_ == Phase::kFailed);
+  resp.set_job_succeeded(phase_ == Phase::kSucceeded);
+  if (first_failure_) *resp.mutable_first_failure() = *first_failure_;
+  resp.set_reason(reason_);
   return resp;
 }
 
@@ -160,13 +391,32 @@ v1::StatusResponse Rendezvous::Status() const {
   s.set_max_restarts(config_.max_restarts);
   for (size_t r = 0; r < members_.size(); ++r) {
     auto* n = s.add_nodes();
-    *n->mutable_node() = identities_.at(members_[r]);
+    auto id = identities_.find(members_[r].id);
+    if (id != identities_.end()) *n->mutable_node() = id->second;
     n->set_group_rank(static_cast<int>(r));
-    auto seen = last_seen_.find(members_[r]);
-    if (seen != last_seen_.end()) n->set_seconds_since_heartbeat(SecondsBetween(seen->second, clock_->Now()));
+    n->set_seconds_since_heartbeat(SecondsBetween(members_[r].last_seen, clock_->Now()));
   }
   if (first_failure_) *s.mutable_first_failure() = *first_failure_;
+  s.set_reason(reason_);
   return s;
+}
+
+bool Rendezvous::EveryoneToldEnd() const {
+  if (!ended()) return false;
+  const auto now = clock_->Now();
+  for (const auto& m : members_) {
+    if (m.id.empty() || told_end_.contains(m.id)) continue;
+    if (now - m.last_seen > config_.heartbeat_timeout) continue;  // gone; it will not ask
+    return false;
+  }
+  return true;
+}
+
+absl::StatusOr<RendezvousConfig> Rendezvous::ConfigForReattach(const v1::HeartbeatRequest& req) {
+  if (!req.has_spec() || !req.has_assignment() || !req.has_node()) {
+    return absl::InvalidArgumentError("re-registration without node, assignment and run spec");
+  }
+  return RendezvousConfig::FromSpec(req.spec());
 }
 
 }  // namespace launch

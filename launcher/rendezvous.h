@@ -1,15 +1,19 @@
 // The rendezvous state machine of one run: no I/O, driven by a Clock, wrapped by the gRPC
-// service. Rounds are numbered; a round forms at max nodes, or at min nodes after the last call;
-// group ranks are stable across rounds for nodes that stay; the restart budget is the job's.
+// service. Rounds are numbered; a round forms at max nodes, at min nodes after the last call, or
+// as soon as every live node of the last round is back; group ranks are stable across rounds for
+// nodes that stay; nodes hold a lease by heartbeat; the restart budget is the job's.
 #pragma once
 
 #include <chrono>
-#include <map>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/clock.h"
 #include "launch.pb.h"
 
@@ -20,8 +24,18 @@ struct RendezvousConfig {
   int max_nodes = 1;
   std::chrono::milliseconds last_call_timeout{30000};
   std::chrono::milliseconds join_timeout{600000};
+  // How long an ended run is kept so that late agents learn its verdict; then its id is free.
+  std::chrono::milliseconds close_timeout{30000};
+  // A running node that has not been heard from for this long is lost.
+  std::chrono::milliseconds heartbeat_timeout{3000};
   int max_restarts = 0;
+
+  v1::RunSpec ToSpec() const;
+  static absl::StatusOr<RendezvousConfig> FromSpec(const v1::RunSpec& spec);
 };
+
+// "--nnodes 2:4, max_restarts 3, ..." for mismatch errors.
+std::string DescribeSpec(const v1::RunSpec& spec);
 
 class Rendezvous {
  public:
@@ -31,27 +45,64 @@ class Rendezvous {
 
   // Puts the node in the round being formed (opening a new round if one is running).
   absl::Status Join(const v1::JoinRequest& req);
+  // A waiting node's Join went away (its agent died or gave up) before the round formed.
+  void CancelJoin(const std::string& node_id);
   // The node's assignment once a round newer than `last_round` has formed with it.
   std::optional<v1::Assignment> AssignmentFor(const std::string& node_id, long last_round) const;
-  // Forms the waiting round if its time has come; returns when to call again (nullopt: no timer).
+  // Forms the waiting round at its last call, expires leases, fails a round that cannot form in
+  // time; returns when to call again (nullopt: no timer).
   std::optional<Clock::TimePoint> Tick();
 
+  // Renews the node's lease (re-registering it after a coordinator restart when the request
+  // carries its assignment) and answers with what the node must do now.
   v1::HeartbeatResponse Heartbeat(const v1::HeartbeatRequest& req);
+  // What a heartbeat would be answered now, without renewing the lease (for held calls).
+  v1::HeartbeatResponse HeartbeatAnswer(const v1::HeartbeatRequest& req) const;
+  // Whether a heartbeat answer needs to go out now rather than after the hold.
+  static bool Urgent(const v1::HeartbeatResponse& r) {
+    return r.stop_workers() || r.unknown_node() || r.job_succeeded() || r.job_failed();
+  }
   v1::ReportExitResponse ReportExit(const v1::ReportExitRequest& req);
   v1::StatusResponse Status() const;
 
   Phase phase() const { return phase_; }
+  bool ended() const { return phase_ == Phase::kSucceeded || phase_ == Phase::kFailed; }
+  Clock::TimePoint ended_at() const { return ended_at_; }
   long round() const { return round_; }
   int waiting_nodes() const { return static_cast<int>(waiting_.size()); }
   const RendezvousConfig& config() const { return config_; }
+  const std::string& reason() const { return reason_; }
+  // Changes whenever an agent may have something new to learn (a round opened or formed, the run
+  // ended): held calls are re-answered then.
+  uint64_t version() const { return version_; }
+  // Whether the run was rebuilt from re-registering agents (the coordinator restarted).
+  bool reattached() const { return reattached_; }
+
+  // The node has been answered with the run's end; EveryoneToldEnd: every node still alive has.
+  void NoteToldEnd(const std::string& node_id) { told_end_.insert(node_id); }
+  bool EveryoneToldEnd() const;
+
+  // Re-creates a run that a restarted coordinator does not know, from a node's heartbeat.
+  static absl::StatusOr<RendezvousConfig> ConfigForReattach(const v1::HeartbeatRequest& req);
 
  private:
-  struct Member {
+  struct Waiting {
     v1::JoinRequest join;
-    Clock::TimePoint last_seen;
   };
-  void OpenNextRound();
+  struct Member {
+    std::string id;  // empty: a slot not yet re-registered after a coordinator restart
+    Clock::TimePoint last_seen;
+    bool succeeded = false;
+  };
+  void OpenNextRound(std::string why);
   void FormRound();
+  void End(Phase phase, std::string reason);
+  Member* FindMember(const std::string& id);
+  const Member* FindMember(const std::string& id) const;
+  bool Reattach(const v1::HeartbeatRequest& req);
+  std::string NodeName(const std::string& id) const;
+  // Nodes of the last formed round whose lease is still live and who have not re-joined.
+  int LiveMembersNotWaiting() const;
 
   std::string run_id_;
   RendezvousConfig config_;
@@ -59,15 +110,19 @@ class Rendezvous {
   Phase phase_ = Phase::kWaiting;
   long round_ = 0;  // the last formed round; the waiting one is round_ + 1
   int restart_count_ = 0;
-  std::vector<Member> waiting_;  // join order
+  uint64_t version_ = 0;
+  bool reattached_ = false;
+  std::vector<Waiting> waiting_;  // join order
+  Clock::TimePoint waiting_since_;
   std::optional<Clock::TimePoint> last_call_deadline_;
-  // The formed round.
-  std::vector<std::string> members_;  // by group rank
-  std::map<std::string, v1::Assignment> assignments_;
-  std::map<std::string, Clock::TimePoint> last_seen_;
-  std::map<std::string, v1::NodeIdentity> identities_;
-  std::map<std::string, bool> succeeded_;
-  std::optional<v1::WorkerExit> first_failure_;
+  std::vector<Member> members_;  // the last formed round, by group rank
+  std::vector<v1::Assignment> assignments_;  // by group rank
+  absl::flat_hash_map<std::string, v1::NodeIdentity> identities_;  // every node ever seen
+  std::vector<std::string> lost_;  // why nodes were lost, for the join-timeout message
+  std::optional<v1::Failure> first_failure_;
+  absl::flat_hash_set<std::string> told_end_;
+  std::string reason_;  // why the run failed or why the last round was reopened
+  Clock::TimePoint ended_at_;
 };
 
 const char* PhaseName(Rendezvous::Phase p);

@@ -1,6 +1,7 @@
 #include "launcher/run.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 #include "common/net.h"
 #include "common/status_macros.h"
 #include "launcher/coordinator.h"
+#include "launcher/security.h"
 #include "spdlog/spdlog.h"
 
 namespace launch {
@@ -71,14 +73,150 @@ absl::StatusOr<std::vector<std::string>> WorkerArgv(const LaunchConfig& c, const
   return argv;
 }
 
+// This node's address as the other nodes reach it.
+absl::StatusOr<std::string> NodeAddress(const LaunchConfig& c) {
+  std::string addr = c.local_addr;
+  if (addr.empty()) {
+    auto guess = DefaultHostAddress();
+    if (!guess.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot tell this node's address (", guess.status().message(),
+                                                     "); give --local-addr"));
+    }
+    addr = *guess;
+  } else if (auto ips = ResolveHost(addr); !ips.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--local-addr=", addr, ": ", ips.status().message()));
+  }
+  // A loopback address is fine when the whole job is on this machine (the endpoint is loopback).
+  std::string peer = c.rdzv_backend == "static" ? c.master_addr.value_or("") : "";
+  if (peer.empty() && !c.rdzv_endpoint.empty()) {
+    auto hp = ParseHostPort(c.rdzv_endpoint, "--rdzv-endpoint");
+    if (hp.ok()) peer = hp->host;
+  }
+  auto self_loop = IsLoopbackHost(addr);
+  auto peer_loop = peer.empty() ? absl::StatusOr<bool>(false) : IsLoopbackHost(peer);
+  if (self_loop.ok() && *self_loop && !(peer_loop.ok() && *peer_loop)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        c.local_addr.empty() ? "this host's name" : "--local-addr=" + c.local_addr, " resolves to loopback ", addr,
+        ", which other nodes cannot reach; expected --local-addr=<this node's IP or name on the cluster network>"));
+  }
+  return addr;
+}
+
+RendezvousConfig RendezvousSettings(const LaunchConfig& c, bool multi) {
+  auto ms = [](double s) { return std::chrono::milliseconds(static_cast<long>(s * 1000)); };
+  RendezvousConfig r;
+  r.min_nodes = multi ? c.min_nodes : 1;
+  r.max_nodes = multi ? c.max_nodes : 1;
+  r.max_restarts = c.max_restarts;
+  r.join_timeout = ms(c.rdzv.join_timeout);
+  r.last_call_timeout = ms(c.rdzv.last_call_timeout);
+  r.close_timeout = ms(c.rdzv.close_timeout);
+  r.heartbeat_timeout = ms(c.rdzv.heartbeat_timeout);
+  return r;
+}
+
+// The coordinator this agent talks to, and the server when this agent hosts it.
+struct RendezvousLink {
+  std::unique_ptr<CoordinatorServer> server;
+  std::unique_ptr<GrpcCoordinatorClient> client;
+};
+
+absl::StatusOr<std::unique_ptr<GrpcCoordinatorClient>> MakeClient(const std::string& target,
+                                                                   const SecurityOptions& security,
+                                                                   const RendezvousConfig& rcfg) {
+  ASSIGN_OR_RETURN(auto creds, MakeChannelCredentials(security));
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxRendezvousMessageBytes);
+  args.SetMaxSendMessageSize(kMaxRendezvousMessageBytes);
+  // Reconnect quickly to a coordinator that comes back (gRPC's default backoff grows to 120 s).
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  auto channel = grpc::CreateCustomChannel(target, creds, args);
+  return std::make_unique<GrpcCoordinatorClient>(channel, target, security.token, rcfg.join_timeout);
+}
+
+absl::StatusOr<RendezvousLink> ConnectInProcess(const RendezvousConfig& rcfg, const Clock* clock) {
+  RendezvousLink link;
+  CoordinatorOptions copts;
+  copts.defaults = rcfg;
+  ASSIGN_OR_RETURN(link.server, CoordinatorServer::Start("127.0.0.1:0", copts, SecurityOptions{}, clock));
+  ASSIGN_OR_RETURN(link.client, MakeClient(link.server->address(), SecurityOptions{}, rcfg));
+  return link;
+}
+
+absl::StatusOr<RendezvousLink> ConnectToRendezvous(const LaunchConfig& c, const RendezvousConfig& rcfg,
+                                                  const SecurityOptions& security, const Clock* clock) {
+  ASSIGN_OR_RETURN(HostPort hp, ParseHostPort(c.rdzv_endpoint, "--rdzv-endpoint"));
+  const std::string endpoint = JoinHostPort(hp.host, hp.port.value_or(kDefaultRendezvousPort));
+  bool host = false;
+  if (c.rdzv.is_host) {
+    host = *c.rdzv.is_host;
+  } else {
+    auto local = IsLocalHost(hp.host);
+    if (!local.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--rdzv-endpoint=", c.rdzv_endpoint, ": ", local.status().message()));
+    }
+    host = *local;
+  }
+  RendezvousLink link;
+  if (host) {
+    RETURN_IF_ERROR(CheckListenerIsProtected(hp.host, security));
+    CoordinatorOptions copts;
+    copts.defaults = rcfg;
+    auto server = CoordinatorServer::Start(endpoint, copts, security, clock);
+    if (server.ok()) {
+      spdlog::info("hosting the rendezvous coordinator at {}", (*server)->address());
+      link.server = std::move(*server);
+    } else if (absl::IsAlreadyExists(server.status()) && !c.rdzv.is_host) {
+      // Another agent on this machine hosts it (as torchrun: the first to bind wins).
+      spdlog::info("{}: joining the coordinator there", std::string(server.status().message()));
+    } else {
+      return absl::UnavailableError(absl::StrCat("cannot host the coordinator at ", endpoint, ": ",
+                                                 server.status().message()));
+    }
+  }
+  ASSIGN_OR_RETURN(link.client, MakeClient(endpoint, security, rcfg));
+  return link;
+}
+
 }  // namespace
 
-int RunLaunch(const LaunchConfig& c, OrphanGuard* guard, SignalFd* signals) {
-  if (c.max_nodes > 1) {
-    return UsageError(absl::StrCat("--nnodes=", c.min_nodes == c.max_nodes ? std::to_string(c.max_nodes)
-                                                                            : absl::StrCat(c.min_nodes, ":", c.max_nodes),
-                                   ": multi-node runs are not supported yet; expected 1"));
+int RunCoordinator(const CoordinatorConfig& c, SignalFd* signals) {
+  SecurityOptions security;
+  auto token = LoadToken(c.rdzv_token_file, std::getenv("LAUNCH_RDZV_TOKEN"));
+  if (!token.ok()) return UsageError(std::string(token.status().message()));
+  security.token = *token;
+  security.tls_cert_file = c.tls_cert;
+  security.tls_key_file = c.tls_key;
+  security.tls_ca_file = c.tls_ca;
+  security.insecure = c.insecure;
+  auto hp = ParseHostPort(c.listen, "--listen");
+  if (!hp.ok()) return UsageError(std::string(hp.status().message()));
+  if (auto st = CheckListenerIsProtected(hp->host, security); !st.ok()) return UsageError(std::string(st.message()));
+  SystemClock clock;
+  auto server = CoordinatorServer::Start(c.listen, CoordinatorOptions{}, security, &clock);
+  if (!server.ok()) {
+    if (absl::IsInvalidArgument(server.status())) return UsageError(std::string(server.status().message()));
+    std::fprintf(stderr, "launch coordinator: %s\n", std::string(server.status().message()).c_str());
+    return 1;
   }
+  std::printf("launch coordinator: listening on %s%s%s\n", (*server)->address().c_str(),
+              security.tls() ? " (TLS)" : "", security.token.empty() ? "" : " (token required)");
+  std::fflush(stdout);
+  for (;;) {
+    pollfd p{signals->fd(), POLLIN, 0};
+    ::poll(&p, 1, -1);
+    while (int sig = signals->Read()) {
+      if (sig == SIGCHLD) continue;
+      spdlog::info("stopped by {}", SignalName(sig));
+      server->reset();
+      return 128 + sig;
+    }
+  }
+}
+
+int RunLaunch(const LaunchConfig& c, OrphanGuard* guard, SignalFd* signals) {
   const Env env = CurrentEnv();
 
   // GPUs.
@@ -122,7 +260,21 @@ int RunLaunch(const LaunchConfig& c, OrphanGuard* guard, SignalFd* signals) {
   auto argv = WorkerArgv(c, env);
   if (!argv.ok()) return UsageError(std::string(argv.status().message()));
 
-  const std::string master_addr = c.master_addr.value_or("127.0.0.1");
+  // Topology: one node with its coordinator in-process, a multi-node rendezvous, or static ranks.
+  const bool is_static = c.rdzv_backend == "static" && c.max_nodes > 1;
+  const bool multi = !is_static && !c.standalone && (c.max_nodes > 1 || !c.rdzv_endpoint.empty());
+  if (multi && c.rdzv_endpoint.empty()) {
+    return UsageError(absl::StrCat("--nnodes=", c.min_nodes == c.max_nodes ? std::to_string(c.max_nodes)
+                                                                            : absl::StrCat(c.min_nodes, ":", c.max_nodes),
+                                   ": a multi-node run needs --rdzv-endpoint=HOST[:PORT] (the coordinator)"));
+  }
+  std::string node_addr = "127.0.0.1";
+  if (multi || is_static) {
+    auto addr = NodeAddress(c);
+    if (!addr.ok()) return UsageError(std::string(addr.status().message()));
+    node_addr = *addr;
+  }
+  const std::string master_addr = c.master_addr.value_or(multi ? node_addr : "127.0.0.1");
   if (c.master_port && !c.dry_run) {
     auto in_use = PortInUse(master_addr, *c.master_port);
     if (!in_use.ok()) return UsageError(absl::StrCat("--master-addr=", master_addr, ": ", in_use.status().message()));
@@ -135,7 +287,8 @@ int RunLaunch(const LaunchConfig& c, OrphanGuard* guard, SignalFd* signals) {
   AgentOptions opts;
   opts.spec.local_world_size = nproc;
   opts.spec.role = c.role;
-  opts.spec.run_id = c.rdzv_id.empty() ? RandomHex(8) : c.rdzv_id;
+  // Every node of a job must name the same run: torchrun's default id when none is given.
+  opts.spec.run_id = !c.rdzv_id.empty() ? c.rdzv_id : (multi || is_static) ? "none" : RandomHex(8);
   opts.spec.max_restarts = c.max_restarts;
   opts.spec.gpu_pool = pool->tokens;
   opts.spec.gpu_pool_is_nvml_indices = pool->from_nvml_indices;
@@ -177,30 +330,57 @@ int RunLaunch(const LaunchConfig& c, OrphanGuard* guard, SignalFd* signals) {
   opts.master_port = c.master_port;
   opts.node.set_hostname(Hostname());
   opts.node.set_node_id(absl::StrCat(opts.node.hostname(), ":", ::getpid(), ":", RandomHex(4)));
-  opts.node.set_host_address(master_addr);
+  opts.node.set_host_address(node_addr);
   opts.node.set_local_world_size(nproc);
   if (!opts.log_dir.empty() && !c.dry_run) {
     spdlog::info("run {}: logs in {}/{}", opts.spec.run_id, opts.log_dir, opts.spec.run_id);
   }
+  RendezvousConfig rcfg = RendezvousSettings(c, multi);
+  opts.run_spec = rcfg.ToSpec();
+  opts.heartbeat_hold = std::chrono::milliseconds(static_cast<long>(c.rdzv.heartbeat_interval * 1000));
+  opts.coordinator_patience = std::chrono::milliseconds(static_cast<long>(c.rdzv.close_timeout * 1000));
+  if (is_static) {
+    if (!c.master_addr) {
+      return UsageError("--rdzv-backend=static: --master-addr is needed (the address of node rank 0)");
+    }
+    StaticTopology t;
+    t.group_rank = c.node_rank;
+    t.group_world_size = c.max_nodes;
+    t.master_addr = *c.master_addr;
+    t.master_port = c.master_port.value_or(29500);
+    opts.static_topology = t;
+  }
 
-  // The same path as multi-node: a coordinator (here in-process on loopback) and this agent.
+  SecurityOptions security;
+  auto token = LoadToken(c.rdzv_token_file, std::getenv("LAUNCH_RDZV_TOKEN"));
+  if (!token.ok()) return UsageError(std::string(token.status().message()));
+  security.token = *token;
+  security.tls_cert_file = c.tls_cert;
+  security.tls_key_file = c.tls_key;
+  security.tls_ca_file = c.tls_ca;
+  security.insecure = c.insecure;
+
   SystemClock clock;
-  RendezvousConfig rcfg;
-  rcfg.min_nodes = rcfg.max_nodes = 1;
-  rcfg.max_restarts = c.max_restarts;
-  auto server = CoordinatorServer::Start("127.0.0.1:0", rcfg, &clock);
-  if (!server.ok()) {
-    spdlog::error("{}", std::string(server.status().message()));
+  auto link = multi ? ConnectToRendezvous(c, rcfg, security, &clock)
+                    : ConnectInProcess(rcfg, &clock);
+  if (!link.ok()) {
+    if (absl::IsInvalidArgument(link.status()) || absl::IsFailedPrecondition(link.status())) {
+      return UsageError(std::string(link.status().message()));
+    }
+    spdlog::error("{}", std::string(link.status().message()));
     return 1;
   }
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(kMaxRendezvousMessageBytes);
-  args.SetMaxSendMessageSize(kMaxRendezvousMessageBytes);
-  auto channel = grpc::CreateCustomChannel((*server)->address(), grpc::InsecureChannelCredentials(), args);
-  GrpcCoordinatorClient client(channel, std::chrono::duration_cast<std::chrono::seconds>(rcfg.join_timeout));
   PosixProcessLauncher launcher;
-  Agent agent(std::move(opts), &client, &launcher, guard, signals, &clock);
-  return agent.Run();
+  Agent agent(std::move(opts), link->client.get(), &launcher, guard, signals, &clock);
+  int code = agent.Run();
+  if (link->server && multi) {
+    // The job's coordinator lives in this agent: stay until every node has its verdict.
+    if (!link->server->service()->WaitUntilEveryNodeKnowsTheEnd(rcfg.close_timeout)) {
+      spdlog::warn("leaving before every node learned the job's end (close_timeout {} s)",
+                   rcfg.close_timeout.count() / 1000.0);
+    }
+  }
+  return code;
 }
 
 }  // namespace launch

@@ -11,4 +11,10 @@ namespace launch {
 // Returns launch's exit code.
 int RunLaunch(const LaunchConfig& config, OrphanGuard* guard, SignalFd* signals);
 
+// `launch coordinator`: serves until SIGINT/SIGTERM; returns the exit code.
+int RunCoordinator(const CoordinatorConfig& config, SignalFd* signals);
+
+// torchrun's default rendezvous port.
+inline constexpr int kDefaultRendezvousPort = 29400;
+
 }  // namespace launch

@@ -52,7 +52,8 @@ TEST(Rendezvous, FormsAtMinAfterLastCallWithOffsets) {
   cfg.last_call_timeout = std::chrono::seconds(30);
   Rendezvous r("job", cfg, &clock);
   ASSERT_TRUE(r.Join(JoinOf("a", 2, 1)).ok());
-  EXPECT_FALSE(r.Tick().has_value());  // below min: no timer
+  // Below min the only timer is the join timeout.
+  EXPECT_EQ(r.Tick(), clock.Now() + cfg.join_timeout);
   ASSERT_TRUE(r.Join(JoinOf("b", 3, 2)).ok());
   auto wake = r.Tick();
   ASSERT_TRUE(wake.has_value());
@@ -76,10 +77,9 @@ TEST(Rendezvous, FormsAtMaxImmediately) {
   ASSERT_TRUE(r.Join(JoinOf("a", 1, 1)).ok());
   ASSERT_TRUE(r.Join(JoinOf("b", 1, 2)).ok());
   EXPECT_TRUE(r.AssignmentFor("b", 0).has_value());
-  auto third = r.Join(JoinOf("c", 1, 3));
-  // a third node asks in while running: the next round opens; it is full at 2 only after rejoin
-  EXPECT_TRUE(third.ok());
-  EXPECT_EQ(r.phase(), Rendezvous::Phase::kWaiting);
+  // A third node asks in while a full round runs: rejected, and the running round goes on.
+  EXPECT_TRUE(absl::IsResourceExhausted(r.Join(JoinOf("c", 1, 3))));
+  EXPECT_EQ(r.phase(), Rendezvous::Phase::kRunning);
 }
 
 TEST(Rendezvous, BeyondMaxIsRejected) {
@@ -124,7 +124,7 @@ TEST(Rendezvous, FailureSpendsTheGlobalBudgetAndRanksStayStable) {
   resp = r.ReportExit(Report("b", 2, false));
   EXPECT_FALSE(resp.restart());
   EXPECT_EQ(r.phase(), Rendezvous::Phase::kFailed);
-  EXPECT_EQ(r.Status().first_failure().exit_code(), 3);
+  EXPECT_EQ(r.Status().first_failure().exit().exit_code(), 3);
   EXPECT_TRUE(absl::IsFailedPrecondition(r.Join(JoinOf("c", 1, 5))));
 }
 
@@ -146,6 +146,249 @@ TEST(Rendezvous, RejectsMalformedJoins) {
   Rendezvous r("job", {}, &clock);
   EXPECT_TRUE(absl::IsInvalidArgument(r.Join(JoinOf("", 1, 1))));
   EXPECT_TRUE(absl::IsInvalidArgument(r.Join(JoinOf("a", 0, 1))));
+}
+
+v1::HeartbeatRequest Beat(const std::string& id, long round) {
+  v1::HeartbeatRequest hb;
+  hb.set_run_id("job");
+  hb.set_node_id(id);
+  hb.set_round(round);
+  return hb;
+}
+
+RendezvousConfig Elastic(int lo, int hi, int restarts = 0) {
+  RendezvousConfig cfg;
+  cfg.min_nodes = lo;
+  cfg.max_nodes = hi;
+  cfg.max_restarts = restarts;
+  cfg.heartbeat_timeout = std::chrono::seconds(3);
+  cfg.join_timeout = std::chrono::seconds(600);
+  return cfg;
+}
+
+TEST(Rendezvous, LostNodeOpensANewRoundWithoutSpendingTheBudget) {
+  FakeClock clock;
+  Rendezvous r("job", Elastic(2, 3, 1), &clock);
+  for (auto id : {"a", "b", "c"}) ASSERT_TRUE(r.Join(JoinOf(id, 2, 1)).ok());
+  ASSERT_EQ(r.phase(), Rendezvous::Phase::kRunning);
+  clock.Advance(std::chrono::seconds(2));
+  r.Heartbeat(Beat("a", 1));
+  r.Heartbeat(Beat("b", 1));
+  auto next = r.Tick();
+  ASSERT_TRUE(next.has_value());  // c's lease runs out first
+  EXPECT_EQ(r.phase(), Rendezvous::Phase::kRunning);
+  clock.Advance(std::chrono::milliseconds(1100));  // c silent for 3.1 s
+  r.Tick();
+  EXPECT_EQ(r.phase(), Rendezvous::Phase::kWaiting);
+  EXPECT_NE(r.reason().find("lost node c"), std::string::npos) << r.reason();
+  auto hb = r.Heartbeat(Beat("a", 1));
+  EXPECT_TRUE(hb.stop_workers());
+  EXPECT_EQ(hb.current_round(), 2);
+  // Both survivors are back: the round forms at once (no last-call wait), ranks kept.
+  ASSERT_TRUE(r.Join(JoinOf("b", 2, 7, 1)).ok());
+  EXPECT_EQ(r.phase(), Rendezvous::Phase::kWaiting);
+  ASSERT_TRUE(r.Join(JoinOf("a", 2, 8, 1)).ok());
+  ASSERT_EQ(r.phase(), Rendezvous::Phase::kRunning);
+  auto a = r.AssignmentFor("a", 1);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->round(), 2);
+  EXPECT_EQ(a->group_rank(), 0);
+  EXPECT_EQ(a->group_world_size(), 2);
+  EXPECT_EQ(a->world_size(), 4);
+  EXPECT_EQ(a->restart_count(), 0);  // a membership change is not a restart
+  EXPECT_EQ(a->master_port(), 8);
+}
+
+TEST(Rendezvous, BelowMinAfterALossFailsAtTheJoinTimeoutNamingTheLostNode) {
+  FakeClock clock;
+  Rendezvous r("job", Elastic(2, 2), &clock);
+  v1::JoinRequest b = JoinOf("b", 1, 1);
+  b.mutable_node()->set_hostname("hostb");
+  b.mutable_node()->set_host_address("10.0.0.2");
+  ASSERT_TRUE(r.Join(JoinOf("a", 1, 1)).ok());
+  ASSERT_TRUE(r.Join(b).ok());
+  clock.Advance(std::chrono::seconds(2));
+  r.Heartbeat(Beat("a", 1));
+  clock.Advance(std::chrono::seconds(2));
+  r.Tick();
+  ASSERT_EQ(r.phase(), Rendezvous::Phase::kWaiting);
+  ASSERT_TRUE(r.Join(JoinOf("a", 1, 1, 1)).ok());
+  clock.Advance(std::chrono::seconds(599));
+  r.Tick();
+  EXPECT_EQ(r.phase(), Rendezvous::Phase::kWaiting);
+  clock.Advance(std::chrono::seconds(1));
+  r.Tick();
+  ASSERT_EQ(r.phase(), Rendezvous::Phase::kFailed);
+  EXPECT_NE(r.reason().find("1 of at least 2"), std::string::npos) << r.reason();
+  EXPECT_NE(r.reason().find("hostb (10.0.0.2"), std::string::npos) << r.reason();
+  auto v = r.ReportExit(Report("a", 1, false));
+  EXPECT_TRUE(v.job_failed());
+  EXPECT_FALSE(v.restart());
+}
+
+TEST(Rendezvous, NewNodeBelowMaxIsAdmittedAtTheNextRoundWithoutSpendingTheBudget) {
+  FakeClock clock;
+  Rendezvous r("job", Elastic(1, 2, 0), &clock);
+  ASSERT_TRUE(r.Join(JoinOf("a", 1, 1)).ok());
+  clock.Advance(std::chrono::seconds(30));  // last call: forms with a alone
+  r.Tick();
+  ASSERT_EQ(r.phase(), Rendezvous::Phase::kRunning);
+  ASSERT_TRUE(r.Join(JoinOf("b", 3, 1)).ok());
+  EXPECT_EQ(r.phase(), Rendezvous::Phase::kWaiting);
+  EXPECT_TRUE(r.Heartbeat(Beat("a", 1)).stop_workers());
+  ASSERT_TRUE(r.Join(JoinOf("a", 1, 1, 1)).ok());  // at max: forms
+  auto b = r.AssignmentFor("b", 0);
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->group_rank(), 1);
+  EXPECT_EQ(b->rank_offset(), 1);
+  EXPECT_EQ(b->world_size(), 4);
+  EXPECT_EQ(b->restart_count(), 0);
+}
+
+TEST(Rendezvous, NodesMustAskForTheSameRun) {
+  FakeClock clock;
+  Rendezvous r("job", Elastic(2, 2, 3), &clock);
+  v1::JoinRequest j = JoinOf("a", 1, 1);
+  *j.mutable_spec() = Elastic(2, 4, 3).ToSpec();
+  auto st = r.Join(j);
+  EXPECT_TRUE(absl::IsFailedPrecondition(st));
+  EXPECT_NE(st.message().find("--nnodes 2:2"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("--nnodes 2:4"), std::string::npos) << st.message();
+}
+
+TEST(Rendezvous, SpecRoundTripsAndRejectsBadValues) {
+  RendezvousConfig cfg = Elastic(2, 5, 4);
+  cfg.last_call_timeout = std::chrono::milliseconds(1500);
+  auto back = RendezvousConfig::FromSpec(cfg.ToSpec());
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->min_nodes, 2);
+  EXPECT_EQ(back->max_nodes, 5);
+  EXPECT_EQ(back->max_restarts, 4);
+  EXPECT_EQ(back->last_call_timeout, std::chrono::milliseconds(1500));
+  v1::RunSpec bad = cfg.ToSpec();
+  bad.set_max_nodes(1);
+  EXPECT_TRUE(absl::IsInvalidArgument(RendezvousConfig::FromSpec(bad).status()));
+  bad = cfg.ToSpec();
+  bad.set_heartbeat_timeout_s(0);
+  EXPECT_TRUE(absl::IsInvalidArgument(RendezvousConfig::FromSpec(bad).status()));
+}
+
+TEST(Rendezvous, OneBudgetUnitPerRoundAndTheFirstFailureNamesItsNode) {
+  FakeClock clock;
+  Rendezvous r("job", Elastic(2, 2, 5), &clock);
+  v1::JoinRequest a = JoinOf("a", 1, 1);
+  a.mutable_node()->set_hostname("hosta");
+  ASSERT_TRUE(r.Join(a).ok());
+  ASSERT_TRUE(r.Join(JoinOf("b", 1, 1)).ok());
+  EXPECT_EQ(r.ReportExit(Report("a", 1, false)).restart_count(), 1);
+  // b's workers failed too (a consequence), reported for the same round: nothing more spent.
+  auto v = r.ReportExit(Report("b", 1, false));
+  EXPECT_EQ(v.restart_count(), 1);
+  EXPECT_TRUE(v.restart());
+  EXPECT_EQ(v.first_failure().node_id(), "a");
+  EXPECT_EQ(v.first_failure().hostname(), "hosta");
+  EXPECT_EQ(v.first_failure().exit().exit_code(), 3);
+  // A report without exits only asks for the verdict.
+  v1::ReportExitRequest ask = Report("b", 1, true);
+  ask.set_group_succeeded(false);
+  EXPECT_EQ(r.ReportExit(ask).restart_count(), 1);
+}
+
+TEST(Rendezvous, LeavingNodeIsAMembershipChange) {
+  FakeClock clock;
+  Rendezvous r("job", Elastic(1, 2, 0), &clock);
+  ASSERT_TRUE(r.Join(JoinOf("a", 1, 1)).ok());
+  ASSERT_TRUE(r.Join(JoinOf("b", 1, 1)).ok());
+  v1::ReportExitRequest leave = Report("b", 1, true);
+  leave.set_group_succeeded(false);
+  leave.set_leaving(true);
+  auto v = r.ReportExit(leave);
+  EXPECT_TRUE(v.restart());
+  EXPECT_EQ(v.restart_count(), 0);
+  ASSERT_TRUE(r.Join(JoinOf("a", 1, 1, 1)).ok());  // the only live node is back: forms
+  auto a = r.AssignmentFor("a", 1);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->world_size(), 1);
+}
+
+TEST(Rendezvous, ASucceededNodeWaitsForTheOthersThenEveryoneIsTold) {
+  FakeClock clock;
+  Rendezvous r("job", Elastic(2, 2), &clock);
+  ASSERT_TRUE(r.Join(JoinOf("a", 1, 1)).ok());
+  ASSERT_TRUE(r.Join(JoinOf("b", 1, 1)).ok());
+  auto v = r.ReportExit(Report("a", 1, true));
+  EXPECT_FALSE(v.job_succeeded());
+  EXPECT_FALSE(v.restart());
+  EXPECT_FALSE(Rendezvous::Urgent(r.HeartbeatAnswer(Beat("a", 1))));
+  // a's lease does not matter once its workers are done.
+  clock.Advance(std::chrono::seconds(10));
+  r.Heartbeat(Beat("b", 1));
+  r.Tick();
+  EXPECT_EQ(r.phase(), Rendezvous::Phase::kRunning);
+  v = r.ReportExit(Report("b", 1, true));
+  EXPECT_TRUE(v.job_succeeded());
+  EXPECT_TRUE(r.HeartbeatAnswer(Beat("a", 1)).job_succeeded());
+  EXPECT_FALSE(r.EveryoneToldEnd());
+  r.NoteToldEnd("b");
+  r.NoteToldEnd("a");
+  EXPECT_TRUE(r.EveryoneToldEnd());
+}
+
+v1::HeartbeatRequest Reattach(const std::string& id, long round, int group_rank, int nodes, int restarts) {
+  v1::HeartbeatRequest hb = Beat(id, round);
+  hb.mutable_node()->set_node_id(id);
+  hb.mutable_node()->set_local_world_size(1);
+  auto* a = hb.mutable_assignment();
+  a->set_round(round);
+  a->set_group_rank(group_rank);
+  a->set_group_world_size(nodes);
+  a->set_world_size(nodes);
+  a->set_rank_offset(group_rank);
+  a->set_restart_count(restarts);
+  *hb.mutable_spec() = Elastic(2, 2, 3).ToSpec();
+  return hb;
+}
+
+TEST(Rendezvous, RestartedCoordinatorIsRebuiltFromReRegisteringNodes) {
+  FakeClock clock;
+  auto cfg = Rendezvous::ConfigForReattach(Reattach("a", 4, 0, 2, 2));
+  ASSERT_TRUE(cfg.ok());
+  Rendezvous r("job", *cfg, &clock);
+  EXPECT_TRUE(r.HeartbeatAnswer(Beat("a", 4)).unknown_node());
+  auto hb = r.Heartbeat(Reattach("a", 4, 0, 2, 2));
+  EXPECT_FALSE(hb.unknown_node());
+  EXPECT_FALSE(hb.stop_workers());
+  EXPECT_EQ(r.round(), 4);
+  hb = r.Heartbeat(Reattach("b", 4, 1, 2, 2));
+  EXPECT_FALSE(hb.stop_workers());
+  // A stranger claiming a taken slot is told to stop.
+  EXPECT_TRUE(r.Heartbeat(Reattach("c", 4, 1, 2, 2)).stop_workers());
+  // The job goes on with its restart count: one more failure spends the third restart.
+  EXPECT_EQ(r.ReportExit(Report("b", 4, false)).restart_count(), 3);
+}
+
+TEST(Rendezvous, SlotNeverReRegisteredIsLost) {
+  FakeClock clock;
+  Rendezvous r("job", *Rendezvous::ConfigForReattach(Reattach("a", 2, 0, 2, 0)), &clock);
+  r.Heartbeat(Reattach("a", 2, 0, 2, 0));
+  clock.Advance(std::chrono::seconds(2));
+  r.Heartbeat(Beat("a", 2));
+  clock.Advance(std::chrono::milliseconds(1500));
+  r.Tick();
+  EXPECT_EQ(r.phase(), Rendezvous::Phase::kWaiting);
+  EXPECT_NE(r.reason().find("group rank 1"), std::string::npos) << r.reason();
+}
+
+TEST(Rendezvous, CancelledJoinLeavesTheWaitingRound) {
+  FakeClock clock;
+  Rendezvous r("job", Elastic(2, 3), &clock);
+  ASSERT_TRUE(r.Join(JoinOf("a", 1, 1)).ok());
+  ASSERT_TRUE(r.Join(JoinOf("b", 1, 1)).ok());
+  r.CancelJoin("b");
+  EXPECT_EQ(r.waiting_nodes(), 1);
+  clock.Advance(std::chrono::seconds(31));
+  r.Tick();
+  EXPECT_EQ(r.phase(), Rendezvous::Phase::kWaiting);  // no last call below min
 }
 
 }  // namespace

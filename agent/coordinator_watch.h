@@ -1,0 +1,75 @@
+// The agent's background conversations with the coordinator, each a named thread with
+// Start/Stop and an eventfd the agent's poll loop watches:
+// - CoordinatorWatch holds the node's lease while its workers run: it keeps a heartbeat held at
+//   the coordinator, so it learns at once when the workers must stop; it rides out a coordinator
+//   that goes away (retrying with backoff) and re-registers with one that comes back.
+// - BackgroundCall runs one blocking call (a Join) so that a signal can cancel it.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "agent/coordinator_client.h"
+#include "common/unique_fd.h"
+
+namespace launch {
+
+class CoordinatorWatch {
+ public:
+  struct Options {
+    std::string run_id;
+    v1::NodeIdentity node;
+    v1::RunSpec spec;
+    std::chrono::milliseconds hold{1000};  // how long the coordinator may hold each heartbeat
+    std::chrono::milliseconds retry_min{50}, retry_max{2000};
+  };
+  CoordinatorWatch(Options opts, CoordinatorClient* client) : opts_(std::move(opts)), client_(client) {}
+  ~CoordinatorWatch() { Stop(); }
+
+  // Starts watching the round `a`.
+  absl::Status Start(const v1::Assignment& a);
+  void Stop();
+  // Readable once the coordinator said the workers must stop, or the job ended.
+  int fd() const { return event_.get(); }
+  // The answer that made fd() readable.
+  v1::HeartbeatResponse answer() const;
+  // Whether the coordinator was unreachable at the last try.
+  bool unreachable() const { return unreachable_; }
+
+ private:
+  void Loop(v1::Assignment a);
+  void Backoff(std::chrono::milliseconds d);
+
+  Options opts_;
+  CoordinatorClient* client_;
+  UniqueFd event_;
+  std::thread thread_;
+  CallCanceller cancel_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  v1::HeartbeatResponse answer_;
+  std::atomic<bool> unreachable_{false};
+};
+
+class BackgroundCall {
+ public:
+  ~BackgroundCall() { Wait(); }
+  // Runs `fn` on a thread; fd() becomes readable when it returns.
+  absl::Status Start(std::function<void(CallCanceller*)> fn);
+  int fd() const { return event_.get(); }
+  void Cancel() { cancel_.Cancel(); }
+  void Wait();
+
+ private:
+  UniqueFd event_;
+  std::thread thread_;
+  CallCanceller cancel_;
+};
+
+}  // namespace launch

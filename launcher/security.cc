@@ -1,0 +1,119 @@
+#include "launcher/security.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "common/net.h"
+
+namespace launch {
+
+namespace {
+
+absl::StatusOr<std::string> ReadPem(const std::string& path, const char* flag) {
+  std::ifstream in(path);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat(flag, "=", path, ": cannot read the file"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string pem = ss.str();
+  if (pem.find("-----BEGIN ") == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, "=", path, ": expected a PEM file"));
+  }
+  return pem;
+}
+
+}  // namespace
+
+bool ConstantTimeEquals(const std::string& a, const std::string& b) {
+  // Every byte of the longer string is looked at whatever the contents: no early exit.
+  const size_t n = std::max(a.size(), b.size());
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < n; ++i) {
+    unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff |= x ^ y;
+  }
+  return diff == 0;
+}
+
+absl::StatusOr<std::string> LoadToken(const std::string& token_file, const char* env_value) {
+  if (!token_file.empty()) {
+    std::ifstream in(token_file);
+    if (!in) return absl::InvalidArgumentError(absl::StrCat("--rdzv-token-file=", token_file, ": cannot read the file"));
+    std::string line;
+    std::getline(in, line);
+    std::string token(absl::StripAsciiWhitespace(line));
+    if (token.size() < 8) {
+      return absl::InvalidArgumentError(absl::StrCat("--rdzv-token-file=", token_file,
+                                                     ": expected a token of at least 8 characters on the first line"));
+    }
+    return token;
+  }
+  if (env_value && *env_value) {
+    std::string token(absl::StripAsciiWhitespace(env_value));
+    if (token.size() < 8) {
+      return absl::InvalidArgumentError("LAUNCH_RDZV_TOKEN: expected a token of at least 8 characters");
+    }
+    return token;
+  }
+  return std::string();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(const SecurityOptions& s) {
+  if (!s.tls()) return grpc::InsecureServerCredentials();
+  if (s.tls_cert_file.empty() || s.tls_key_file.empty()) {
+    return absl::InvalidArgumentError("--tls-cert and --tls-key are both needed to serve TLS");
+  }
+  grpc::SslServerCredentialsOptions opts(s.tls_ca_file.empty()
+                                             ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+                                             : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  auto cert = ReadPem(s.tls_cert_file, "--tls-cert");
+  if (!cert.ok()) return cert.status();
+  auto key = ReadPem(s.tls_key_file, "--tls-key");
+  if (!key.ok()) return key.status();
+  pair.cert_chain = *cert;
+  pair.private_key = *key;
+  opts.pem_key_cert_pairs.push_back(pair);
+  if (!s.tls_ca_file.empty()) {
+    auto ca = ReadPem(s.tls_ca_file, "--tls-ca");
+    if (!ca.ok()) return ca.status();
+    opts.pem_root_certs = *ca;
+  }
+  return grpc::SslServerCredentials(opts);
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(const SecurityOptions& s) {
+  if (!s.tls()) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions opts;
+  if (!s.tls_ca_file.empty()) {
+    auto ca = ReadPem(s.tls_ca_file, "--tls-ca");
+    if (!ca.ok()) return ca.status();
+    opts.pem_root_certs = *ca;
+  }
+  if (!s.tls_cert_file.empty() || !s.tls_key_file.empty()) {
+    if (s.tls_cert_file.empty() || s.tls_key_file.empty()) {
+      return absl::InvalidArgumentError("--tls-cert and --tls-key go together (a client certificate for mutual TLS)");
+    }
+    auto cert = ReadPem(s.tls_cert_file, "--tls-cert");
+    if (!cert.ok()) return cert.status();
+    auto key = ReadPem(s.tls_key_file, "--tls-key");
+    if (!key.ok()) return key.status();
+    opts.pem_cert_chain = *cert;
+    opts.pem_private_key = *key;
+  }
+  return grpc::SslCredentials(opts);
+}
+
+absl::Status CheckListenerIsProtected(const std::string& listen_host, const SecurityOptions& s) {
+  if (!s.token.empty() || s.tls() || s.insecure) return absl::OkStatus();
+  auto loopback = IsLoopbackHost(listen_host);
+  if (loopback.ok() && *loopback) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "refusing to serve the rendezvous on ", listen_host,
+      " without protection: give --rdzv-token-file (or LAUNCH_RDZV_TOKEN) or --tls-cert/--tls-key, "
+      "or --insecure to accept joins from anyone who can reach it"));
+}
+
+}  // namespace launch
