@@ -65,6 +65,11 @@ absl::StatusOr<GroupState> NextGroupState(GroupState from, GroupEvent event) {
       if (event == E::kSignal) return S::kInterrupted;
       break;
     case S::kSucceeded:
+      // This node's workers are done, but another node failed: the whole group runs again.
+      if (event == E::kRestart) return S::kRendezvous;
+      if (event == E::kGiveUp) return S::kFailed;
+      if (event == E::kSignal) return S::kInterrupted;
+      break;
     case S::kFailed:
     case S::kInterrupted:
       break;

@@ -415,6 +415,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   s->server_ = builder.BuildAndStart();
   if (!s->server_ || s->port_ == 0) {
+    if (hp->port && *hp->port != 0) {  // lost a race to bind it
+      auto in_use = PortInUse(hp->host, *hp->port);
+      if (in_use.ok() && *in_use) return absl::AlreadyExistsError(absl::StrCat(listen, " is already in use"));
+    }
     return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));
   }
   s->service_->Start();

@@ -76,6 +76,16 @@ absl::StatusOr<std::vector<std::string>> WorkerArgv(const LaunchConfig& c, const
 // This node's address as the other nodes reach it.
 absl::StatusOr<std::string> NodeAddress(const LaunchConfig& c) {
   std::string addr = c.local_addr;
+  std::string endpoint_host;
+  if (!c.rdzv_endpoint.empty()) {
+    auto hp = ParseHostPort(c.rdzv_endpoint, "--rdzv-endpoint");
+    if (hp.ok()) endpoint_host = hp->host;
+  }
+  if (addr.empty() && !endpoint_host.empty()) {
+    // A coordinator on loopback means the whole job is on this machine.
+    auto loop = IsLoopbackHost(endpoint_host);
+    if (loop.ok() && *loop) addr = endpoint_host.find(':') != std::string::npos ? "::1" : "127.0.0.1";
+  }
   if (addr.empty()) {
     auto guess = DefaultHostAddress();
     if (!guess.ok()) {

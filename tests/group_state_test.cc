@@ -49,6 +49,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Transition{S::kStopped, E::kGiveUp, S::kFailed},
                       Transition{S::kStopped, E::kSignal, S::kInterrupted},
                       Transition{S::kSucceeded, E::kJoin, std::nullopt},
+                      Transition{S::kSucceeded, E::kRestart, S::kRendezvous},
+                      Transition{S::kSucceeded, E::kGiveUp, S::kFailed},
                       Transition{S::kFailed, E::kRestart, std::nullopt},
                       Transition{S::kInterrupted, E::kJoin, std::nullopt}));
 
