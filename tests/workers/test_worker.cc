@@ -132,6 +132,15 @@ int main(int argc, char** argv) {
       }
     } else if (a == "--sleep") {
       SleepSeconds(std::atof(next()));
+    } else if (a == "--sleep-below-restart") {
+      int k = std::atoi(next());
+      double secs = std::atof(next());
+      if (restart < k) SleepSeconds(secs);
+    } else if (a == "--sleep-if-env") {
+      std::string key = next(), value = next();
+      double secs = std::atof(next());
+      const char* v = std::getenv(key.c_str());
+      if (v && value == v) SleepSeconds(secs);
     } else if (a == "--fail-rank") {
       int r = std::atoi(next());
       int code = std::atoi(next());
