@@ -164,8 +164,8 @@ TEST(MultiNode, WorkerFailureStopsEveryNodeAndTheBudgetIsTheJobs) {
   for (int i = 0; i < 2; ++i) {
     agents.push_back(std::make_unique<Child>(Agent(
         coord.endpoint(), {"--nnodes=2", "--nproc-per-node=1", "--max-restarts=2"},
-        {"--stamp", dir / "starts", "--pid-file", dir / "pids", "--wait-lines", dir / "pids", "2", "--fail-rank",
-         "1", "5", "--sleep-below-restart", "1", "0", "--print-env", "TORCHELASTIC_RESTART_COUNT"})));
+        {"--stamp", dir / "starts", "--pid-file", dir / "pids{restart}", "--wait-lines", dir / "pids{restart}", "2",
+         "--fail-rank", "1", "5", "--sleep-below-restart", "1", "0", "--print-env", "TORCHELASTIC_RESTART_COUNT"})));
   }
   // The failing rank fails in every attempt, so the run ends after 2 restarts with its code.
   auto results = WaitAll(agents);
@@ -195,7 +195,7 @@ TEST(MultiNode, RestartAfterAFailureElsewhereRunsToSuccess) {
   for (int i = 0; i < 2; ++i) {
     agents.push_back(std::make_unique<Child>(Agent(
         coord.endpoint(), {"--nnodes=2", "--nproc-per-node=1", "--max-restarts=1"},
-        {"--pid-file", dir / "pids", "--wait-lines", dir / "pids", "2", "--stamp", dir / "starts",
+        {"--pid-file", dir / "pids{restart}", "--wait-lines", dir / "pids{restart}", "2", "--stamp", dir / "starts",
          "--sleep-below-restart", "1", "0.2", "--fail-below-restart", "1", "3"})));
   }
   for (const auto& r : WaitAll(agents)) EXPECT_EQ(r.exit_code, 0) << r.err;

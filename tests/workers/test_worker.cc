@@ -43,6 +43,13 @@ void Append(const char* path, const std::string& line) {
   std::fclose(f);
 }
 
+// "{restart}" in a path becomes the restart count: a file per attempt.
+std::string WithRestart(std::string path, int restart) {
+  auto pos = path.find("{restart}");
+  if (pos != std::string::npos) path.replace(pos, 9, std::to_string(restart));
+  return path;
+}
+
 void SleepSeconds(double s) {
   if (s <= 0) {
     for (;;) pause();
@@ -84,7 +91,7 @@ int main(int argc, char** argv) {
       long long ns = static_cast<long long>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
       Append(next(), std::to_string(rank) + " " + std::to_string(restart) + " " + std::to_string(ns));
     } else if (a == "--pid-file") {
-      Append(next(), std::to_string(getpid()));
+      Append(WithRestart(next(), restart).c_str(), std::to_string(getpid()));
     } else if (a == "--grandchild") {
       const char* path = next();
       pid_t pid = fork();
@@ -96,7 +103,7 @@ int main(int argc, char** argv) {
       signal(SIGTERM, SIG_IGN);
     } else if (a == "--wait-lines") {
       // Waits (polling, at most 60 s) until the file has N lines: other ranks got this far.
-      const std::string path = next();
+      const std::string path = WithRestart(next(), restart);
       const long want = std::atol(next());
       for (int tries = 0; tries < 60000; ++tries) {
         std::ifstream f(path);
