@@ -59,13 +59,20 @@ void GrpcCoordinatorClient::Prepare(grpc::ClientContext* ctx, std::chrono::milli
 
 absl::StatusOr<v1::Assignment> GrpcCoordinatorClient::Join(const v1::JoinRequest& req, CallCanceller* cancel) {
   grpc::ClientContext ctx;
-  Prepare(&ctx, join_timeout_ + std::chrono::seconds(5));
+  // The coordinator answers at its join timeout with the reason; this deadline is for one that
+  // is never reached.
+  Prepare(&ctx, join_timeout_ + std::chrono::seconds(2));
   // A coordinator that is not up yet (another node is starting it) is waited for, not an error.
   ctx.set_wait_for_ready(true);
   if (cancel && !cancel->Attach(&ctx)) return absl::CancelledError("join cancelled");
   v1::JoinResponse resp;
   grpc::Status s = stub_->Join(&ctx, req, &resp);
   if (cancel) cancel->Detach();
+  if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "rendezvous join at ", target_, ": no answer within the join timeout (", join_timeout_.count() / 1000.0,
+        " s); the coordinator is unreachable, or its TLS settings differ from this node's"));
+  }
   if (!s.ok()) return FromGrpc(s, absl::StrCat("rendezvous join at ", target_));
   return resp.assignment();
 }

@@ -310,5 +310,118 @@ TEST(MultiNode, StaticBackendGivesRanksFromNodeRank) {
   EXPECT_THAT(r.out, HasSubstr("MASTER_PORT=" + port));
 }
 
+// ---- security ----
+
+// A CA, a server certificate for 127.0.0.1 and a client certificate, made with openssl.
+struct TestCerts {
+  explicit TestCerts(const TempDir& dir) : ok(true) {
+    auto run = [&](std::vector<std::string> argv) {
+      auto r = RunCmd(argv);
+      if (r.exit_code != 0) {
+        ok = false;
+        error += absl::StrCat("exit ", r.exit_code, ": ", r.err);
+      }
+    };
+    WriteFile(dir / "server.ext", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n");
+    WriteFile(dir / "client.ext", "extendedKeyUsage=clientAuth\n");
+    const std::vector<std::string> ec = {"-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"};
+    auto req = [&](std::vector<std::string> head, std::vector<std::string> rest) {
+      head.insert(head.end(), ec.begin(), ec.end());
+      head.insert(head.end(), rest.begin(), rest.end());
+      return head;
+    };
+    run(req({"/usr/bin/openssl", "req", "-x509"}, {"-keyout", dir / "ca.key", "-out", dir / "ca.pem", "-days", "2", "-subj", "/CN=launch-test-ca"}));
+    for (std::string who : {"server", "client"}) {
+      run(req({"/usr/bin/openssl", "req"}, {"-keyout", dir / (who + ".key"), "-out", dir / (who + ".csr"), "-subj", "/CN=" + who}));
+      run({"/usr/bin/openssl", "x509", "-req", "-in", dir / (who + ".csr"), "-CA", dir / "ca.pem", "-CAkey", dir / "ca.key",
+           "-CAcreateserial", "-out", dir / (who + ".pem"), "-days", "2", "-extfile", dir / (who + ".ext")});
+    }
+    ca = dir / "ca.pem";
+    server_cert = dir / "server.pem";
+    server_key = dir / "server.key";
+    client_cert = dir / "client.pem";
+    client_key = dir / "client.key";
+  }
+  bool ok;
+  std::string error, ca, server_cert, server_key, client_cert, client_key;
+};
+
+std::vector<RunResult> RunTwoAgents(const std::string& endpoint, const std::vector<std::string>& flags,
+                                    const std::vector<std::string>& env = {}) {
+  std::vector<std::string> f = {"--nnodes=2", "--nproc-per-node=1"};
+  f.insert(f.end(), flags.begin(), flags.end());
+  std::vector<std::unique_ptr<Child>> agents;
+  for (int i = 0; i < 2; ++i) agents.push_back(std::make_unique<Child>(Agent(endpoint, f, {"--print-env", kEnvKeys}), env));
+  return WaitAll(agents);
+}
+
+TEST(MultiNodeSecurity, TokenIsRequiredOnEveryCall) {
+  TempDir dir;
+  WriteFile(dir / "token", "s3cret-token-for-test\n");
+  WriteFile(dir / "wrong", "not-the-right-token\n");
+  Coordinator coord({"--rdzv-token-file", dir / "token"});
+  ASSERT_TRUE(coord.ready()) << coord.child().err();
+  EXPECT_THAT(coord.child().out(), HasSubstr("token required"));
+
+  auto none = RunCmd(Agent(coord.endpoint(), {"--nnodes=2"}, {}));
+  EXPECT_EQ(none.exit_code, 1);
+  EXPECT_THAT(none.err, HasSubstr("needs a rendezvous token"));
+  auto wrong = RunCmd(Agent(coord.endpoint(), {"--nnodes=2", "--rdzv-token-file", dir / "wrong"}, {}));
+  EXPECT_EQ(wrong.exit_code, 1);
+  EXPECT_THAT(wrong.err, HasSubstr("wrong rendezvous token"));
+  coord.child().Pump(50);
+  EXPECT_THAT(coord.child().err(), HasSubstr("rejected Join from ipv4:127.0.0.1:"));
+  EXPECT_THAT(coord.child().err(), HasSubstr("wrong rendezvous token"));
+
+  // The right token from the file on one node and from LAUNCH_RDZV_TOKEN on the other.
+  std::vector<std::unique_ptr<Child>> agents;
+  agents.push_back(std::make_unique<Child>(
+      Agent(coord.endpoint(), {"--nnodes=2", "--nproc-per-node=1", "--rdzv-token-file", dir / "token"}, {"--print-env", kEnvKeys})));
+  agents.push_back(std::make_unique<Child>(Agent(coord.endpoint(), {"--nnodes=2", "--nproc-per-node=1"}, {"--print-env", kEnvKeys}),
+                                           std::vector<std::string>{"LAUNCH_RDZV_TOKEN=s3cret-token-for-test"}));
+  ExpectOneJob(WaitAll(agents), 2, 2);
+}
+
+TEST(MultiNodeSecurity, ReachableListenerNeedsTokenOrTlsUnlessInsecure) {
+  auto r = RunCmd({kLaunch, "coordinator", "--listen", "0.0.0.0:0"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("refusing to serve the rendezvous on 0.0.0.0 without protection"));
+  EXPECT_EQ(Lines(r.err).size(), 1u) << r.err;
+  Child open({kLaunch, "coordinator", "--listen", "0.0.0.0:0", "--insecure"});
+  EXPECT_TRUE(WaitUntil([&] {
+    open.Pump(5);
+    return absl::StrContains(open.out(), "listening on");
+  }));
+  ::kill(open.pid(), SIGTERM);
+  EXPECT_EQ(open.Wait().exit_code, 143);
+  auto bad = RunCmd({kLaunch, "coordinator", "--listen", "127.0.0.1"});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.err, HasSubstr("expected HOST:PORT"));
+}
+
+TEST(MultiNodeSecurity, TlsAndMutualTls) {
+  TempDir dir;
+  TestCerts certs(dir);
+  ASSERT_TRUE(certs.ok) << certs.error;
+  {
+    Coordinator tls({"--tls-cert", certs.server_cert, "--tls-key", certs.server_key});
+    ASSERT_TRUE(tls.ready()) << tls.child().err();
+    EXPECT_THAT(tls.child().out(), HasSubstr("(TLS)"));
+    ExpectOneJob(RunTwoAgents(tls.endpoint(), {"--tls-ca", certs.ca}), 2, 2);
+  }
+  Coordinator mtls({"--tls-cert", certs.server_cert, "--tls-key", certs.server_key, "--tls-ca", certs.ca});
+  ASSERT_TRUE(mtls.ready()) << mtls.child().err();
+  // Without a client certificate the handshake fails: the agent gives up at its join timeout.
+  auto anon = RunCmd(Agent(mtls.endpoint(), {"--nnodes=2", "--tls-ca", certs.ca, "--rdzv-conf", "join_timeout=1"}, {}));
+  EXPECT_EQ(anon.exit_code, 1) << anon.err;
+  EXPECT_THAT(anon.err, HasSubstr("no answer within the join timeout"));
+  ExpectOneJob(RunTwoAgents(mtls.endpoint(), {"--tls-ca", certs.ca, "--tls-cert", certs.client_cert, "--tls-key",
+                                              certs.client_key}),
+               2, 2);
+  auto bad = RunCmd(Agent(mtls.endpoint(), {"--nnodes=2", "--tls-ca", dir / "server.ext"}, {}));
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.err, HasSubstr("expected a PEM file"));
+}
+
 }  // namespace
 }  // namespace launch::testing
