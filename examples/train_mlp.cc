@@ -127,6 +127,7 @@ int Train(const Args& a) {
                 "all-reduced through %s\n",
                 world, ctx->backend(), ctx->device().str().c_str(), a.batch, scaled.global_batch, scaled.peak_lr,
                 ddp.num_buckets(), ddp.uses_shared_memory() ? "shared memory" : ctx->backend());
+    std::fflush(stdout);  // a worker stopped by a signal still shows where it resumed from
   }
 
   sampler.SetEpoch(state.epoch);

@@ -128,6 +128,11 @@ void CoordinatorService::Pump(Run& run, Finishes* out) {
         *c->join_resp->mutable_assignment() = *a;
         out->emplace_back(c, grpc::Status::OK);
         done = true;
+      } else if (auto refused = r.TakeJoinRefusal(c->join_req->node().node_id())) {
+        spdlog::warn("run '{}': gave up on spare node {}: {}", c->run_id, c->join_req->node().node_id(),
+                     std::string(refused->message()));
+        out->emplace_back(c, ToGrpc(*refused));
+        done = true;
       } else if (r.ended()) {
         out->emplace_back(c, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                                           absl::StrCat("run '", c->run_id, "' ", PhaseName(r.phase()),
@@ -218,6 +223,12 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
       return reject(st);
     }
     run.rdzv->Tick();
+    if (run.rdzv->IsSpare(req->node().node_id())) {
+      spdlog::info("run '{}': node {} ({}) from {} waits as a spare: the round runs with its {} node(s) "
+                   "(--nnodes max)",
+                   req->run_id(), req->node().hostname(), req->node().node_id(), ctx->peer(),
+                   run.rdzv->config().max_nodes);
+    }
     Hold(run, call);
     Pump(run, &f);
     wake_.notify_one();

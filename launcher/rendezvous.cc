@@ -116,10 +116,12 @@ absl::Status Rendezvous::Join(const v1::JoinRequest& req) {
         absl::StrCat("run '", run_id_, "' has ended (", PhaseName(phase_), ")"));
   }
   identities_[id] = req.node();
+  refused_.erase(id);
+  const bool member = FindMember(id) != nullptr;
   if (phase_ == Phase::kRunning) {
-    if (!FindMember(id) && static_cast<int>(members_.size()) >= config_.max_nodes) {
-      return absl::ResourceExhaustedError(absl::StrCat("run '", run_id_, "' already runs with its ",
-                                                       config_.max_nodes, " node(s) (--nnodes max)"));
+    if (!member && static_cast<int>(members_.size()) >= config_.max_nodes) {
+      AddSpare(req);
+      return absl::OkStatus();
     }
     // A node (new, or back after being cut off) asks in while a round runs: the next round takes
     // it; the running nodes learn of it at once. No restart budget is spent.
@@ -131,19 +133,85 @@ absl::Status Rendezvous::Join(const v1::JoinRequest& req) {
       return absl::OkStatus();
     }
   }
-  if (static_cast<int>(waiting_.size()) >= config_.max_nodes) {
-    return absl::ResourceExhaustedError(absl::StrCat("run '", run_id_, "' already has its ",
-                                                     config_.max_nodes, " node(s) (--nnodes max)"));
+  // A newcomer does not take the place of a live node of the last round that has yet to re-join.
+  if (!member && static_cast<int>(waiting_.size()) + LiveMembersNotWaiting() >= config_.max_nodes) {
+    AddSpare(req);
+    return absl::OkStatus();
   }
-  waiting_.push_back({req});
+  spares_.erase(std::remove_if(spares_.begin(), spares_.end(),
+                               [&](const Waiting& w) { return w.join.node().node_id() == id; }),
+                spares_.end());
+  AddWaiting(req);
+  if (ReadyToForm()) FormRound();
+  return absl::OkStatus();
+}
+
+void Rendezvous::AddWaiting(const v1::JoinRequest& req) {
+  waiting_.push_back({req, clock_->Now()});
   if (static_cast<int>(waiting_.size()) >= config_.min_nodes && !last_call_deadline_) {
     last_call_deadline_ = clock_->Now() + config_.last_call_timeout;
   }
-  if (static_cast<int>(waiting_.size()) == config_.max_nodes ||
-      (static_cast<int>(waiting_.size()) >= config_.min_nodes && round_ > 0 && LiveMembersNotWaiting() == 0)) {
-    FormRound();
+}
+
+void Rendezvous::AddSpare(const v1::JoinRequest& req) {
+  for (auto& w : spares_) {
+    if (w.join.node().node_id() == req.node().node_id()) {  // a retry keeps its place in line
+      w.join = req;
+      return;
+    }
   }
-  return absl::OkStatus();
+  spares_.push_back({req, clock_->Now()});
+}
+
+bool Rendezvous::IsSpare(const std::string& node_id) const {
+  return std::any_of(spares_.begin(), spares_.end(),
+                     [&](const Waiting& w) { return w.join.node().node_id() == node_id; });
+}
+
+std::optional<absl::Status> Rendezvous::TakeJoinRefusal(const std::string& node_id) {
+  auto it = refused_.find(node_id);
+  if (it == refused_.end()) return std::nullopt;
+  absl::Status st = it->second;
+  refused_.erase(it);
+  return st;
+}
+
+void Rendezvous::PromoteSpares() {
+  if (phase_ != Phase::kWaiting) return;
+  while (!spares_.empty() && static_cast<int>(waiting_.size()) + LiveMembersNotWaiting() < config_.max_nodes) {
+    AddWaiting(spares_.front().join);
+    spares_.erase(spares_.begin());
+  }
+}
+
+std::optional<Clock::TimePoint> Rendezvous::ExpireSpares() {
+  const auto now = clock_->Now();
+  std::optional<Clock::TimePoint> next;
+  for (auto it = spares_.begin(); it != spares_.end();) {
+    // The node's own join timeout when it is shorter than the run's: it stops waiting then.
+    Ms timeout = config_.join_timeout;
+    if (it->join.has_spec() && it->join.spec().join_timeout_s() > 0) {
+      timeout = std::min(timeout, Ms(static_cast<long>(std::llround(it->join.spec().join_timeout_s() * 1000))));
+    }
+    const auto deadline = it->since + timeout;
+    if (now < deadline) {
+      if (!next || deadline < *next) next = deadline;
+      ++it;
+      continue;
+    }
+    refused_[it->join.node().node_id()] = absl::ResourceExhaustedError(absl::StrFormat(
+        "run '%s' kept its %d node(s) (--nnodes max) for all of join_timeout %g s while this node waited as a "
+        "spare",
+        run_id_, config_.max_nodes, Secs(timeout)));
+    it = spares_.erase(it);
+    ++version_;
+  }
+  return next;
+}
+
+bool Rendezvous::ReadyToForm() const {
+  const int n = static_cast<int>(waiting_.size());
+  return n == config_.max_nodes || (n >= config_.min_nodes && round_ > 0 && LiveMembersNotWaiting() == 0);
 }
 
 int Rendezvous::LiveMembersNotWaiting() const {
@@ -159,6 +227,9 @@ int Rendezvous::LiveMembersNotWaiting() const {
 }
 
 void Rendezvous::CancelJoin(const std::string& node_id) {
+  spares_.erase(std::remove_if(spares_.begin(), spares_.end(),
+                               [&](const Waiting& w) { return w.join.node().node_id() == node_id; }),
+                spares_.end());
   if (phase_ != Phase::kWaiting) return;
   auto it = std::find_if(waiting_.begin(), waiting_.end(),
                          [&](const Waiting& w) { return w.join.node().node_id() == node_id; });
@@ -177,9 +248,11 @@ void Rendezvous::OpenNextRound(std::string why) {
   last_call_deadline_.reset();
   reason_ = std::move(why);
   ++version_;
+  PromoteSpares();
 }
 
 void Rendezvous::End(Phase phase, std::string reason) {
+  spares_.clear();  // their joins are answered with the run's end
   phase_ = phase;
   reason_ = std::move(reason);
   ended_at_ = clock_->Now();
@@ -237,6 +310,12 @@ std::optional<v1::Assignment> Rendezvous::AssignmentFor(const std::string& node_
 
 std::optional<Clock::TimePoint> Rendezvous::Tick() {
   const auto now = clock_->Now();
+  std::optional<Clock::TimePoint> spare_deadline = ExpireSpares();
+  auto earliest = [&](std::optional<Clock::TimePoint> t) {
+    if (!spare_deadline) return t;
+    if (!t) return spare_deadline;
+    return std::optional<Clock::TimePoint>(std::min(*t, *spare_deadline));
+  };
   if (phase_ == Phase::kRunning) {
     std::optional<Clock::TimePoint> next;
     std::vector<std::string> lost;
@@ -253,13 +332,14 @@ std::optional<Clock::TimePoint> Rendezvous::Tick() {
         next = expiry;
       }
     }
-    if (lost.empty()) return next ? std::optional<Clock::TimePoint>(*next + Ms(1)) : std::nullopt;
+    if (lost.empty()) return earliest(next ? std::optional<Clock::TimePoint>(*next + Ms(1)) : std::nullopt);
     for (const auto& l : lost) lost_.push_back(l);
     OpenNextRound(absl::StrCat("lost node ", absl::StrJoin(lost, ", ")));
   }
-  if (phase_ != Phase::kWaiting) return std::nullopt;
+  if (phase_ != Phase::kWaiting) return earliest(std::nullopt);
+  PromoteSpares();
   const int n = static_cast<int>(waiting_.size());
-  if (n >= config_.min_nodes && (round_ > 0 && LiveMembersNotWaiting() == 0)) {
+  if (ReadyToForm()) {
     FormRound();
     return Tick();
   }
@@ -273,7 +353,7 @@ std::optional<Clock::TimePoint> Rendezvous::Tick() {
                                       round_ + 1, Secs(config_.join_timeout), n, config_.min_nodes);
     if (!lost_.empty()) absl::StrAppend(&why, "; lost: ", absl::StrJoin(lost_, ", "));
     End(Phase::kFailed, why);
-    return std::nullopt;
+    return earliest(std::nullopt);
   }
   auto next = n < config_.min_nodes ? join_deadline : *last_call_deadline_;
   // Members whose lease runs out change whether the round can form without them.
@@ -281,7 +361,7 @@ std::optional<Clock::TimePoint> Rendezvous::Tick() {
     auto expiry = m.last_seen + config_.heartbeat_timeout + Ms(1);
     if (expiry > now && expiry < next) next = expiry;
   }
-  return next;
+  return earliest(next);
 }
 
 bool Rendezvous::Reattach(const v1::HeartbeatRequest& req) {

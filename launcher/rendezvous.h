@@ -1,7 +1,9 @@
 // The rendezvous state machine of one run: no I/O, driven by a Clock, wrapped by the gRPC
 // service. Rounds are numbered; a round forms at max nodes, at min nodes after the last call, or
 // as soon as every live node of the last round is back; group ranks are stable across rounds for
-// nodes that stay; nodes hold a lease by heartbeat; the restart budget is the job's.
+// nodes that stay; nodes hold a lease by heartbeat; the restart budget is the job's. A node that
+// asks in while max nodes hold the places waits as a spare (torchrun's redundancy list) and takes
+// the place of a node that is lost or leaves; it gives up after join_timeout.
 #pragma once
 
 #include <chrono>
@@ -43,12 +45,16 @@ class Rendezvous {
 
   Rendezvous(std::string run_id, RendezvousConfig config, const Clock* clock);
 
-  // Puts the node in the round being formed (opening a new round if one is running).
+  // Puts the node in the round being formed (opening a new round if one is running), or among
+  // the spares when max nodes hold the places.
   absl::Status Join(const v1::JoinRequest& req);
   // A waiting node's Join went away (its agent died or gave up) before the round formed.
   void CancelJoin(const std::string& node_id);
   // The node's assignment once a round newer than `last_round` has formed with it.
   std::optional<v1::Assignment> AssignmentFor(const std::string& node_id, long last_round) const;
+  // Why a spare's join was given up (once; nullopt while it may still get a place).
+  std::optional<absl::Status> TakeJoinRefusal(const std::string& node_id);
+  bool IsSpare(const std::string& node_id) const;
   // Forms the waiting round at its last call, expires leases, fails a round that cannot form in
   // time; returns when to call again (nullopt: no timer).
   std::optional<Clock::TimePoint> Tick();
@@ -70,6 +76,7 @@ class Rendezvous {
   Clock::TimePoint ended_at() const { return ended_at_; }
   long round() const { return round_; }
   int waiting_nodes() const { return static_cast<int>(waiting_.size()); }
+  int spare_nodes() const { return static_cast<int>(spares_.size()); }
   const RendezvousConfig& config() const { return config_; }
   const std::string& reason() const { return reason_; }
   // Changes whenever an agent may have something new to learn (a round opened or formed, the run
@@ -88,6 +95,7 @@ class Rendezvous {
  private:
   struct Waiting {
     v1::JoinRequest join;
+    Clock::TimePoint since;  // for spares: when it asked in
   };
   struct Member {
     std::string id;  // empty: a slot not yet re-registered after a coordinator restart
@@ -95,6 +103,13 @@ class Rendezvous {
     bool succeeded = false;
   };
   void OpenNextRound(std::string why);
+  void AddWaiting(const v1::JoinRequest& req);
+  void AddSpare(const v1::JoinRequest& req);
+  // Moves spares into the waiting round while live members and waiting nodes leave places free.
+  void PromoteSpares();
+  // Gives up on spares that have waited join_timeout; returns the earliest spare deadline left.
+  std::optional<Clock::TimePoint> ExpireSpares();
+  bool ReadyToForm() const;
   void FormRound();
   void End(Phase phase, std::string reason);
   Member* FindMember(const std::string& id);
@@ -113,6 +128,8 @@ class Rendezvous {
   uint64_t version_ = 0;
   bool reattached_ = false;
   std::vector<Waiting> waiting_;  // join order
+  std::vector<Waiting> spares_;   // join order
+  absl::flat_hash_map<std::string, absl::Status> refused_;  // spares given up, until told
   Clock::TimePoint waiting_since_;
   std::optional<Clock::TimePoint> last_call_deadline_;
   std::vector<Member> members_;  // the last formed round, by group rank

@@ -3,12 +3,19 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <map>
+#include <random>
 #include <set>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/net.h"
 #include "gmock/gmock.h"
@@ -49,28 +56,34 @@ std::vector<std::map<std::string, std::string>> Envs(const std::string& out) {
   return out_envs;
 }
 
-// A standalone coordinator on 127.0.0.1 (port 0, or `port`), killed by the destructor.
+// A standalone coordinator on `host` (port 0, or `port`), killed by the destructor. `prefix` runs
+// it elsewhere (`ip netns exec NS`).
 class Coordinator {
  public:
-  explicit Coordinator(std::vector<std::string> extra = {}, int port = 0, std::vector<std::string> env = {}) {
-    std::vector<std::string> argv = {kLaunch, "coordinator", "--listen", absl::StrCat("127.0.0.1:", port)};
+  explicit Coordinator(std::vector<std::string> extra = {}, int port = 0, std::vector<std::string> env = {},
+                       std::vector<std::string> prefix = {}, std::string host = "127.0.0.1")
+      : host_(std::move(host)) {
+    std::vector<std::string> argv = prefix;
+    for (std::string a : {kLaunch, std::string("coordinator"), std::string("--listen"), absl::StrCat(host_, ":", port)})
+      argv.push_back(a);
     argv.insert(argv.end(), extra.begin(), extra.end());
     child_ = std::make_unique<Child>(argv, env);
     ready_ = WaitUntil([&] {
       child_->Pump(5);
       return absl::StrContains(child_->out(), "listening on");
     });
-    auto pos = child_->out().find("127.0.0.1:");
+    const std::string at = host_ + ":";
+    auto pos = child_->out().find(at);
     if (ready_ && pos != std::string::npos) {
-      absl::SimpleAtoi(child_->out().substr(pos + 10, child_->out().find_first_not_of("0123456789", pos + 10) - pos - 10),
-                       &port_);
+      pos += at.size();
+      absl::SimpleAtoi(child_->out().substr(pos, child_->out().find_first_not_of("0123456789", pos) - pos), &port_);
     }
   }
   ~Coordinator() {
     if (child_ && ProcessAlive(child_->pid())) Kill(SIGTERM);
   }
   bool ready() const { return ready_; }
-  std::string endpoint() const { return absl::StrCat("127.0.0.1:", port_); }
+  std::string endpoint() const { return absl::StrCat(host_, ":", port_); }
   int port() const { return port_; }
   RunResult Kill(int sig) {
     ::kill(child_->pid(), sig);
@@ -79,6 +92,7 @@ class Coordinator {
   Child& child() { return *child_; }
 
  private:
+  std::string host_;
   std::unique_ptr<Child> child_;
   bool ready_ = false;
   int port_ = 0;
@@ -266,7 +280,7 @@ TEST(MultiNode, CoordinatorKilledAndRestartedMidJobTheJobCompletesWithoutARestar
   }
 }
 
-TEST(MultiNode, JoinBeyondMaxAndMismatchedSettingsAreRejected) {
+TEST(MultiNode, JoinBeyondMaxWaitsAsASpareAndMismatchedSettingsAreRejected) {
   Coordinator coord;
   ASSERT_TRUE(coord.ready());
   TempDir dir;
@@ -275,15 +289,18 @@ TEST(MultiNode, JoinBeyondMaxAndMismatchedSettingsAreRejected) {
     a.Pump(1);
     return ReadPids(dir / "pids").size() == 1;
   }));
-  auto extra = RunCmd(Agent(coord.endpoint(), {"--nnodes=1", "--nproc-per-node=1"}, {}));
+  // A node beyond --nnodes max waits as a spare for a place, up to its join timeout.
+  auto extra = RunCmd(Agent(coord.endpoint(), {"--nnodes=1", "--nproc-per-node=1", "--rdzv-conf", "join_timeout=1"}, {}));
   EXPECT_EQ(extra.exit_code, 1);
-  EXPECT_THAT(extra.err, HasSubstr("already runs with its 1 node(s)"));
+  EXPECT_THAT(extra.err, HasSubstr("kept its 1 node(s) (--nnodes max) for all of join_timeout 1 s while this node waited as a spare"));
   auto mismatch = RunCmd(Agent(coord.endpoint(), {"--nnodes=1:2", "--nproc-per-node=1"}, {}));
   EXPECT_EQ(mismatch.exit_code, 1);
   EXPECT_THAT(mismatch.err, HasSubstr("this node asks for --nnodes 1:2"));
   coord.child().Pump(50);
   EXPECT_THAT(coord.child().err(), HasSubstr("rejected join"));
   EXPECT_THAT(coord.child().err(), HasSubstr("ipv4:127.0.0.1:"));
+  EXPECT_THAT(coord.child().err(), HasSubstr("waits as a spare"));
+  EXPECT_THAT(coord.child().err(), HasSubstr("gave up on spare node"));
   ::kill(a.pid(), SIGTERM);
   EXPECT_EQ(a.Wait().exit_code, 143);
 }
@@ -423,5 +440,301 @@ TEST(MultiNodeSecurity, TlsAndMutualTls) {
   EXPECT_THAT(bad.err, HasSubstr("expected a PEM file"));
 }
 
+
+// ---- network namespaces ----
+
+// A small network made for one test: a hub namespace holding a bridge (and the coordinator on
+// 10.213.7.1), and one namespace per node, joined to the bridge by a veth pair, with its own
+// address 10.213.7.(10+i). Traffic stays inside these namespaces. The destructor deletes them all.
+class NetnsLab {
+ public:
+  explicit NetnsLab(int nodes) : tag_(absl::StrCat("lt", ::getpid())) {
+    if (::geteuid() != 0) {
+      why_ = "needs root";
+      return;
+    }
+    const std::string hub = Hub();
+    if (!Ip({"netns", "add", hub})) return;
+    made_.push_back(hub);
+    if (!Ip({"-n", hub, "link", "set", "lo", "up"}) || !Ip({"-n", hub, "link", "add", "br0", "type", "bridge"}) ||
+        !Ip({"-n", hub, "addr", "add", absl::StrCat(HubAddress(), "/24"), "dev", "br0"}) ||
+        !Ip({"-n", hub, "link", "set", "br0", "up"})) {
+      return;
+    }
+    for (int i = 0; i < nodes; ++i) {
+      const std::string ns = Node(i);
+      if (!Ip({"netns", "add", ns})) return;
+      made_.push_back(ns);
+      if (!Ip({"-n", ns, "link", "set", "lo", "up"}) ||
+          !Ip({"-n", hub, "link", "add", Port(i), "type", "veth", "peer", "name", "eth0", "netns", ns}) ||
+          !Ip({"-n", hub, "link", "set", Port(i), "master", "br0"}) || !Ip({"-n", hub, "link", "set", Port(i), "up"}) ||
+          !Ip({"-n", ns, "addr", "add", absl::StrCat(NodeAddress(i), "/24"), "dev", "eth0"}) ||
+          !Ip({"-n", ns, "link", "set", "eth0", "up"})) {
+        return;
+      }
+    }
+    ok_ = true;
+  }
+  ~NetnsLab() {
+    for (auto it = made_.rbegin(); it != made_.rend(); ++it) RunCmd({"/usr/sbin/ip", "netns", "del", *it});
+  }
+  bool ok() const { return ok_; }
+  const std::string& why() const { return why_; }
+  std::string Hub() const { return tag_ + "h"; }
+  std::string Node(int i) const { return absl::StrCat(tag_, "n", i); }
+  static std::string HubAddress() { return "10.213.7.1"; }
+  static std::string NodeAddress(int i) { return absl::StrCat("10.213.7.", 10 + i); }
+  // argv run inside namespace `ns`.
+  static std::vector<std::string> In(const std::string& ns, std::vector<std::string> argv) {
+    argv.insert(argv.begin(), {"/usr/sbin/ip", "netns", "exec", ns});
+    return argv;
+  }
+  // Unplugs (or plugs back) node i's cable: its port on the hub's bridge goes down (up).
+  bool SetLink(int i, bool up) { return Ip({"-n", Hub(), "link", "set", Port(i), up ? "up" : "down"}); }
+
+ private:
+  std::string Port(int i) const { return absl::StrCat(tag_, "v", i); }
+  bool Ip(std::vector<std::string> args) {
+    args.insert(args.begin(), "/usr/sbin/ip");
+    auto r = RunCmd(args);
+    if (r.exit_code != 0 && why_.empty()) why_ = absl::StrCat(absl::StrJoin(args, " "), ": ", r.err);
+    return r.exit_code == 0;
+  }
+  std::string tag_;
+  std::vector<std::string> made_;
+  bool ok_ = false;
+  std::string why_;
+};
+
+// Every line "KEY=VALUE" a child printed so far, for one key.
+std::vector<std::string> Values(const std::string& out, const std::string& key) {
+  std::vector<std::string> v;
+  for (const auto& l : Lines(out)) {
+    auto pos = l.find("]:" + key + "=");
+    if (pos != std::string::npos) v.push_back(l.substr(pos + 3 + key.size()));
+  }
+  return v;
+}
+
+TEST(MultiNodeNetns, CutNodeIsLostTheOthersGoOnAndItRejoinsWhenItsLinkComesBack) {
+  NetnsLab lab(3);
+  if (!lab.ok()) GTEST_SKIP() << "network namespaces unavailable: " << lab.why();
+  TempDir dir;
+  WriteFile(dir / "token", "netns-test-token\n");
+  Coordinator coord({"--rdzv-token-file", dir / "token"}, 0, {}, NetnsLab::In(lab.Hub(), {}), NetnsLab::HubAddress());
+  ASSERT_TRUE(coord.ready()) << coord.child().err();
+  // Workers of rounds 1 (3 nodes) and 2 (the 2 left) run until stopped; round 3 ends the job.
+  std::vector<std::unique_ptr<Child>> agents;
+  for (int i = 0; i < 3; ++i) {
+    agents.push_back(std::make_unique<Child>(NetnsLab::In(
+        lab.Node(i),
+        Agent(coord.endpoint(),
+              {"--nnodes=2:3", "--nproc-per-node=1", "--local-addr", NetnsLab::NodeAddress(i), "--rdzv-token-file",
+               dir / "token", "--rdzv-conf", "last_call_timeout=10,heartbeat_timeout=1,heartbeat_interval=0.2"},
+              {"--pid-file", dir / "pids", "--print-env", "LAUNCH_ROUND,WORLD_SIZE,RANK,MASTER_ADDR", "--sleep-unless-env",
+               "LAUNCH_ROUND", "3", "0"}))));
+  }
+  auto pump = [&] {
+    for (auto& a : agents) a->Pump(1);
+    coord.child().Pump(1);
+  };
+  ASSERT_TRUE(WaitUntil([&] {
+    pump();
+    return ReadPids(dir / "pids").size() == 3;
+  })) << coord.child().err();
+  const pid_t cut_worker = ReadPids(dir / "pids").back();
+  for (auto& a : agents) {
+    EXPECT_THAT(Values(a->out(), "WORLD_SIZE"), ::testing::ElementsAre("3")) << a->err();
+    // MASTER_ADDR is the group-rank-0 node's own address on the bridge.
+    for (const auto& m : Values(a->out(), "MASTER_ADDR")) EXPECT_TRUE(absl::StartsWith(m, "10.213.7.1")) << m;
+  }
+  // Unplug the node that runs the last worker to start (its agent is the worker's parent).
+  int cut = -1;
+  for (int i = 0; i < 3 && cut < 0; ++i) {
+    std::string stat = ReadFile(absl::StrCat("/proc/", cut_worker, "/stat"));
+    std::vector<std::string> f = absl::StrSplit(stat.substr(stat.rfind(')') + 2), ' ');
+    if (f.size() > 1 && f[1] == std::to_string(agents[i]->pid())) cut = i;
+  }
+  ASSERT_GE(cut, 0) << "no agent is the parent of worker " << cut_worker;
+  ASSERT_TRUE(lab.SetLink(cut, false)) << lab.why();
+  // The two others are told of the loss and run round 2 with world size 2.
+  ASSERT_TRUE(WaitUntil([&] {
+    pump();
+    for (int i = 0; i < 3; ++i)
+      if (i != cut && Values(agents[i]->out(), "WORLD_SIZE").size() < 2) return false;
+    return true;
+  })) << coord.child().err();
+  for (int i = 0; i < 3; ++i) {
+    if (i == cut) continue;
+    EXPECT_THAT(Values(agents[i]->out(), "WORLD_SIZE"), ::testing::ElementsAre("3", "2"));
+    EXPECT_THAT(agents[i]->err(), HasSubstr("lost node"));
+  }
+  EXPECT_THAT(coord.child().err(), HasSubstr(NetnsLab::NodeAddress(cut)));
+  // Cut off, the node notices that the coordinator is unreachable, and keeps its worker running
+  // while it retries.
+  EXPECT_TRUE(WaitUntil([&] {
+    pump();
+    return absl::StrContains(agents[cut]->err(), "unreachable");
+  })) << agents[cut]->err();
+  EXPECT_TRUE(ProcessAlive(cut_worker));
+  EXPECT_THAT(Values(agents[cut]->out(), "WORLD_SIZE"), ::testing::ElementsAre("3"));
+
+  ASSERT_TRUE(lab.SetLink(cut, true)) << lab.why();
+  // Back on the network, it learns that it was left out, re-joins, and round 3 takes all three.
+  auto results = WaitAll(agents, std::chrono::seconds(60));
+  for (const auto& r : results) {
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(Values(r.out, "LAUNCH_ROUND").back(), "3") << r.out;
+    EXPECT_EQ(Values(r.out, "WORLD_SIZE").back(), "3") << r.out;
+  }
+  std::set<std::string> ranks;
+  for (const auto& r : results) ranks.insert(Values(r.out, "RANK").back());
+  EXPECT_THAT(ranks, ::testing::ElementsAre("0", "1", "2"));
+  for (pid_t p : ReadPids(dir / "pids")) EXPECT_FALSE(ProcessAlive(p)) << "worker " << p << " survived";
+}
+
+
+// ---- chaos ----
+
+#ifdef TRAIN_MLP_BIN
+// The parent pid and command name of a process ("" when it is gone).
+std::pair<pid_t, std::string> ParentAndName(pid_t pid) {
+  std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
+  auto open = stat.find('('), close = stat.rfind(')');
+  if (open == std::string::npos || close == std::string::npos || close + 4 > stat.size()) return {0, ""};
+  std::vector<std::string> f = absl::StrSplit(stat.substr(close + 2), ' ');
+  int ppid = 0;
+  if (f.size() < 2 || !absl::SimpleAtoi(f[1], &ppid)) return {0, ""};
+  return {ppid, stat.substr(open + 1, close - open - 1)};
+}
+
+// The live train_mlp workers whose parent is one of `agents`.
+std::vector<pid_t> TrainWorkers(const std::vector<pid_t>& agents) {
+  std::vector<pid_t> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    int pid = 0;
+    if (!absl::SimpleAtoi(e.path().filename().string(), &pid)) continue;
+    auto [ppid, name] = ParentAndName(pid);
+    if (name == "train_mlp" && std::count(agents.begin(), agents.end(), ppid) && ProcessAlive(pid)) out.push_back(pid);
+  }
+  return out;
+}
+
+// The step of the newest checkpoint in `dir` (0: none).
+long NewestCheckpoint(const std::string& dir) {
+  long newest = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    long step = 0;
+    if (absl::StartsWith(name, "ckpt-") && name.size() >= 15 && absl::SimpleAtoi(name.substr(5, 10), &step))
+      newest = std::max(newest, step);
+  }
+  return newest;
+}
+
+std::vector<float> ReadFloatFile(const std::string& path) {
+  std::string bytes = ReadFile(path);
+  std::vector<float> v(bytes.size() / sizeof(float));
+  std::memcpy(v.data(), bytes.data(), v.size() * sizeof(float));
+  return v;
+}
+
+TEST(MultiNodeChaos, TrainingSurvivesFiveWorkerKillsAndALostAgentWithExactSteps) {
+  TempDir dir;
+  Coordinator coord;
+  ASSERT_TRUE(coord.ready()) << coord.child().err();
+  const std::string kSteps = "200";
+  auto agent_argv = [&](const std::string& run, const std::string& out) {
+    std::vector<std::string> argv = {kLaunch, "--rdzv-endpoint", coord.endpoint(), "--rdzv-id", run, "--nnodes=2",
+                                     "--nproc-per-node=2", "--max-restarts=10", "--stop-timeout=5", "--rdzv-conf",
+                                     "heartbeat_timeout=1,heartbeat_interval=0.2", TRAIN_MLP_BIN, "--dims",
+                                     "32,64,64,10", "--batch", "16", "--steps", kSteps, "--dataset-size", "512",
+                                     "--warmup", "0", "--checkpoint-every", "5", "--keep", "3", "--print-every", "0",
+                                     "--checkpoint-dir", dir / (out + "-ckpt"), "--save-params", dir / (out + ".bin")};
+    return argv;
+  };
+  // The same training, undisturbed.
+  {
+    std::vector<std::unique_ptr<Child>> agents;
+    for (int i = 0; i < 2; ++i) agents.push_back(std::make_unique<Child>(agent_argv("straight", "straight")));
+    for (const auto& r : WaitAll(agents, std::chrono::seconds(180))) ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+
+  std::vector<std::unique_ptr<Child>> agents;  // every agent ever started, the killed one too
+  for (int i = 0; i < 2; ++i) agents.push_back(std::make_unique<Child>(agent_argv("chaos", "chaos")));
+  auto live_agents = [&] {
+    std::vector<pid_t> pids;
+    for (auto& a : agents) {
+      a->Pump(1);
+      if (ProcessAlive(a->pid())) pids.push_back(a->pid());
+    }
+    return pids;
+  };
+  std::mt19937 rng(std::random_device{}());
+  std::set<pid_t> seen_workers;
+  long last_kill_step = 0;  // the first disruption waits for the first checkpoint too
+  int worker_kills = 0;
+  bool agent_killed = false;
+  // Six disruptions, each once the round before has made progress: a new checkpoint written by
+  // a full set of workers that did not exist at the last disruption.
+  for (int disruption = 0; disruption < 6; ++disruption) {
+    std::vector<pid_t> workers;
+    ASSERT_TRUE(WaitUntil(
+        [&] {
+          workers = TrainWorkers(live_agents());
+          bool fresh = workers.size() == 4 &&
+                       std::none_of(workers.begin(), workers.end(), [&](pid_t p) { return seen_workers.count(p); });
+          return fresh && NewestCheckpoint(dir / "chaos-ckpt") > last_kill_step;
+        },
+        std::chrono::seconds(60)))
+        << "disruption " << disruption << ": no new round made progress; coordinator:\n" << coord.child().err();
+    seen_workers.insert(workers.begin(), workers.end());
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 30)(rng)));
+    last_kill_step = NewestCheckpoint(dir / "chaos-ckpt");
+    if (disruption == 3) {
+      // One agent dies with its workers (kill -9); its replacement (as a cluster manager would
+      // start one) joins the job.
+      auto live = live_agents();
+      pid_t victim = live[std::uniform_int_distribution<size_t>(0, live.size() - 1)(rng)];
+      ASSERT_EQ(::kill(victim, SIGKILL), 0);
+      agent_killed = true;
+      agents.push_back(std::make_unique<Child>(agent_argv("chaos", "chaos")));
+    } else {
+      pid_t victim = workers[std::uniform_int_distribution<size_t>(0, workers.size() - 1)(rng)];
+      ASSERT_EQ(::kill(victim, SIGKILL), 0);
+      ++worker_kills;
+    }
+  }
+  EXPECT_EQ(worker_kills, 5);
+  EXPECT_TRUE(agent_killed);
+  std::string out, err;
+  int succeeded = 0;
+  for (auto& a : agents) {
+    RunResult r = a->Wait(std::chrono::seconds(180));
+    out += r.out;
+    err += r.err;
+    succeeded += r.exit_code == 0;
+    if (r.exit_code != 0) EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r.err;  // only the killed agent
+  }
+  EXPECT_EQ(succeeded, 2) << err;
+  // The final step is exactly --steps, and the parameters equal the undisturbed run's: every
+  // step was taken once, from the right checkpoint, over all four ranks.
+  EXPECT_THAT(out, HasSubstr("done: steps=" + kSteps));
+  EXPECT_EQ(NewestCheckpoint(dir / "chaos-ckpt"), std::stol(kSteps));
+  int resumed = 0;
+  for (size_t pos = out.find("resumed from step"); pos != std::string::npos; pos = out.find("resumed from step", pos + 1))
+    ++resumed;
+  EXPECT_GE(resumed, 6) << out;
+  auto a = ReadFloatFile(dir / "straight.bin");
+  auto b = ReadFloatFile(dir / "chaos.bin");
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_FALSE(a.empty());
+  double diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, static_cast<double>(std::fabs(a[i] - b[i])));
+  EXPECT_LE(diff, 1e-6);
+  for (pid_t p : seen_workers) EXPECT_FALSE(ProcessAlive(p)) << "worker " << p << " survived";
+}
+#endif  // TRAIN_MLP_BIN
 }  // namespace
 }  // namespace launch::testing

@@ -77,9 +77,11 @@ TEST(Rendezvous, FormsAtMaxImmediately) {
   ASSERT_TRUE(r.Join(JoinOf("a", 1, 1)).ok());
   ASSERT_TRUE(r.Join(JoinOf("b", 1, 2)).ok());
   EXPECT_TRUE(r.AssignmentFor("b", 0).has_value());
-  // A third node asks in while a full round runs: rejected, and the running round goes on.
-  EXPECT_TRUE(absl::IsResourceExhausted(r.Join(JoinOf("c", 1, 3))));
+  // A third node asks in while a full round runs: it waits as a spare; the round goes on.
+  ASSERT_TRUE(r.Join(JoinOf("c", 1, 3)).ok());
+  EXPECT_TRUE(r.IsSpare("c"));
   EXPECT_EQ(r.phase(), Rendezvous::Phase::kRunning);
+  EXPECT_FALSE(r.AssignmentFor("c", 0).has_value());
 }
 
 TEST(Rendezvous, BeyondMaxIsRejected) {
@@ -391,5 +393,77 @@ TEST(Rendezvous, CancelledJoinLeavesTheWaitingRound) {
   EXPECT_EQ(r.phase(), Rendezvous::Phase::kWaiting);  // no last call below min
 }
 
+
+TEST(Rendezvous, SpareTakesTheLostNodesPlaceWithoutSpendingTheBudget) {
+  FakeClock clock;
+  Rendezvous r("job", Elastic(2, 2, 1), &clock);
+  ASSERT_TRUE(r.Join(JoinOf("a", 2, 1)).ok());
+  ASSERT_TRUE(r.Join(JoinOf("b", 2, 2)).ok());
+  ASSERT_TRUE(r.Join(JoinOf("c", 2, 3)).ok());  // b's replacement, before b is known lost
+  EXPECT_EQ(r.spare_nodes(), 1);
+  clock.Advance(std::chrono::seconds(2));
+  r.Heartbeat(Beat("a", 1));
+  clock.Advance(std::chrono::seconds(2));
+  r.Tick();  // b lost
+  ASSERT_EQ(r.phase(), Rendezvous::Phase::kWaiting);
+  // c took b's place at once; a's return completes the round.
+  EXPECT_FALSE(r.IsSpare("c"));
+  EXPECT_EQ(r.waiting_nodes(), 1);
+  ASSERT_TRUE(r.Join(JoinOf("a", 2, 1, 1)).ok());
+  ASSERT_EQ(r.phase(), Rendezvous::Phase::kRunning);
+  auto a = r.AssignmentFor("a", 1), c = r.AssignmentFor("c", 0);
+  ASSERT_TRUE(a && c);
+  EXPECT_EQ(a->group_rank(), 0);
+  EXPECT_EQ(c->group_rank(), 1);
+  EXPECT_EQ(c->rank_offset(), 2);
+  EXPECT_EQ(c->restart_count(), 0);
+}
+
+TEST(Rendezvous, SpareWaitsBehindLiveNodesOfTheLastRound) {
+  FakeClock clock;
+  Rendezvous r("job", Elastic(2, 2, 3), &clock);
+  ASSERT_TRUE(r.Join(JoinOf("a", 1, 1)).ok());
+  ASSERT_TRUE(r.Join(JoinOf("b", 1, 2)).ok());
+  ASSERT_TRUE(r.Join(JoinOf("c", 1, 3)).ok());
+  ASSERT_TRUE(r.ReportExit(Report("a", 1, false)).restart());
+  // Both nodes of round 1 are alive: the restart round is theirs, the spare keeps waiting.
+  ASSERT_TRUE(r.Join(JoinOf("a", 1, 1, 1)).ok());
+  EXPECT_TRUE(r.IsSpare("c"));
+  EXPECT_EQ(r.phase(), Rendezvous::Phase::kWaiting);
+  ASSERT_TRUE(r.Join(JoinOf("b", 1, 2, 1)).ok());
+  ASSERT_EQ(r.phase(), Rendezvous::Phase::kRunning);
+  EXPECT_TRUE(r.AssignmentFor("b", 1).has_value());
+  EXPECT_FALSE(r.AssignmentFor("c", 0).has_value());
+  EXPECT_TRUE(r.IsSpare("c"));
+  // A node that was never a member cannot take a live member's place by joining during the
+  // restart round either.
+  ASSERT_TRUE(r.ReportExit(Report("b", 2, false)).restart());
+  ASSERT_TRUE(r.Join(JoinOf("d", 1, 4)).ok());
+  EXPECT_TRUE(r.IsSpare("d"));
+}
+
+TEST(Rendezvous, SpareGivesUpAfterTheJoinTimeoutWithTheReason) {
+  FakeClock clock;
+  RendezvousConfig cfg = Elastic(1, 1);
+  cfg.heartbeat_timeout = std::chrono::seconds(1000);
+  Rendezvous r("job", cfg, &clock);
+  ASSERT_TRUE(r.Join(JoinOf("a", 1, 1)).ok());
+  ASSERT_TRUE(r.Join(JoinOf("b", 1, 2)).ok());
+  auto next = r.Tick();
+  ASSERT_TRUE(next.has_value());
+  EXPECT_EQ(*next, clock.Now() + cfg.join_timeout);
+  EXPECT_FALSE(r.TakeJoinRefusal("b").has_value());
+  clock.Advance(cfg.join_timeout);
+  uint64_t v = r.version();
+  r.Tick();
+  EXPECT_NE(r.version(), v);  // held joins are re-examined
+  EXPECT_FALSE(r.IsSpare("b"));
+  auto refused = r.TakeJoinRefusal("b");
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_TRUE(absl::IsResourceExhausted(*refused));
+  EXPECT_NE(refused->message().find("waited as a spare"), std::string::npos) << refused->message();
+  EXPECT_FALSE(r.TakeJoinRefusal("b").has_value());
+  EXPECT_EQ(r.phase(), Rendezvous::Phase::kRunning);
+}
 }  // namespace
 }  // namespace launch

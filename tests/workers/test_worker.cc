@@ -9,6 +9,7 @@
 //   --partial TEXT        write TEXT to stdout in one-byte writes, then a newline
 //   --error-file MSG      write TORCHELASTIC_ERROR_FILE in torchelastic's JSON format
 //   --sleep SECONDS       sleep (0 = forever)
+//   --sleep-unless-env K V SECONDS   sleep unless the environment has K=V
 //   --fail-rank R CODE    exit CODE if RANK == R
 //   --fail-below-restart K CODE   exit CODE while TORCHELASTIC_RESTART_COUNT < K
 //   --kill-self SIG       raise SIG
@@ -148,6 +149,11 @@ int main(int argc, char** argv) {
       double secs = std::atof(next());
       const char* v = std::getenv(key.c_str());
       if (v && value == v) SleepSeconds(secs);
+    } else if (a == "--sleep-unless-env") {
+      std::string key = next(), value = next();
+      double secs = std::atof(next());
+      const char* v = std::getenv(key.c_str());
+      if (!v || value != v) SleepSeconds(secs);
     } else if (a == "--fail-rank") {
       int r = std::atoi(next());
       int code = std::atoi(next());

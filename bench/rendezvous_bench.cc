@@ -1,0 +1,244 @@
+// rendezvous_bench: one `launch coordinator` process and N simulated agents (gRPC callback
+// clients in this process, spread over several channels).
+//   1. round formation: N Joins (min = max = N) sent at once; time until every node has its
+//      assignment (the last answer), and a check that the ranks are 0..N-1 exactly once;
+//   2. leases: every agent keeps one heartbeat held at the coordinator (wait_ms = 1000, re-sent
+//      as soon as it is answered, as the real agent does), i.e. N heartbeats per second; the
+//      coordinator's CPU time (utime + stime from /proc) over the window, as % of one core.
+// Usage: rendezvous_bench LAUNCH_BIN [--agents 128,1024,4096] [--window 5] [--channels 32]
+#include <fcntl.h>
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "launch.grpc.pb.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct CoordinatorProcess {
+  pid_t pid = -1;
+  int port = 0;
+};
+
+CoordinatorProcess StartCoordinator(const std::string& bin) {
+  int out[2];
+  if (pipe(out) != 0) std::exit(1);
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(out[1], 1);
+    close(out[0]);
+    int devnull = ::open("/dev/null", O_WRONLY);
+    dup2(devnull, 2);  // its info lines (one per run) are not part of the measurement
+    execl(bin.c_str(), bin.c_str(), "coordinator", "--listen", "127.0.0.1:0", nullptr);
+    _exit(127);
+  }
+  close(out[1]);
+  std::string text;
+  char buf[256];
+  while (text.find('\n') == std::string::npos) {
+    ssize_t n = read(out[0], buf, sizeof buf);
+    if (n <= 0) {
+      std::fprintf(stderr, "rendezvous_bench: %s coordinator did not start\n", bin.c_str());
+      std::exit(1);
+    }
+    text.append(buf, n);
+  }
+  close(out[0]);
+  CoordinatorProcess c;
+  c.pid = pid;
+  c.port = std::atoi(text.substr(text.rfind(':') + 1).c_str());
+  return c;
+}
+
+double CpuSeconds(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::istringstream rest(s.substr(s.rfind(')') + 2));
+  std::string field;
+  long utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i == 14) utime = std::atol(field.c_str());
+    if (i == 15) stime = std::atol(field.c_str());
+  }
+  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+struct SimAgent {
+  int index = 0;
+  launch::v1::Rendezvous::Stub* stub = nullptr;
+  launch::v1::JoinRequest join;
+  launch::v1::JoinResponse join_resp;
+  std::unique_ptr<grpc::ClientContext> ctx;
+  launch::v1::HeartbeatRequest hb;
+  launch::v1::HeartbeatResponse hb_resp;
+};
+
+struct Result {
+  double round_s = 0;
+  bool ranks_ok = false;
+  double cpu_percent = 0;
+  long heartbeats = 0;
+};
+
+Result RunOnce(const std::string& bin, int n, double window_s, int channels_n) {
+  CoordinatorProcess coord = StartCoordinator(bin);
+  const std::string target = "127.0.0.1:" + std::to_string(coord.port);
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  std::vector<std::unique_ptr<launch::v1::Rendezvous::Stub>> stubs;
+  for (int i = 0; i < channels_n; ++i) {
+    grpc::ChannelArguments args;
+    args.SetInt("launch.bench.channel", i);  // distinct arguments: a connection per channel
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    channels.push_back(grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args));
+    stubs.push_back(launch::v1::Rendezvous::NewStub(channels.back()));
+  }
+  for (auto& ch : channels) ch->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10));
+
+  launch::v1::RunSpec spec;
+  spec.set_min_nodes(n);
+  spec.set_max_nodes(n);
+  spec.set_join_timeout_s(60);
+  spec.set_last_call_timeout_s(30);
+  spec.set_close_timeout_s(30);
+  spec.set_heartbeat_timeout_s(10);
+  std::vector<SimAgent> agents(n);
+  std::mutex mu;
+  std::condition_variable cv;
+  int answered = 0, failed = 0;
+  std::set<int> ranks;
+  const std::string run = "bench" + std::to_string(n);
+  for (int i = 0; i < n; ++i) {
+    SimAgent& a = agents[i];
+    a.index = i;
+    a.stub = stubs[i % channels_n].get();
+    a.join.set_run_id(run);
+    auto* node = a.join.mutable_node();
+    node->set_node_id("sim-" + std::to_string(i));
+    node->set_hostname("sim" + std::to_string(i));
+    node->set_host_address("127.0.0.1");
+    node->set_local_world_size(1);
+    a.join.set_proposed_master_addr("127.0.0.1");
+    a.join.set_proposed_master_port(29500);
+    *a.join.mutable_spec() = spec;
+  }
+  const auto t0 = Clock::now();
+  for (auto& a : agents) {
+    a.ctx = std::make_unique<grpc::ClientContext>();
+    a.ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    a.stub->async()->Join(a.ctx.get(), &a.join, &a.join_resp, [&, ap = &a](grpc::Status s) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (s.ok()) ranks.insert(ap->join_resp.assignment().rank_offset());
+      else ++failed;
+      ++answered;
+      cv.notify_all();
+    });
+  }
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return answered == n; });
+  }
+  Result r;
+  r.round_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  r.ranks_ok = failed == 0 && static_cast<int>(ranks.size()) == n && *ranks.begin() == 0 && *ranks.rbegin() == n - 1;
+
+  // Leases: each agent keeps one held heartbeat; the starts are spread over one second.
+  std::atomic<bool> stop{false};
+  std::atomic<long> beats{0};
+  std::atomic<int> in_flight{0};
+  std::function<void(SimAgent*)> send = [&](SimAgent* a) {
+    a->ctx = std::make_unique<grpc::ClientContext>();
+    a->ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    a->hb.set_run_id(run);
+    a->hb.set_node_id(a->join.node().node_id());
+    a->hb.set_round(a->join_resp.assignment().round());
+    a->hb.set_wait_ms(1000);
+    ++in_flight;
+    a->stub->async()->Heartbeat(a->ctx.get(), &a->hb, &a->hb_resp, [&, a](grpc::Status s) {
+      if (s.ok()) ++beats;
+      if (!stop) {
+        send(a);
+      }
+      if (--in_flight == 0) cv.notify_all();
+    });
+  };
+  for (int i = 0; i < n; ++i) {
+    std::this_thread::sleep_until(t0 + std::chrono::microseconds(static_cast<long>(1e6 * r.round_s) + 1000000L * i / n));
+    send(&agents[i]);
+  }
+  // One second for every lease to be in its steady cycle, then the measured window.
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const double cpu0 = CpuSeconds(coord.pid);
+  const long beats0 = beats;
+  const auto w0 = Clock::now();
+  std::this_thread::sleep_for(std::chrono::duration<double>(window_s));
+  const double cpu1 = CpuSeconds(coord.pid);
+  const double wall = std::chrono::duration<double>(Clock::now() - w0).count();
+  r.heartbeats = beats - beats0;
+  r.cpu_percent = 100.0 * (cpu1 - cpu0) / wall;
+  stop = true;
+  kill(coord.pid, SIGTERM);  // answers held calls UNAVAILABLE: every callback runs once more
+  waitpid(coord.pid, nullptr, 0);
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait_for(lock, std::chrono::seconds(30), [&] { return in_flight.load() == 0; });
+  }
+  r.heartbeats = static_cast<long>(r.heartbeats / wall);
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: rendezvous_bench LAUNCH_BIN [--agents 128,1024,4096] [--window 5] [--channels 32]\n");
+    return 2;
+  }
+  std::string bin = argv[1];
+  std::vector<int> sizes = {128, 256, 512, 1024, 2048, 4096};
+  double window = 5;
+  int channels = 32;
+  for (int i = 2; i + 1 < argc; i += 2) {
+    std::string k = argv[i], v = argv[i + 1];
+    if (k == "--agents") {
+      sizes.clear();
+      std::stringstream ss(v);
+      for (std::string item; std::getline(ss, item, ',');) sizes.push_back(std::atoi(item.c_str()));
+    } else if (k == "--window") {
+      window = std::atof(v.c_str());
+    } else if (k == "--channels") {
+      channels = std::atoi(v.c_str());
+    } else {
+      std::fprintf(stderr, "rendezvous_bench: unknown flag %s\n", k.c_str());
+      return 2;
+    }
+  }
+  std::printf("%-8s %-16s %-10s %-14s %-22s\n", "agents", "round formed", "ranks", "heartbeats/s",
+              "coordinator CPU (1 core)");
+  bool all_ok = true;
+  for (int n : sizes) {
+    Result r = RunOnce(bin, n, window, channels);
+    all_ok &= r.ranks_ok;
+    std::printf("%-8d %-16s %-10s %-14ld %.1f%%\n", n, (std::to_string(r.round_s * 1000).substr(0, 6) + " ms").c_str(),
+                r.ranks_ok ? "0..N-1" : "WRONG", r.heartbeats, r.cpu_percent);
+    std::fflush(stdout);
+  }
+  return all_ok ? 0 : 1;
+}
