@@ -9,12 +9,19 @@
 //   --partial TEXT        write TEXT to stdout in one-byte writes, then a newline
 //   --error-file MSG      write TORCHELASTIC_ERROR_FILE in torchelastic's JSON format
 //   --sleep SECONDS       sleep (0 = forever)
+//   --sleep-below-restart K SECONDS  sleep while TORCHELASTIC_RESTART_COUNT < K
+//   --wait-lines FILE N   wait (up to 60 s) until FILE has N lines; "{restart}" in FILE: per attempt
+//   --sleep-if-env K V SECONDS       sleep if the environment has K=V
 //   --sleep-unless-env K V SECONDS   sleep unless the environment has K=V
+//   --exit-if-env K V CODE           exit CODE if the environment has K=V
+//   --exit-if-lines FILE N CODE      exit CODE if FILE has at least N lines
+//   --stamp-on-term FILE  on SIGTERM: append a --stamp line to FILE, then exit 143
 //   --fail-rank R CODE    exit CODE if RANK == R
 //   --fail-below-restart K CODE   exit CODE while TORCHELASTIC_RESTART_COUNT < K
 //   --kill-self SIG       raise SIG
 //   --exit CODE           exit CODE
 //   --progress N          report steps 1..N (loss 1/step) through worker_sdk's ProgressReporter
+#include <fcntl.h>
 #include <signal.h>
 #include <time.h>
 #include <unistd.h>
@@ -49,6 +56,40 @@ std::string WithRestart(std::string path, int restart) {
   auto pos = path.find("{restart}");
   if (pos != std::string::npos) path.replace(pos, 9, std::to_string(restart));
   return path;
+}
+
+// --stamp-on-term: the file, opened before the signal can arrive (the handler only writes).
+int g_term_fd = -1;
+int g_term_rank = -1, g_term_restart = 0;
+
+// Async-signal-safe: clock_gettime, write and _exit only; the digits are formatted by hand.
+void StampAndExit(int) {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  char buf[96];
+  int n = 0;
+  auto put = [&](long long v) {
+    char tmp[24];
+    int k = 0;
+    if (v < 0) {
+      buf[n++] = '-';
+      v = -v;
+    }
+    do {
+      tmp[k++] = static_cast<char>('0' + v % 10);
+      v /= 10;
+    } while (v > 0);
+    while (k > 0) buf[n++] = tmp[--k];
+  };
+  put(g_term_rank);
+  buf[n++] = ' ';
+  put(g_term_restart);
+  buf[n++] = ' ';
+  put(static_cast<long long>(ts.tv_sec) * 1000000000LL + ts.tv_nsec);
+  buf[n++] = '\n';
+  ssize_t w = write(g_term_fd, buf, n);
+  (void)w;
+  _exit(143);
 }
 
 void SleepSeconds(double s) {
@@ -154,6 +195,29 @@ int main(int argc, char** argv) {
       double secs = std::atof(next());
       const char* v = std::getenv(key.c_str());
       if (!v || value != v) SleepSeconds(secs);
+    } else if (a == "--exit-if-env") {
+      std::string key = next(), value = next();
+      int code = std::atoi(next());
+      const char* v = std::getenv(key.c_str());
+      if (v && value == v) return code;
+    } else if (a == "--exit-if-lines") {
+      std::ifstream f(next());
+      const long want = std::atol(next());
+      const int code = std::atoi(next());
+      long lines = 0;
+      for (std::string line; std::getline(f, line);) ++lines;
+      if (lines >= want) return code;
+    } else if (a == "--stamp-on-term") {
+      g_term_fd = open(next(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+      if (g_term_fd < 0) {
+        std::perror("--stamp-on-term");
+        return 99;
+      }
+      g_term_rank = rank;
+      g_term_restart = restart;
+      struct sigaction sa {};
+      sa.sa_handler = StampAndExit;
+      sigaction(SIGTERM, &sa, nullptr);
     } else if (a == "--fail-rank") {
       int r = std::atoi(next());
       int code = std::atoi(next());
