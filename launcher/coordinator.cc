@@ -157,6 +157,8 @@ void CoordinatorService::Pump(Run& run, Finishes* out) {
   }
 }
 
+void CoordinatorService::TickNow(Run& run) { run.next_tick = run.rdzv->Tick(); }
+
 void CoordinatorService::Cancelled(HeldCall* call) {
   Finishes f;
   {
@@ -169,7 +171,7 @@ void CoordinatorService::Cancelled(HeldCall* call) {
       Rendezvous& r = *it->second.rdzv;
       uint64_t v = r.version();
       r.CancelJoin(call->join_req->node().node_id());
-      r.Tick();
+      TickNow(it->second);
       if (r.version() != v) Pump(it->second, &f);
       wake_.notify_one();
     }
@@ -222,7 +224,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
       lock.unlock();
       return reject(st);
     }
-    run.rdzv->Tick();
+    TickNow(run);
     if (run.rdzv->IsSpare(req->node().node_id())) {
       spdlog::info("run '{}': node {} ({}) from {} waits as a spare: the round runs with its {} node(s) "
                    "(--nnodes max)",
@@ -282,7 +284,11 @@ grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerCont
       spdlog::info("run '{}': node {} ({}) re-registered in round {} from {}", req->run_id(), req->node().hostname(),
                    req->node_id(), req->round(), ctx->peer());
     }
-    if (run.rdzv->version() != v) Pump(run, &f);
+    if (run.rdzv->version() != v || !known_before) {
+      TickNow(run);  // a re-registration rebuilds the run: its timers start now
+      Pump(run, &f);
+      wake_.notify_one();
+    }
     if (Rendezvous::Urgent(ans) || req->wait_ms() <= 0) {
       if (ans.job_succeeded() || ans.job_failed()) run.rdzv->NoteToldEnd(req->node_id());
       *resp = ans;
@@ -320,7 +326,7 @@ grpc::ServerUnaryReactor* CoordinatorService::ReportExit(grpc::CallbackServerCon
       uint64_t v = run.rdzv->version();
       *resp = run.rdzv->ReportExit(*req);
       if (resp->job_succeeded() || resp->job_failed()) run.rdzv->NoteToldEnd(req->node_id());
-      run.rdzv->Tick();
+      TickNow(run);
       if (run.rdzv->version() != v) {
         if (!run.rdzv->reason().empty()) spdlog::info("run '{}': {}", req->run_id(), run.rdzv->reason());
         Pump(run, &f);
@@ -352,12 +358,15 @@ grpc::ServerUnaryReactor* CoordinatorService::Status(grpc::CallbackServerContext
 }
 
 void CoordinatorService::TimerLoop() {
+  // Held heartbeats due within this slack of each other are answered in one wake-up: with
+  // thousands of agents the timer thread would otherwise wake once per agent per hold.
+  constexpr std::chrono::milliseconds kHoldSlack{10};
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
     const auto now = clock_->Now();
     auto next = now + std::chrono::seconds(3600);
     Finishes f;
-    while (!hold_deadlines_.empty() && hold_deadlines_.begin()->first <= now) {
+    while (!hold_deadlines_.empty() && hold_deadlines_.begin()->first <= now + kHoldSlack) {
       HeldCall* c = hold_deadlines_.begin()->second;
       hold_deadlines_.erase(hold_deadlines_.begin());
       auto it = runs_.find(c->run_id);
@@ -369,13 +378,16 @@ void CoordinatorService::TimerLoop() {
     if (!hold_deadlines_.empty()) next = std::min(next, hold_deadlines_.begin()->first);
     for (auto it = runs_.begin(); it != runs_.end();) {
       Rendezvous& r = *it->second.rdzv;
-      uint64_t v = r.version();
-      std::optional<Clock::TimePoint> t = r.Tick();
-      if (r.version() != v) {
-        if (!r.reason().empty()) spdlog::warn("run '{}': {}", it->first, r.reason());
-        Pump(it->second, &f);
+      std::optional<Clock::TimePoint>& due = it->second.next_tick;
+      if (due && *due <= now) {
+        uint64_t v = r.version();
+        TickNow(it->second);
+        if (r.version() != v) {
+          if (!r.reason().empty()) spdlog::warn("run '{}': {}", it->first, r.reason());
+          Pump(it->second, &f);
+        }
       }
-      if (t) next = std::min(next, *t);
+      if (due) next = std::min(next, *due);
       if (r.ended()) {
         auto close = r.ended_at() + r.config().close_timeout;
         if (now >= close && it->second.held.empty()) {

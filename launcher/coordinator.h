@@ -58,6 +58,9 @@ class CoordinatorService final : public v1::Rendezvous::CallbackService {
   struct Run {
     std::unique_ptr<Rendezvous> rdzv;
     std::set<HeldCall*> held;
+    // When the run's Tick is due (its last answer); nullopt: no timer. Heartbeats only push
+    // leases later, so the timer thread does not tick a run on every held-call deadline.
+    std::optional<Clock::TimePoint> next_tick;
   };
   using Finishes = std::vector<std::pair<HeldCall*, grpc::Status>>;
 
@@ -66,6 +69,8 @@ class CoordinatorService final : public v1::Rendezvous::CallbackService {
   void Pump(Run& run, Finishes* out);
   void Hold(Run& run, HeldCall* call);  // mu_ held
   void Cancelled(HeldCall* call);
+  // Ticks the run now and notes when it is due again; mu_ held.
+  void TickNow(Run& run);
   void TimerLoop();
   static void FinishAll(Finishes& f);
 

@@ -88,9 +88,8 @@ std::string Rendezvous::NodeName(const std::string& id) const {
 }
 
 Rendezvous::Member* Rendezvous::FindMember(const std::string& id) {
-  for (auto& m : members_)
-    if (m.id == id) return &m;
-  return nullptr;
+  auto it = member_index_.find(id);
+  return it == member_index_.end() ? nullptr : &members_[it->second];
 }
 const Rendezvous::Member* Rendezvous::FindMember(const std::string& id) const {
   return const_cast<Rendezvous*>(this)->FindMember(id);
@@ -127,11 +126,10 @@ absl::Status Rendezvous::Join(const v1::JoinRequest& req) {
     // it; the running nodes learn of it at once. No restart budget is spent.
     OpenNextRound(absl::StrCat("node ", NodeName(id), " joined"));
   }
-  for (auto& w : waiting_) {
-    if (w.join.node().node_id() == id) {  // a retry: refresh what it offers
-      w.join = req;
-      return absl::OkStatus();
-    }
+  if (waiting_ids_.contains(id)) {  // a retry: refresh what it offers
+    for (auto& w : waiting_)
+      if (w.join.node().node_id() == id) w.join = req;
+    return absl::OkStatus();
   }
   // A newcomer does not take the place of a live node of the last round that has yet to re-join.
   if (!member && static_cast<int>(waiting_.size()) + LiveMembersNotWaiting() >= config_.max_nodes) {
@@ -148,6 +146,7 @@ absl::Status Rendezvous::Join(const v1::JoinRequest& req) {
 
 void Rendezvous::AddWaiting(const v1::JoinRequest& req) {
   waiting_.push_back({req, clock_->Now()});
+  waiting_ids_.insert(req.node().node_id());
   if (static_cast<int>(waiting_.size()) >= config_.min_nodes && !last_call_deadline_) {
     last_call_deadline_ = clock_->Now() + config_.last_call_timeout;
   }
@@ -219,9 +218,7 @@ int Rendezvous::LiveMembersNotWaiting() const {
   int n = 0;
   for (const auto& m : members_) {
     if (m.id.empty() || now - m.last_seen > config_.heartbeat_timeout) continue;
-    bool back = std::any_of(waiting_.begin(), waiting_.end(),
-                            [&](const Waiting& w) { return w.join.node().node_id() == m.id; });
-    n += back ? 0 : 1;
+    n += waiting_ids_.contains(m.id) ? 0 : 1;
   }
   return n;
 }
@@ -235,6 +232,7 @@ void Rendezvous::CancelJoin(const std::string& node_id) {
                          [&](const Waiting& w) { return w.join.node().node_id() == node_id; });
   if (it == waiting_.end()) return;
   waiting_.erase(it);
+  waiting_ids_.erase(node_id);
   if (static_cast<int>(waiting_.size()) < config_.min_nodes) last_call_deadline_.reset();
   // Its lease is over too: a running round's member that gave up is not waited for.
   if (Member* m = FindMember(node_id)) m->last_seen = clock_->Now() - config_.heartbeat_timeout - Ms(1);
@@ -244,6 +242,7 @@ void Rendezvous::OpenNextRound(std::string why) {
   if (phase_ == Phase::kWaiting) return;
   phase_ = Phase::kWaiting;
   waiting_.clear();
+  waiting_ids_.clear();
   waiting_since_ = clock_->Now();
   last_call_deadline_.reset();
   reason_ = std::move(why);
@@ -262,17 +261,22 @@ void Rendezvous::End(Phase phase, std::string reason) {
 void Rendezvous::FormRound() {
   // Stable group ranks: survivors keep their order from the last round; newcomers follow.
   std::vector<const Waiting*> order;
+  absl::flat_hash_map<std::string, const Waiting*> by_id;
+  for (const auto& w : waiting_) by_id[w.join.node().node_id()] = &w;
   for (const auto& m : members_) {
-    for (const auto& w : waiting_)
-      if (w.join.node().node_id() == m.id) order.push_back(&w);
+    auto it = by_id.find(m.id);
+    if (it == by_id.end()) continue;
+    order.push_back(it->second);
+    by_id.erase(it);
   }
   for (const auto& w : waiting_) {
-    if (std::find(order.begin(), order.end(), &w) == order.end()) order.push_back(&w);
+    if (by_id.contains(w.join.node().node_id())) order.push_back(&w);
   }
   ++round_;
   ++version_;
   std::vector<Member> members;
   assignments_.clear();
+  member_index_.clear();
   int world = 0;
   for (const auto* w : order) world += w->join.node().local_world_size();
   const v1::JoinRequest& host = order.front()->join;
@@ -292,10 +296,12 @@ void Rendezvous::FormRound() {
     a.set_max_restarts(config_.max_restarts);
     offset += j.node().local_world_size();
     members.push_back({j.node().node_id(), now, false});
+    member_index_[j.node().node_id()] = r;
     assignments_.push_back(a);
   }
   members_ = std::move(members);
   waiting_.clear();
+  waiting_ids_.clear();
   last_call_deadline_.reset();
   phase_ = Phase::kRunning;
 }
@@ -303,9 +309,9 @@ void Rendezvous::FormRound() {
 std::optional<v1::Assignment> Rendezvous::AssignmentFor(const std::string& node_id,
                                                         long last_round) const {
   if (phase_ != Phase::kRunning || round_ <= last_round) return std::nullopt;
-  for (size_t r = 0; r < members_.size(); ++r)
-    if (members_[r].id == node_id) return assignments_[r];
-  return std::nullopt;
+  auto it = member_index_.find(node_id);
+  if (it == member_index_.end()) return std::nullopt;
+  return assignments_[it->second];
 }
 
 std::optional<Clock::TimePoint> Rendezvous::Tick() {
@@ -372,6 +378,7 @@ bool Rendezvous::Reattach(const v1::HeartbeatRequest& req) {
     round_ = a.round();
     restart_count_ = a.restart_count();
     members_.assign(a.group_world_size(), Member{"", clock_->Now(), false});
+    member_index_.clear();
     assignments_.assign(a.group_world_size(), v1::Assignment());
     phase_ = Phase::kRunning;
     reattached_ = true;
@@ -383,6 +390,7 @@ bool Rendezvous::Reattach(const v1::HeartbeatRequest& req) {
   Member& slot = members_[a.group_rank()];
   if (!slot.id.empty() && slot.id != req.node_id()) return false;
   slot.id = req.node_id();
+  member_index_[slot.id] = a.group_rank();
   slot.last_seen = clock_->Now();
   assignments_[a.group_rank()] = a;
   identities_[req.node_id()] = req.node();
