@@ -89,6 +89,45 @@ absl::StatusOr<v1::HeartbeatResponse> GrpcCoordinatorClient::Heartbeat(const v1:
   return resp;
 }
 
+namespace {
+
+class GrpcWatchStream final : public WatchStream {
+ public:
+  GrpcWatchStream(v1::Rendezvous::Stub* stub, const std::string& token, std::string target)
+      : target_(std::move(target)) {
+    if (!token.empty()) ctx_.AddMetadata("x-launch-token", token);
+    stream_ = stub->Watch(&ctx_);
+  }
+  ~GrpcWatchStream() override {
+    if (!finished_) {
+      ctx_.TryCancel();
+      v1::HeartbeatResponse ignored;
+      while (stream_->Read(&ignored)) {
+      }
+      stream_->Finish();
+    }
+  }
+  bool Send(const v1::HeartbeatRequest& hb) override { return stream_->Write(hb); }
+  bool Receive(v1::HeartbeatResponse* resp) override { return stream_->Read(resp); }
+  absl::Status Finish() override {
+    finished_ = true;
+    return FromGrpc(stream_->Finish(), absl::StrCat("watch at ", target_));
+  }
+  void Cancel() override { ctx_.TryCancel(); }
+
+ private:
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::HeartbeatRequest, v1::HeartbeatResponse>> stream_;
+  std::string target_;
+  bool finished_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<WatchStream> GrpcCoordinatorClient::Watch() {
+  return std::make_unique<GrpcWatchStream>(stub_.get(), token_, target_);
+}
+
 absl::StatusOr<v1::ReportExitResponse> GrpcCoordinatorClient::ReportExit(const v1::ReportExitRequest& req,
                                                                          std::chrono::milliseconds timeout) {
   grpc::ClientContext ctx;

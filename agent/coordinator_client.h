@@ -27,9 +27,22 @@ class CallCanceller {
   bool cancelled_ = false;
 };
 
+// One Watch stream (launch.proto): one thread may Send while another Receives; Cancel from any.
+class WatchStream {
+ public:
+  virtual ~WatchStream() = default;
+  virtual bool Send(const v1::HeartbeatRequest& hb) = 0;  // false: the stream is broken
+  // Blocks until the coordinator's one answer (true) or the stream's end (false).
+  virtual bool Receive(v1::HeartbeatResponse* resp) = 0;
+  // How the stream ended, once Receive returned false.
+  virtual absl::Status Finish() = 0;
+  virtual void Cancel() = 0;
+};
+
 class CoordinatorClient {
  public:
   virtual ~CoordinatorClient() = default;
+  virtual std::unique_ptr<WatchStream> Watch() = 0;
   // Waits for the round to form (bounded by the coordinator's join timeout).
   virtual absl::StatusOr<v1::Assignment> Join(const v1::JoinRequest& req, CallCanceller* cancel = nullptr) = 0;
   virtual absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req,
@@ -51,6 +64,7 @@ class GrpcCoordinatorClient : public CoordinatorClient {
                                                   CallCanceller* cancel) override;
   absl::StatusOr<v1::ReportExitResponse> ReportExit(const v1::ReportExitRequest& req,
                                                     std::chrono::milliseconds timeout) override;
+  std::unique_ptr<WatchStream> Watch() override;
   std::string target() const override { return target_; }
 
  private:

@@ -27,7 +27,6 @@ absl::Status CoordinatorWatch::Start(const v1::Assignment& a) {
     stop_ = false;
     answer_.Clear();
   }
-  cancel_.Reset();
   unreachable_ = false;
   thread_ = std::thread([this, a] { Loop(a); });
   return absl::OkStatus();
@@ -37,9 +36,9 @@ void CoordinatorWatch::Stop() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
+    if (stream_) stream_->Cancel();
     cv_.notify_all();
   }
-  cancel_.Cancel();
   if (thread_.joinable()) thread_.join();
 }
 
@@ -54,60 +53,81 @@ void CoordinatorWatch::Backoff(std::chrono::milliseconds d) {
 }
 
 void CoordinatorWatch::Loop(v1::Assignment a) {
-  bool reattach = false;
   std::chrono::milliseconds delay = opts_.retry_min;
   for (;;) {
+    std::unique_ptr<WatchStream> stream = client_->Watch();
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (stop_) return;
+      stream_ = stream.get();
     }
+    // The reader waits for the coordinator's one answer; this thread renews the lease.
+    v1::HeartbeatResponse resp;
+    bool got = false, ended = false;
+    std::thread reader([&] {
+      got = stream->Receive(&resp);
+      std::lock_guard<std::mutex> lock(mu_);
+      ended = true;
+      cv_.notify_all();
+    });
     v1::HeartbeatRequest hb;
     hb.set_run_id(opts_.run_id);
     hb.set_node_id(opts_.node.node_id());
     hb.set_round(a.round());
-    hb.set_wait_ms(static_cast<int>(opts_.hold.count()));
-    if (reattach) {
-      *hb.mutable_node() = opts_.node;
-      *hb.mutable_assignment() = a;
-      *hb.mutable_spec() = opts_.spec;
-    }
-    auto resp = client_->Heartbeat(hb, &cancel_);
-    if (!resp.ok()) {
-      if (cancel_.cancelled()) return;
-      if (!CoordinatorUnreachable(resp.status())) {
-        // The coordinator refuses us (wrong token, run closed): nothing to wait for.
-        spdlog::error("{}", std::string(resp.status().message()));
-        std::lock_guard<std::mutex> lock(mu_);
-        answer_.set_stop_workers(true);
-        answer_.set_reason(std::string(resp.status().message()));
-        Signal(event_.get());
-        return;
+    // The first message carries what a restarted coordinator needs to rebuild the run.
+    *hb.mutable_node() = opts_.node;
+    *hb.mutable_assignment() = a;
+    *hb.mutable_spec() = opts_.spec;
+    bool stopped = false;
+    for (;;) {
+      if (!stream->Send(hb)) break;  // broken: the reader ends too
+      hb.clear_node();
+      hb.clear_assignment();
+      hb.clear_spec();
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, opts_.hold, [&] { return stop_ || ended; });
+      if (stop_ || ended) {
+        stopped = stop_;
+        break;
       }
-      if (!unreachable_.exchange(true)) {
-        spdlog::warn("coordinator at {} unreachable ({}); the workers keep running, retrying",
-                     client_->target(), std::string(resp.status().message()));
-      }
-      Backoff(delay);
-      delay = std::min(delay * 2, opts_.retry_max);
-      continue;
     }
-    delay = opts_.retry_min;
-    if (unreachable_.exchange(false)) spdlog::info("coordinator at {} is back", client_->target());
-    if (resp->unknown_node()) {
-      if (!reattach) spdlog::warn("the coordinator does not know this node (it restarted): re-registering");
-      reattach = true;
-      continue;
-    }
-    if (reattach) {
-      reattach = false;
-      if (!resp->stop_workers()) spdlog::info("re-registered with the coordinator in round {}", a.round());
-    }
-    if (resp->stop_workers() || resp->job_succeeded() || resp->job_failed()) {
+    if (stopped) stream->Cancel();
+    reader.join();
+    {
       std::lock_guard<std::mutex> lock(mu_);
-      answer_ = *resp;
+      stream_ = nullptr;
+      if (stop_) return;
+    }
+    absl::Status ended_with = got ? absl::OkStatus() : stream->Finish();
+    stream.reset();
+    if (got) {
+      delay = opts_.retry_min;
+      if (unreachable_.exchange(false)) spdlog::info("coordinator at {} is back", client_->target());
+      if (resp.unknown_node()) {
+        spdlog::warn("the coordinator does not know this node (it restarted): re-registering");
+        Backoff(delay);
+        continue;
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      answer_ = resp;
       Signal(event_.get());
       return;
     }
+    if (!CoordinatorUnreachable(ended_with)) {
+      // The coordinator refuses us (wrong token, run closed): nothing to wait for.
+      spdlog::error("{}", std::string(ended_with.message()));
+      std::lock_guard<std::mutex> lock(mu_);
+      answer_.set_stop_workers(true);
+      answer_.set_reason(std::string(ended_with.message()));
+      Signal(event_.get());
+      return;
+    }
+    if (!unreachable_.exchange(true)) {
+      spdlog::warn("coordinator at {} unreachable ({}); the workers keep running, retrying", client_->target(),
+                   std::string(ended_with.message()));
+    }
+    Backoff(delay);
+    delay = std::min(delay * 2, opts_.retry_max);
   }
 }
 

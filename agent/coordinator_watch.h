@@ -1,8 +1,9 @@
 // The agent's background conversations with the coordinator, each a named thread with
 // Start/Stop and an eventfd the agent's poll loop watches:
-// - CoordinatorWatch holds the node's lease while its workers run: it keeps a heartbeat held at
-//   the coordinator, so it learns at once when the workers must stop; it rides out a coordinator
-//   that goes away (retrying with backoff) and re-registers with one that comes back.
+// - CoordinatorWatch holds the node's lease while its workers run: on one Watch stream it sends a
+//   heartbeat every interval, and the coordinator answers the moment the workers must stop; it
+//   rides out a coordinator that goes away (retrying with backoff) and re-registers with one that
+//   comes back (every stream opens with what the coordinator needs to rebuild the run).
 // - BackgroundCall runs one blocking call (a Join) so that a signal can cancel it.
 #pragma once
 
@@ -25,7 +26,7 @@ class CoordinatorWatch {
     std::string run_id;
     v1::NodeIdentity node;
     v1::RunSpec spec;
-    std::chrono::milliseconds hold{1000};  // how long the coordinator may hold each heartbeat
+    std::chrono::milliseconds hold{1000};  // the heartbeat interval
     std::chrono::milliseconds retry_min{50}, retry_max{2000};
   };
   CoordinatorWatch(Options opts, CoordinatorClient* client) : opts_(std::move(opts)), client_(client) {}
@@ -49,10 +50,10 @@ class CoordinatorWatch {
   CoordinatorClient* client_;
   UniqueFd event_;
   std::thread thread_;
-  CallCanceller cancel_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
+  WatchStream* stream_ = nullptr;  // the stream in use, for Stop to cancel
   v1::HeartbeatResponse answer_;
   std::atomic<bool> unreachable_{false};
 };

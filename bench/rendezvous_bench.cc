@@ -2,10 +2,12 @@
 // clients in this process, spread over several channels).
 //   1. round formation: N Joins (min = max = N) sent at once; time until every node has its
 //      assignment (the last answer), and a check that the ranks are 0..N-1 exactly once;
-//   2. leases: every agent keeps one heartbeat held at the coordinator (wait_ms = 1000, re-sent
-//      as soon as it is answered, as the real agent does), i.e. N heartbeats per second; the
-//      coordinator's CPU time (utime + stime from /proc) over the window, as % of one core.
-// Usage: rendezvous_bench LAUNCH_BIN [--agents 128,1024,4096] [--window 5] [--channels 32]
+//   2. leases: every agent opens a Watch stream, as the real agent does while its workers run,
+//      and sends a heartbeat on it every second (the sends spread evenly over the second), i.e.
+//      N heartbeats per second; the coordinator's CPU time (utime + stime from /proc) over the
+//      window, as % of one core.
+// Usage: rendezvous_bench LAUNCH_BIN [--agents 128,1024,4096] [--window 5] [--channels 0]
+// --channels 0 (the default): one connection per agent, as N real agents would have.
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
@@ -81,6 +83,45 @@ double CpuSeconds(pid_t pid) {
   return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
+// One agent's Watch stream: heartbeats are written by the pacing thread, one at a time.
+class SimWatch final : public grpc::ClientBidiReactor<launch::v1::HeartbeatRequest, launch::v1::HeartbeatResponse> {
+ public:
+  SimWatch(launch::v1::Rendezvous::Stub* stub, launch::v1::HeartbeatRequest first, std::atomic<long>* beats,
+           std::atomic<int>* open)
+      : hb_(std::move(first)), beats_(beats), open_(open) {
+    ++*open_;
+    stub->async()->Watch(&ctx_, this);
+    StartRead(&resp_);
+    writing_ = true;
+    StartWrite(&hb_);
+    StartCall();
+  }
+  void Beat() {
+    bool idle = false;
+    if (writing_.compare_exchange_strong(idle, true)) StartWrite(&hb_);
+  }
+  void Cancel() { ctx_.TryCancel(); }
+  void OnWriteDone(bool ok) override {
+    if (ok) ++*beats_;
+    hb_.clear_node();  // only the first message carries them
+    hb_.clear_assignment();
+    hb_.clear_spec();
+    writing_ = false;
+  }
+  void OnReadDone(bool ok) override { answered_ = ok; }
+  void OnDone(const grpc::Status&) override { --*open_; }
+  bool answered() const { return answered_; }
+
+ private:
+  grpc::ClientContext ctx_;
+  launch::v1::HeartbeatRequest hb_;
+  launch::v1::HeartbeatResponse resp_;
+  std::atomic<long>* beats_;
+  std::atomic<int>* open_;
+  std::atomic<bool> writing_{false};
+  std::atomic<bool> answered_{false};
+};
+
 struct SimAgent {
   int index = 0;
   launch::v1::Rendezvous::Stub* stub = nullptr;
@@ -101,12 +142,17 @@ struct Result {
 Result RunOnce(const std::string& bin, int n, double window_s, int channels_n) {
   CoordinatorProcess coord = StartCoordinator(bin);
   const std::string target = "127.0.0.1:" + std::to_string(coord.port);
+  if (channels_n <= 0 || channels_n > n) channels_n = n;
   std::vector<std::shared_ptr<grpc::Channel>> channels;
   std::vector<std::unique_ptr<launch::v1::Rendezvous::Stub>> stubs;
   for (int i = 0; i < channels_n; ++i) {
     grpc::ChannelArguments args;
     args.SetInt("launch.bench.channel", i);  // distinct arguments: a connection per channel
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    // As the agent's channel (launcher/run.cc): keepalive pings, no bandwidth probing.
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 5000);
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 3000);
+    args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
     channels.push_back(grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args));
     stubs.push_back(launch::v1::Rendezvous::NewStub(channels.back()));
   }
@@ -159,30 +205,31 @@ Result RunOnce(const std::string& bin, int n, double window_s, int channels_n) {
   r.round_s = std::chrono::duration<double>(Clock::now() - t0).count();
   r.ranks_ok = failed == 0 && static_cast<int>(ranks.size()) == n && *ranks.begin() == 0 && *ranks.rbegin() == n - 1;
 
-  // Leases: each agent keeps one held heartbeat; the starts are spread over one second.
-  std::atomic<bool> stop{false};
+  // Leases: each agent opens its Watch stream, then a pacing thread sends every agent's
+  // heartbeat once a second, spread evenly.
   std::atomic<long> beats{0};
-  std::atomic<int> in_flight{0};
-  std::function<void(SimAgent*)> send = [&](SimAgent* a) {
-    a->ctx = std::make_unique<grpc::ClientContext>();
-    a->ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
-    a->hb.set_run_id(run);
-    a->hb.set_node_id(a->join.node().node_id());
-    a->hb.set_round(a->join_resp.assignment().round());
-    a->hb.set_wait_ms(1000);
-    ++in_flight;
-    a->stub->async()->Heartbeat(a->ctx.get(), &a->hb, &a->hb_resp, [&, a](grpc::Status s) {
-      if (s.ok()) ++beats;
-      if (!stop) {
-        send(a);
-      }
-      if (--in_flight == 0) cv.notify_all();
-    });
-  };
-  for (int i = 0; i < n; ++i) {
-    std::this_thread::sleep_until(t0 + std::chrono::microseconds(static_cast<long>(1e6 * r.round_s) + 1000000L * i / n));
-    send(&agents[i]);
+  std::atomic<int> open{0};
+  std::vector<std::unique_ptr<SimWatch>> watches;
+  for (auto& a : agents) {
+    launch::v1::HeartbeatRequest hb;
+    hb.set_run_id(run);
+    hb.set_node_id(a.join.node().node_id());
+    hb.set_round(a.join_resp.assignment().round());
+    *hb.mutable_node() = a.join.node();
+    *hb.mutable_assignment() = a.join_resp.assignment();
+    *hb.mutable_spec() = spec;
+    watches.push_back(std::make_unique<SimWatch>(a.stub, hb, &beats, &open));
   }
+  std::atomic<bool> stop{false};
+  std::thread pacer([&] {
+    auto next = Clock::now();
+    const auto step = std::chrono::microseconds(1000000 / n);
+    for (size_t i = 0; !stop; i = (i + 1) % watches.size()) {
+      next += step;
+      std::this_thread::sleep_until(next);
+      watches[i]->Beat();
+    }
+  });
   // One second for every lease to be in its steady cycle, then the measured window.
   std::this_thread::sleep_for(std::chrono::seconds(1));
   const double cpu0 = CpuSeconds(coord.pid);
@@ -194,12 +241,17 @@ Result RunOnce(const std::string& bin, int n, double window_s, int channels_n) {
   r.heartbeats = beats - beats0;
   r.cpu_percent = 100.0 * (cpu1 - cpu0) / wall;
   stop = true;
-  kill(coord.pid, SIGTERM);  // answers held calls UNAVAILABLE: every callback runs once more
-  waitpid(coord.pid, nullptr, 0);
-  {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait_for(lock, std::chrono::seconds(30), [&] { return in_flight.load() == 0; });
+  pacer.join();
+  int told = 0;
+  for (auto& w : watches) told += w->answered();
+  if (told > 0) {
+    std::fprintf(stderr, "rendezvous_bench: %d agent(s) were told to stop during the window\n", told);
+    r.ranks_ok = false;
   }
+  kill(coord.pid, SIGTERM);  // ends every stream
+  waitpid(coord.pid, nullptr, 0);
+  for (auto& w : watches) w->Cancel();
+  for (int i = 0; i < 30000 && open > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   r.heartbeats = static_cast<long>(r.heartbeats / wall);
   return r;
 }
@@ -208,13 +260,13 @@ Result RunOnce(const std::string& bin, int n, double window_s, int channels_n) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: rendezvous_bench LAUNCH_BIN [--agents 128,1024,4096] [--window 5] [--channels 32]\n");
+    std::fprintf(stderr, "usage: rendezvous_bench LAUNCH_BIN [--agents 128,1024,4096] [--window 5] [--channels 0]\n");
     return 2;
   }
   std::string bin = argv[1];
   std::vector<int> sizes = {128, 256, 512, 1024, 2048, 4096};
   double window = 5;
-  int channels = 32;
+  int channels = 0;
   for (int i = 2; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--agents") {

@@ -55,6 +55,99 @@ class CoordinatorService::HeldCall final : public grpc::ServerUnaryReactor {
   std::optional<Clock::TimePoint> deadline;
 };
 
+// One agent's Watch stream: every message it reads renews the node's lease; it writes once, when
+// the node must act (stop its workers, the run ended, the node is unknown), and finishes with it.
+// Every decision to finish is taken under the service's mu_, so exactly one Finish happens.
+class CoordinatorService::WatchReactor final : public grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse> {
+ public:
+  WatchReactor(CoordinatorService* svc, grpc::CallbackServerContext* ctx) : svc_(svc), peer_(ctx->peer()) {
+    if (grpc::Status st = svc_->CheckToken(ctx, "Watch"); !st.ok()) {
+      std::lock_guard<std::mutex> lock(svc_->mu_);
+      finished_ = true;
+      Finish(st);
+      return;
+    }
+    StartRead(&in_);
+  }
+
+  void OnReadDone(bool ok) override {
+    Finishes f;
+    {
+      std::lock_guard<std::mutex> lock(svc_->mu_);
+      if (finished_) return;
+      if (!ok) {  // the agent closed the stream, or the call broke
+        FinishLocked(grpc::Status::OK);
+      } else if (svc_->stopping_) {
+        FinishLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down"));
+      } else {
+        if (run_ == nullptr) run_id_ = in_.run_id();
+        if (in_.run_id() != run_id_) {
+          FinishLocked(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "one Watch stream watches one run"));
+        } else {
+          last_ = in_;
+          v1::HeartbeatResponse ans;
+          auto run = svc_->HeartbeatLocked(peer_, last_, &ans, &f);
+          if (finished_) {
+            // answered already: the change this heartbeat made was this node's business
+          } else if (!run.ok()) {
+            FinishLocked(ToGrpc(run.status()));
+          } else if (*run == nullptr || Rendezvous::Urgent(ans)) {
+            AnswerLocked(ans);
+          } else {
+            if (run_ == nullptr) {
+              run_ = *run;
+              run_->watchers.insert(this);
+            }
+            StartRead(&in_);
+          }
+        }
+      }
+    }
+    FinishAll(f);
+    svc_->settled_.notify_all();
+  }
+
+  // mu_ held: a change in the run may be this node's business.
+  void PumpLocked() {
+    if (finished_) return;
+    v1::HeartbeatResponse ans = run_->rdzv->HeartbeatAnswer(last_);
+    if (!Rendezvous::Urgent(ans)) return;
+    if (ans.job_succeeded() || ans.job_failed()) run_->rdzv->NoteToldEnd(last_.node_id());
+    AnswerLocked(ans);
+  }
+  // mu_ held: the service shuts down.
+  void ShutdownLocked() { FinishLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down")); }
+
+  void OnDone() override {
+    {
+      std::lock_guard<std::mutex> lock(svc_->mu_);
+      if (run_ != nullptr) run_->watchers.erase(this);
+    }
+    delete this;
+  }
+
+ private:
+  void AnswerLocked(const v1::HeartbeatResponse& ans) {
+    if (finished_) return;
+    finished_ = true;
+    out_ = ans;
+    StartWriteAndFinish(&out_, grpc::WriteOptions(), grpc::Status::OK);
+  }
+  void FinishLocked(grpc::Status st) {
+    if (finished_) return;
+    finished_ = true;
+    Finish(std::move(st));
+  }
+
+  CoordinatorService* svc_;
+  const std::string peer_;
+  std::string run_id_;
+  Run* run_ = nullptr;  // set once the node is known; cleared by the run's removal (never: runs with watchers stay)
+  bool finished_ = false;  // under svc_->mu_
+  v1::HeartbeatRequest in_, last_;
+  v1::HeartbeatResponse out_;
+};
+
 CoordinatorService::CoordinatorService(CoordinatorOptions opts, const Clock* clock)
     : opts_(std::move(opts)), clock_(clock) {}
 
@@ -74,6 +167,7 @@ void CoordinatorService::Shutdown() {
     for (auto& [id, run] : runs_) {
       for (HeldCall* c : run.held) f.emplace_back(c, grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down"));
       run.held.clear();
+      for (WatchReactor* w : run.watchers) w->ShutdownLocked();
     }
     hold_deadlines_.clear();
     wake_.notify_all();
@@ -119,6 +213,7 @@ void CoordinatorService::Hold(Run& run, HeldCall* call) {
 }
 
 void CoordinatorService::Pump(Run& run, Finishes* out) {
+  for (auto it = run.watchers.begin(); it != run.watchers.end();) (*it++)->PumpLocked();
   Rendezvous& r = *run.rdzv;
   for (auto it = run.held.begin(); it != run.held.end();) {
     HeldCall* c = *it;
@@ -214,7 +309,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
         }
         cfg = *c;
       }
-      it = runs_.emplace(req->run_id(), Run{std::make_unique<Rendezvous>(req->run_id(), cfg, clock_), {}}).first;
+      it = runs_.emplace(req->run_id(), Run{std::make_unique<Rendezvous>(req->run_id(), cfg, clock_), {}, {}, {}}).first;
       spdlog::info("run '{}': first node {} ({}) from {}", req->run_id(), req->node().hostname(),
                    req->node().node_id(), ctx->peer());
     }
@@ -239,6 +334,41 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
   return call;
 }
 
+absl::StatusOr<CoordinatorService::Run*> CoordinatorService::HeartbeatLocked(const std::string& peer,
+                                                                             const v1::HeartbeatRequest& req,
+                                                                             v1::HeartbeatResponse* ans,
+                                                                             Finishes* f) {
+  auto it = runs_.find(req.run_id());
+  if (it == runs_.end()) {
+    if (!req.has_assignment()) {
+      ans->set_unknown_node(true);
+      return nullptr;
+    }
+    auto cfg = Rendezvous::ConfigForReattach(req);
+    absl::Status valid = cfg.ok() ? ValidateNode(req.run_id(), req.node()) : cfg.status();
+    if (!valid.ok()) {
+      spdlog::warn("rejected re-registration of node {} from {}: {}", req.node_id(), peer, std::string(valid.message()));
+      return valid;
+    }
+    it = runs_.emplace(req.run_id(), Run{std::make_unique<Rendezvous>(req.run_id(), *cfg, clock_), {}, {}, {}}).first;
+  }
+  Run& run = it->second;
+  const bool known_before = !run.rdzv->HeartbeatAnswer(req).unknown_node();
+  uint64_t v = run.rdzv->version();
+  *ans = run.rdzv->Heartbeat(req);
+  if (!known_before && req.has_assignment() && !ans->unknown_node()) {
+    spdlog::info("run '{}': node {} ({}) re-registered in round {} from {}", req.run_id(), req.node().hostname(),
+                 req.node_id(), req.round(), peer);
+  }
+  if (run.rdzv->version() != v || !known_before) {
+    TickNow(run);  // a re-registration rebuilds the run: its timers start now
+    Pump(run, f);
+    wake_.notify_one();
+  }
+  if (Rendezvous::Urgent(*ans) && (ans->job_succeeded() || ans->job_failed())) run.rdzv->NoteToldEnd(req.node_id());
+  return &run;
+}
+
 grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerContext* ctx,
                                                         const v1::HeartbeatRequest* req,
                                                         v1::HeartbeatResponse* resp) {
@@ -257,51 +387,27 @@ grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerCont
       call->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down"));
       return call;
     }
-    auto it = runs_.find(req->run_id());
-    if (it == runs_.end()) {
-      if (!req->has_assignment()) {
-        resp->set_unknown_node(true);
-        lock.unlock();
-        call->Finish(grpc::Status::OK);
-        return call;
-      }
-      auto cfg = Rendezvous::ConfigForReattach(*req);
-      absl::Status valid = cfg.ok() ? ValidateNode(req->run_id(), req->node()) : cfg.status();
-      if (!valid.ok()) {
-        lock.unlock();
-        spdlog::warn("rejected re-registration of node {} from {}: {}", req->node_id(), ctx->peer(),
-                     std::string(valid.message()));
-        call->Finish(ToGrpc(valid));
-        return call;
-      }
-      it = runs_.emplace(req->run_id(), Run{std::make_unique<Rendezvous>(req->run_id(), *cfg, clock_), {}}).first;
-    }
-    Run& run = it->second;
-    const bool known_before = !run.rdzv->HeartbeatAnswer(*req).unknown_node();
-    uint64_t v = run.rdzv->version();
-    v1::HeartbeatResponse ans = run.rdzv->Heartbeat(*req);
-    if (!known_before && req->has_assignment() && !ans.unknown_node()) {
-      spdlog::info("run '{}': node {} ({}) re-registered in round {} from {}", req->run_id(), req->node().hostname(),
-                   req->node_id(), req->round(), ctx->peer());
-    }
-    if (run.rdzv->version() != v || !known_before) {
-      TickNow(run);  // a re-registration rebuilds the run: its timers start now
-      Pump(run, &f);
-      wake_.notify_one();
-    }
-    if (Rendezvous::Urgent(ans) || req->wait_ms() <= 0) {
-      if (ans.job_succeeded() || ans.job_failed()) run.rdzv->NoteToldEnd(req->node_id());
+    v1::HeartbeatResponse ans;
+    auto run = HeartbeatLocked(ctx->peer(), *req, &ans, &f);
+    if (!run.ok()) {
+      f.emplace_back(call, ToGrpc(run.status()));
+    } else if (*run == nullptr || Rendezvous::Urgent(ans) || req->wait_ms() <= 0) {
       *resp = ans;
       f.emplace_back(call, grpc::Status::OK);
     } else {
       call->deadline = clock_->Now() + std::min(std::chrono::milliseconds(req->wait_ms()), opts_.max_hold);
-      Hold(run, call);
+      Hold(**run, call);
       wake_.notify_one();
     }
   }
   FinishAll(f);
   settled_.notify_all();
   return call;
+}
+
+grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse>* CoordinatorService::Watch(
+    grpc::CallbackServerContext* ctx) {
+  return new WatchReactor(this, ctx);
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::ReportExit(grpc::CallbackServerContext* ctx,
@@ -390,7 +496,7 @@ void CoordinatorService::TimerLoop() {
       if (due) next = std::min(next, *due);
       if (r.ended()) {
         auto close = r.ended_at() + r.config().close_timeout;
-        if (now >= close && it->second.held.empty()) {
+        if (now >= close && it->second.held.empty() && it->second.watchers.empty()) {
           spdlog::info("run '{}' closed ({})", it->first, PhaseName(r.phase()));
           it = runs_.erase(it);
           continue;
@@ -436,6 +542,11 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 5000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 3000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // Agents ping every 5 s while their Watch stream only sends: allow it.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 4000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  // Heartbeats are tiny: no bandwidth-delay-product pings (each costs a ping, an ack and a timer).
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   s->server_ = builder.BuildAndStart();
   if (!s->server_ || s->port_ == 0) {
     if (hp->port && *hp->port != 0) {  // lost a race to bind it

@@ -42,6 +42,8 @@ class CoordinatorService final : public v1::Rendezvous::CallbackService {
                                        v1::ReportExitResponse* resp) override;
   grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* ctx, const v1::StatusRequest* req,
                                    v1::StatusResponse* resp) override;
+  grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse>* Watch(
+      grpc::CallbackServerContext* ctx) override;
 
   // Starts the timer thread (last calls, leases, held heartbeats, closing ended runs).
   void Start();
@@ -55,9 +57,11 @@ class CoordinatorService final : public v1::Rendezvous::CallbackService {
 
  private:
   class HeldCall;
+  class WatchReactor;
   struct Run {
     std::unique_ptr<Rendezvous> rdzv;
     std::set<HeldCall*> held;
+    std::set<WatchReactor*> watchers;
     // When the run's Tick is due (its last answer); nullopt: no timer. Heartbeats only push
     // leases later, so the timer thread does not tick a run on every held-call deadline.
     std::optional<Clock::TimePoint> next_tick;
@@ -68,6 +72,11 @@ class CoordinatorService final : public v1::Rendezvous::CallbackService {
   // Answers the run's held calls whose answer is ready; mu_ held. Finish happens after unlock.
   void Pump(Run& run, Finishes* out);
   void Hold(Run& run, HeldCall* call);  // mu_ held
+  // A heartbeat (unary or on a Watch stream): renews the lease, re-registers a node a restarted
+  // coordinator does not know, answers held calls the change concerns; mu_ held. nullptr: the run
+  // is unknown and the node sent nothing to rebuild it from (ans says unknown_node).
+  absl::StatusOr<Run*> HeartbeatLocked(const std::string& peer, const v1::HeartbeatRequest& req,
+                                       v1::HeartbeatResponse* ans, Finishes* f);
   void Cancelled(HeldCall* call);
   // Ticks the run now and notes when it is due again; mu_ held.
   void TickNow(Run& run);

@@ -142,6 +142,11 @@ absl::StatusOr<std::unique_ptr<GrpcCoordinatorClient>> MakeClient(const std::str
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // A Watch stream only sends: pings find a coordinator that vanished without closing the
+  // connection (a cut link), so the agent says so and reconnects when it comes back.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 5000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 3000);
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);  // tiny messages: no bandwidth probing pings
   auto channel = grpc::CreateCustomChannel(target, creds, args);
   return std::make_unique<GrpcCoordinatorClient>(channel, target, security.token, rcfg.join_timeout);
 }
