@@ -538,9 +538,11 @@ TEST(MultiNodeNetns, CutNodeIsLostTheOthersGoOnAndItRejoinsWhenItsLinkComesBack)
     for (auto& a : agents) a->Pump(1);
     coord.child().Pump(1);
   };
+  // Every worker runs and its round-1 lines have reached its agent's output.
   ASSERT_TRUE(WaitUntil([&] {
     pump();
-    return ReadPids(dir / "pids").size() == 3;
+    return ReadPids(dir / "pids").size() == 3 &&
+           std::all_of(agents.begin(), agents.end(), [](const auto& a) { return !Values(a->out(), "MASTER_ADDR").empty(); });
   })) << coord.child().err();
   const pid_t cut_worker = ReadPids(dir / "pids").back();
   for (auto& a : agents) {
