@@ -285,12 +285,21 @@ int main(int argc, char** argv) {
   std::printf("%-8s %-16s %-10s %-14s %-22s\n", "agents", "round formed", "ranks", "heartbeats/s",
               "coordinator CPU (1 core)");
   bool all_ok = true;
+  std::vector<std::string> verdicts;
   for (int n : sizes) {
     Result r = RunOnce(bin, n, window, channels);
     all_ok &= r.ranks_ok;
+    if (n == 1024) {
+      verdicts.push_back(std::string("target: 1024 agents' round formed <= 1 s: ") + (r.round_s <= 1.0 ? "met" : "MISSED"));
+    }
+    if (n == 4096) {
+      verdicts.push_back(std::string("target: 4096 agents at 1 Hz <= 25% of one core: ") +
+                         (r.cpu_percent <= 25.0 ? "met" : "MISSED"));
+    }
     std::printf("%-8d %-16s %-10s %-14ld %.1f%%\n", n, (std::to_string(r.round_s * 1000).substr(0, 6) + " ms").c_str(),
                 r.ranks_ok ? "0..N-1" : "WRONG", r.heartbeats, r.cpu_percent);
     std::fflush(stdout);
   }
+  for (const auto& v : verdicts) std::printf("%s\n", v.c_str());
   return all_ok ? 0 : 1;
 }
