@@ -195,17 +195,25 @@ absl::StatusOr<RendezvousLink> ConnectToRendezvous(const LaunchConfig& c, const 
   return link;
 }
 
+// The security flags of `launch` or `launch coordinator`, with the token read from its file or
+// LAUNCH_RDZV_TOKEN.
+template <typename Config>
+absl::StatusOr<SecurityOptions> SecurityFrom(const Config& c) {
+  SecurityOptions s;
+  ASSIGN_OR_RETURN(s.token, LoadToken(c.rdzv_token_file, std::getenv("LAUNCH_RDZV_TOKEN")));
+  s.tls_cert_file = c.tls_cert;
+  s.tls_key_file = c.tls_key;
+  s.tls_ca_file = c.tls_ca;
+  s.insecure = c.insecure;
+  return s;
+}
+
 }  // namespace
 
 int RunCoordinator(const CoordinatorConfig& c, SignalFd* signals) {
-  SecurityOptions security;
-  auto token = LoadToken(c.rdzv_token_file, std::getenv("LAUNCH_RDZV_TOKEN"));
-  if (!token.ok()) return UsageError(std::string(token.status().message()));
-  security.token = *token;
-  security.tls_cert_file = c.tls_cert;
-  security.tls_key_file = c.tls_key;
-  security.tls_ca_file = c.tls_ca;
-  security.insecure = c.insecure;
+  auto loaded = SecurityFrom(c);
+  if (!loaded.ok()) return UsageError(std::string(loaded.status().message()));
+  const SecurityOptions& security = *loaded;
   auto hp = ParseHostPort(c.listen, "--listen");
   if (!hp.ok()) return UsageError(std::string(hp.status().message()));
   if (auto st = CheckListenerIsProtected(hp->host, security); !st.ok()) return UsageError(std::string(st.message()));
@@ -366,14 +374,9 @@ int RunLaunch(const LaunchConfig& c, OrphanGuard* guard, SignalFd* signals) {
     opts.static_topology = t;
   }
 
-  SecurityOptions security;
-  auto token = LoadToken(c.rdzv_token_file, std::getenv("LAUNCH_RDZV_TOKEN"));
-  if (!token.ok()) return UsageError(std::string(token.status().message()));
-  security.token = *token;
-  security.tls_cert_file = c.tls_cert;
-  security.tls_key_file = c.tls_key;
-  security.tls_ca_file = c.tls_ca;
-  security.insecure = c.insecure;
+  auto loaded = SecurityFrom(c);
+  if (!loaded.ok()) return UsageError(std::string(loaded.status().message()));
+  const SecurityOptions& security = *loaded;
 
   SystemClock clock;
   auto link = multi ? ConnectToRendezvous(c, rcfg, security, &clock)
