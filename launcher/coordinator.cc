@@ -212,38 +212,41 @@ void CoordinatorService::Hold(Run& run, HeldCall* call) {
   if (call->deadline) hold_deadlines_.emplace(*call->deadline, call);
 }
 
+bool CoordinatorService::AnswerIfReady(Run& run, HeldCall* c, Finishes* out) {
+  Rendezvous& r = *run.rdzv;
+  if (c->kind == HeldCall::kJoin) {
+    const std::string& id = c->join_req->node().node_id();
+    if (auto a = r.AssignmentFor(id, c->join_req->last_round())) {
+      *c->join_resp->mutable_assignment() = *a;
+      out->emplace_back(c, grpc::Status::OK);
+      return true;
+    }
+    if (auto refused = r.TakeJoinRefusal(id)) {
+      spdlog::warn("run '{}': gave up on spare node {}: {}", c->run_id, id, std::string(refused->message()));
+      out->emplace_back(c, ToGrpc(*refused));
+      return true;
+    }
+    if (r.ended()) {
+      out->emplace_back(c, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                        absl::StrCat("run '", c->run_id, "' ", PhaseName(r.phase()),
+                                                     r.reason().empty() ? "" : ": ", r.reason())));
+      return true;
+    }
+    return false;
+  }
+  v1::HeartbeatResponse ans = r.HeartbeatAnswer(*c->hb_req);
+  if (!Rendezvous::Urgent(ans)) return false;
+  if (ans.job_succeeded() || ans.job_failed()) r.NoteToldEnd(c->hb_req->node_id());
+  *c->hb_resp = ans;
+  out->emplace_back(c, grpc::Status::OK);
+  return true;
+}
+
 void CoordinatorService::Pump(Run& run, Finishes* out) {
   for (auto it = run.watchers.begin(); it != run.watchers.end();) (*it++)->PumpLocked();
-  Rendezvous& r = *run.rdzv;
   for (auto it = run.held.begin(); it != run.held.end();) {
     HeldCall* c = *it;
-    bool done = false;
-    if (c->kind == HeldCall::kJoin) {
-      if (auto a = r.AssignmentFor(c->join_req->node().node_id(), c->join_req->last_round())) {
-        *c->join_resp->mutable_assignment() = *a;
-        out->emplace_back(c, grpc::Status::OK);
-        done = true;
-      } else if (auto refused = r.TakeJoinRefusal(c->join_req->node().node_id())) {
-        spdlog::warn("run '{}': gave up on spare node {}: {}", c->run_id, c->join_req->node().node_id(),
-                     std::string(refused->message()));
-        out->emplace_back(c, ToGrpc(*refused));
-        done = true;
-      } else if (r.ended()) {
-        out->emplace_back(c, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                                          absl::StrCat("run '", c->run_id, "' ", PhaseName(r.phase()),
-                                                       r.reason().empty() ? "" : ": ", r.reason())));
-        done = true;
-      }
-    } else {
-      v1::HeartbeatResponse ans = r.HeartbeatAnswer(*c->hb_req);
-      if (Rendezvous::Urgent(ans)) {
-        if (ans.job_succeeded() || ans.job_failed()) r.NoteToldEnd(c->hb_req->node_id());
-        *c->hb_resp = ans;
-        out->emplace_back(c, grpc::Status::OK);
-        done = true;
-      }
-    }
-    if (done) {
+    if (AnswerIfReady(run, c, out)) {
       if (c->deadline) hold_deadlines_.erase({*c->deadline, c});
       it = run.held.erase(it);
     } else {
@@ -314,6 +317,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
                    req->node().node_id(), ctx->peer());
     }
     Run& run = it->second;
+    const uint64_t version = run.rdzv->version();
     absl::Status st = run.rdzv->Join(*req);
     if (!st.ok()) {
       lock.unlock();
@@ -326,8 +330,12 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
                    req->run_id(), req->node().hostname(), req->node().node_id(), ctx->peer(),
                    run.rdzv->config().max_nodes);
     }
-    Hold(run, call);
-    Pump(run, &f);
+    if (run.rdzv->version() != version) {  // a round formed or opened: every held call may be ready
+      Hold(run, call);
+      Pump(run, &f);
+    } else if (!AnswerIfReady(run, call, &f)) {  // only this join can have changed
+      Hold(run, call);
+    }
     wake_.notify_one();
   }
   FinishAll(f);

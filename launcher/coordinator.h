@@ -71,6 +71,8 @@ class CoordinatorService final : public v1::Rendezvous::CallbackService {
   grpc::Status CheckToken(grpc::CallbackServerContext* ctx, const char* rpc);
   // Answers the run's held calls whose answer is ready; mu_ held. Finish happens after unlock.
   void Pump(Run& run, Finishes* out);
+  // Answers `call` when its answer is ready (it stays in the run's containers); mu_ held.
+  bool AnswerIfReady(Run& run, HeldCall* call, Finishes* out);
   void Hold(Run& run, HeldCall* call);  // mu_ held
   // A heartbeat (unary or on a Watch stream): renews the lease, re-registers a node a restarted
   // coordinator does not know, answers held calls the change concerns; mu_ held. nullptr: the run
