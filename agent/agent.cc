@@ -79,6 +79,7 @@ absl::StatusOr<v1::Assignment> Agent::JoinRound(long last_round, int* signal) {
   const auto deadline = clock_->Now() + std::chrono::milliseconds(static_cast<long>(opts_.run_spec.join_timeout_s() * 1000));
   std::chrono::milliseconds delay(50);
   bool warned = false;
+  std::optional<Clock::TimePoint> unreachable_since;
   for (;;) {
     v1::JoinRequest req;
     req.set_run_id(opts_.spec.run_id);
@@ -107,6 +108,11 @@ absl::StatusOr<v1::Assignment> Agent::JoinRound(long last_round, int* signal) {
     }
     call.Wait();
     if (result.ok() || !CoordinatorUnreachable(result.status()) || clock_->Now() >= deadline) return result;
+    if (!unreachable_since) unreachable_since = clock_->Now();
+    if (!coordinator_host_.empty() && clock_->Now() - *unreachable_since >= opts_.coordinator_patience) {
+      return absl::UnavailableError(
+          HostedCoordinatorGone(coordinator_->target(), coordinator_host_, opts_.coordinator_patience));
+    }
     // The coordinator went away while the round was forming: wait for it to come back.
     if (!warned) {
       spdlog::warn("{}; retrying", std::string(result.status().message()));
@@ -318,6 +324,7 @@ int Agent::Run() {
   wo.node = opts_.node;
   wo.spec = opts_.run_spec;
   wo.hold = opts_.heartbeat_hold;
+  wo.patience = opts_.coordinator_patience;
   long last_round = 0;
   for (;;) {
     if (state == GroupState::kInit) move(GroupEvent::kJoin);
@@ -334,6 +341,7 @@ int Agent::Run() {
       return 1;
     }
     last_round = assignment->round();
+    coordinator_host_ = assignment->coordinator_host();
     if (const auto& t = opts_.static_topology) {
       // Every node runs the same number of workers in static mode (as torchrun).
       const int local = opts_.spec.local_world_size;
@@ -465,6 +473,12 @@ int Agent::Run() {
         move(GroupEvent::kCoordinatorStop);
         move(GroupEvent::kAllStopped);
         const v1::HeartbeatResponse why = watch.answer();
+        if (why.job_failed() && watch.unreachable()) {  // the agent-hosted coordinator died with its node
+          move(GroupEvent::kGiveUp);
+          std::fprintf(stderr, "launch: job failed: %s\n", why.reason().c_str());
+          cleanup();
+          return 1;
+        }
         auto verdict = Report(report, *assignment, &sig);  // no exits: only asks for the verdict
         if (sig) {
           cleanup();

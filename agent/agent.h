@@ -90,6 +90,8 @@ class Agent {
   SignalFd* signals_;
   const Clock* clock_;
   Env parent_env_;
+  // The node whose agent hosts the coordinator, from the last assignment (empty: standalone).
+  std::string coordinator_host_;
 };
 
 }  // namespace launch

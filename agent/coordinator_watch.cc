@@ -4,6 +4,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
 
 #include "common/status_macros.h"
 #include "spdlog/spdlog.h"
@@ -52,8 +55,17 @@ void CoordinatorWatch::Backoff(std::chrono::milliseconds d) {
   cv_.wait_for(lock, d, [&] { return stop_; });
 }
 
+std::string HostedCoordinatorGone(const std::string& target, const std::string& host,
+                                  std::chrono::milliseconds patience) {
+  return absl::StrCat("the coordinator at ", target, ", hosted by the agent of ", host, ", has been unreachable for ",
+                      patience.count() / 1000.0,
+                      " s: that node is gone and the job cannot go on without it (a standalone `launch "
+                      "coordinator` survives the loss of any node)");
+}
+
 void CoordinatorWatch::Loop(v1::Assignment a) {
   std::chrono::milliseconds delay = opts_.retry_min;
+  std::optional<std::chrono::steady_clock::time_point> unreachable_since;
   for (;;) {
     std::unique_ptr<WatchStream> stream = client_->Watch();
     {
@@ -102,6 +114,7 @@ void CoordinatorWatch::Loop(v1::Assignment a) {
     stream.reset();
     if (got) {
       delay = opts_.retry_min;
+      unreachable_since.reset();
       if (unreachable_.exchange(false)) spdlog::info("coordinator at {} is back", client_->target());
       if (resp.unknown_node()) {
         spdlog::warn("the coordinator does not know this node (it restarted): re-registering");
@@ -125,6 +138,16 @@ void CoordinatorWatch::Loop(v1::Assignment a) {
     if (!unreachable_.exchange(true)) {
       spdlog::warn("coordinator at {} unreachable ({}); the workers keep running, retrying", client_->target(),
                    std::string(ended_with.message()));
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (!unreachable_since) unreachable_since = now;
+    if (!a.coordinator_host().empty() && now - *unreachable_since >= opts_.patience) {
+      std::lock_guard<std::mutex> lock(mu_);
+      answer_.set_stop_workers(true);
+      answer_.set_job_failed(true);
+      answer_.set_reason(HostedCoordinatorGone(client_->target(), a.coordinator_host(), opts_.patience));
+      Signal(event_.get());
+      return;
     }
     Backoff(delay);
     delay = std::min(delay * 2, opts_.retry_max);

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <string>
 #include <mutex>
 #include <thread>
 
@@ -20,6 +21,10 @@
 
 namespace launch {
 
+// Why a job ends when its agent-hosted coordinator is gone (for the watch and the agent alike).
+std::string HostedCoordinatorGone(const std::string& target, const std::string& host,
+                                  std::chrono::milliseconds patience);
+
 class CoordinatorWatch {
  public:
   struct Options {
@@ -28,6 +33,9 @@ class CoordinatorWatch {
     v1::RunSpec spec;
     std::chrono::milliseconds hold{1000};  // the heartbeat interval
     std::chrono::milliseconds retry_min{50}, retry_max{2000};
+    // An agent-hosted coordinator (the assignment names its node) that stays unreachable this
+    // long died with its node: the watch then ends with job_failed and the reason.
+    std::chrono::milliseconds patience{30000};
   };
   CoordinatorWatch(Options opts, CoordinatorClient* client) : opts_(std::move(opts)), client_(client) {}
   ~CoordinatorWatch() { Stop(); }

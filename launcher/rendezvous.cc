@@ -280,6 +280,10 @@ void Rendezvous::FormRound() {
   int world = 0;
   for (const auto* w : order) world += w->join.node().local_world_size();
   const v1::JoinRequest& host = order.front()->join;
+  std::string coordinator_host;
+  for (const auto& [id, node] : identities_) {
+    if (node.hosts_coordinator()) coordinator_host = absl::StrCat(node.hostname(), " (", node.host_address(), ")");
+  }
   int offset = 0;
   const auto now = clock_->Now();
   for (size_t r = 0; r < order.size(); ++r) {
@@ -294,6 +298,7 @@ void Rendezvous::FormRound() {
     a.set_master_port(host.proposed_master_port());
     a.set_restart_count(restart_count_);
     a.set_max_restarts(config_.max_restarts);
+    a.set_coordinator_host(coordinator_host);
     offset += j.node().local_world_size();
     members.push_back({j.node().node_id(), now, false});
     member_index_[j.node().node_id()] = r;

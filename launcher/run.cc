@@ -388,6 +388,8 @@ int RunLaunch(const LaunchConfig& c, OrphanGuard* guard, SignalFd* signals) {
     spdlog::error("{}", std::string(link.status().message()));
     return 1;
   }
+  // The other nodes learn that this agent hosts the coordinator: when it is gone, so is the job.
+  if (multi && link->server) opts.node.set_hosts_coordinator(true);
   PosixProcessLauncher launcher;
   Agent agent(std::move(opts), link->client.get(), &launcher, guard, signals, &clock);
   int code = agent.Run();

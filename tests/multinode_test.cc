@@ -280,6 +280,37 @@ TEST(MultiNode, CoordinatorKilledAndRestartedMidJobTheJobCompletesWithoutARestar
   }
 }
 
+TEST(MultiNode, AgentHostedCoordinatorLostWithItsNodeFailsTheJobCleanly) {
+  const std::string endpoint = absl::StrCat("127.0.0.1:", FreePort());
+  TempDir dir;
+  std::vector<std::unique_ptr<Child>> agents;
+  for (int i = 0; i < 2; ++i) {
+    agents.push_back(std::make_unique<Child>(
+        Agent(endpoint,
+              {"--nnodes=2", "--nproc-per-node=1", "--rdzv-conf",
+               "close_timeout=2,heartbeat_timeout=1,heartbeat_interval=0.2"},
+              {"--pid-file", dir / "pids", "--sleep", "0"})));
+  }
+  int host = -1;
+  ASSERT_TRUE(WaitUntil([&] {
+    for (auto& a : agents) a->Pump(1);
+    for (int i = 0; i < 2; ++i)
+      if (absl::StrContains(agents[i]->err(), "hosting the rendezvous coordinator")) host = i;
+    return host >= 0 && ReadPids(dir / "pids").size() == 2;
+  }));
+  const std::vector<pid_t> workers = ReadPids(dir / "pids");
+  ::kill(agents[host]->pid(), SIGKILL);
+  EXPECT_EQ(agents[host]->Wait().exit_code, 128 + SIGKILL);
+  // The other node's workers would run for ever: its agent gives up on the coordinator after
+  // close_timeout, stops them, and says why.
+  RunResult r = agents[1 - host]->Wait(std::chrono::seconds(30));
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("job failed: the coordinator at " + endpoint + ", hosted by the agent of"));
+  EXPECT_THAT(r.err, HasSubstr("the job cannot go on without it"));
+  for (pid_t p : workers) EXPECT_FALSE(ProcessAlive(p)) << "worker " << p << " survived";
+}
+
 TEST(MultiNode, JoinBeyondMaxWaitsAsASpareAndMismatchedSettingsAreRejected) {
   Coordinator coord;
   ASSERT_TRUE(coord.ready());

@@ -1,0 +1,170 @@
+// The coordinator's gRPC service in-process on 127.0.0.1:0, driven by raw stubs: what it rejects
+// and with which status (tokens, malformed and oversized messages, unknown and ended runs).
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "launcher/coordinator.h"
+
+namespace launch {
+namespace {
+
+using ::testing::HasSubstr;
+
+class CoordinatorRpc : public ::testing::Test {
+ protected:
+  void Start(const std::string& token = "") {
+    SecurityOptions security;
+    security.token = token;
+    auto server = CoordinatorServer::Start("127.0.0.1:0", CoordinatorOptions{}, security, &clock_);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    grpc::ChannelArguments args;
+    args.SetMaxSendMessageSize(-1);  // so that an oversized request reaches the server
+    stub_ = v1::Rendezvous::NewStub(
+        grpc::CreateCustomChannel(server_->address(), grpc::InsecureChannelCredentials(), args));
+  }
+  std::unique_ptr<grpc::ClientContext> Ctx(const std::string& token = "") {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    if (!token.empty()) ctx->AddMetadata(kTokenMetadataKey, token);
+    return ctx;
+  }
+  static v1::JoinRequest Join(const std::string& run, const std::string& node) {
+    v1::JoinRequest j;
+    j.set_run_id(run);
+    j.mutable_node()->set_node_id(node);
+    j.mutable_node()->set_local_world_size(1);
+    j.mutable_spec()->set_min_nodes(1);
+    j.mutable_spec()->set_max_nodes(1);
+    j.mutable_spec()->set_join_timeout_s(60);
+    j.mutable_spec()->set_heartbeat_timeout_s(3);
+    j.mutable_spec()->set_close_timeout_s(30);
+    j.mutable_spec()->set_last_call_timeout_s(1);
+    return j;
+  }
+
+  SystemClock clock_;
+  std::unique_ptr<CoordinatorServer> server_;
+  std::unique_ptr<v1::Rendezvous::Stub> stub_;
+};
+
+TEST_F(CoordinatorRpc, MalformedJoinsAreInvalidArgument) {
+  Start();
+  v1::JoinResponse resp;
+  v1::JoinRequest no_node = Join("job", "");
+  grpc::Status st = stub_->Join(Ctx().get(), no_node, &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(), HasSubstr("node id"));
+  v1::JoinRequest zero = Join("job", "a");
+  zero.mutable_node()->set_local_world_size(0);
+  st = stub_->Join(Ctx().get(), zero, &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(), HasSubstr("local_world_size 0"));
+  st = stub_->Join(Ctx().get(), Join("job\n1", "a"), &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(), HasSubstr("run id"));
+  v1::JoinRequest bad_spec = Join("job", "a");
+  bad_spec.mutable_spec()->set_max_nodes(0);
+  st = stub_->Join(Ctx().get(), bad_spec, &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(), HasSubstr("expected 1 <= MIN <= MAX"));
+}
+
+TEST_F(CoordinatorRpc, OversizedMessageIsRefused) {
+  Start();
+  v1::JoinResponse resp;
+  grpc::Status st = stub_->Join(Ctx().get(), Join("job", std::string(kMaxRendezvousMessageBytes + 1, 'x')), &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
+}
+
+TEST_F(CoordinatorRpc, UnknownAndEndedRunsAreRefused) {
+  Start();
+  v1::ReportExitRequest report;
+  report.set_run_id("nosuch");
+  report.set_node_id("a");
+  v1::ReportExitResponse rresp;
+  grpc::Status st = stub_->ReportExit(Ctx().get(), report, &rresp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(st.error_message(), HasSubstr("no run 'nosuch'"));
+  v1::StatusRequest sreq;
+  sreq.set_run_id("nosuch");
+  v1::StatusResponse sresp;
+  EXPECT_EQ(stub_->Status(Ctx().get(), sreq, &sresp).error_code(), grpc::StatusCode::NOT_FOUND);
+
+  // A one-node run: joined, then succeeded; a later join to the same id is told it has ended.
+  v1::JoinResponse resp;
+  ASSERT_TRUE(stub_->Join(Ctx().get(), Join("job", "a"), &resp).ok());
+  report.set_run_id("job");
+  report.set_round(resp.assignment().round());
+  report.set_group_succeeded(true);
+  ASSERT_TRUE(stub_->ReportExit(Ctx().get(), report, &rresp).ok());
+  EXPECT_TRUE(rresp.job_succeeded());
+  st = stub_->Join(Ctx().get(), Join("job", "b"), &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(st.error_message(), HasSubstr("run 'job' has ended (succeeded)"));
+}
+
+TEST_F(CoordinatorRpc, EveryRpcNeedsTheToken) {
+  Start("the-token");
+  v1::JoinResponse resp;
+  EXPECT_EQ(stub_->Join(Ctx().get(), Join("job", "a"), &resp).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(stub_->Join(Ctx("wrong").get(), Join("job", "a"), &resp).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  v1::StatusRequest sreq;
+  sreq.set_run_id("job");
+  v1::StatusResponse sresp;
+  EXPECT_EQ(stub_->Status(Ctx().get(), sreq, &sresp).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  v1::ReportExitResponse rresp;
+  EXPECT_EQ(stub_->ReportExit(Ctx().get(), v1::ReportExitRequest(), &rresp).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  v1::HeartbeatResponse hresp;
+  EXPECT_EQ(stub_->Heartbeat(Ctx().get(), v1::HeartbeatRequest(), &hresp).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  // The Watch stream too, before it reads anything.
+  auto ctx = Ctx();
+  auto watch = stub_->Watch(ctx.get());
+  v1::HeartbeatResponse ignored;
+  EXPECT_FALSE(watch->Read(&ignored));
+  EXPECT_EQ(watch->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  // With it, the run forms.
+  EXPECT_TRUE(stub_->Join(Ctx("the-token").get(), Join("job", "a"), &resp).ok());
+  EXPECT_EQ(resp.assignment().world_size(), 1);
+}
+
+TEST_F(CoordinatorRpc, WatchStreamAnswersOnceWhenTheNodeMustStop) {
+  Start();
+  v1::JoinResponse resp;
+  v1::JoinRequest j = Join("job", "a");
+  j.mutable_spec()->set_max_restarts(1);
+  ASSERT_TRUE(stub_->Join(Ctx().get(), j, &resp).ok());
+  auto ctx = Ctx();
+  auto watch = stub_->Watch(ctx.get());
+  v1::HeartbeatRequest hb;
+  hb.set_run_id("job");
+  hb.set_node_id("a");
+  hb.set_round(resp.assignment().round());
+  ASSERT_TRUE(watch->Write(hb));
+  ASSERT_TRUE(watch->Write(hb));  // a lease renewal: no answer
+  // A failure report opens round 2: the stream tells the node to stop, then ends.
+  v1::ReportExitRequest report;
+  report.set_run_id("job");
+  report.set_node_id("a");
+  report.set_round(resp.assignment().round());
+  report.add_exits()->set_exit_code(3);
+  v1::ReportExitResponse rresp;
+  ASSERT_TRUE(stub_->ReportExit(Ctx().get(), report, &rresp).ok());
+  EXPECT_TRUE(rresp.restart());
+  v1::HeartbeatResponse answer;
+  ASSERT_TRUE(watch->Read(&answer));
+  EXPECT_TRUE(answer.stop_workers());
+  EXPECT_EQ(answer.current_round(), 2);
+  EXPECT_FALSE(watch->Read(&answer));
+  EXPECT_TRUE(watch->Finish().ok());
+}
+
+}  // namespace
+}  // namespace launch
