@@ -8,6 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 
+#include "common/lease.h"
+#include "common/net.h"
 #include "common/status_macros.h"
 #include "spdlog/spdlog.h"
 
@@ -66,6 +68,20 @@ std::string HostedCoordinatorGone(const std::string& target, const std::string& 
 void CoordinatorWatch::Loop(v1::Assignment a) {
   std::chrono::milliseconds delay = opts_.retry_min;
   std::optional<std::chrono::steady_clock::time_point> unreachable_since;
+  // Lease datagrams when the coordinator takes them (else, or once it says they do not arrive,
+  // heartbeats on the stream).
+  LeaseSender lease;
+  bool by_udp = false;
+  if (a.lease_port() > 0 && a.lease_key().size() == kLeaseKeyBytes) {
+    auto hp = ParseHostPort(client_->target(), "coordinator");
+    absl::Status st = hp.ok() ? lease.Connect(hp->host, a.lease_port()) : hp.status();
+    by_udp = st.ok();
+    if (!st.ok()) spdlog::warn("no lease datagrams ({}); heartbeating on the stream", std::string(st.message()));
+  }
+  LeaseBeat beat;
+  beat.run_id = opts_.run_id;
+  beat.node_id = opts_.node.node_id();
+  beat.round = a.round();
   for (;;) {
     std::unique_ptr<WatchStream> stream = client_->Watch();
     {
@@ -90,12 +106,23 @@ void CoordinatorWatch::Loop(v1::Assignment a) {
     *hb.mutable_node() = opts_.node;
     *hb.mutable_assignment() = a;
     *hb.mutable_spec() = opts_.spec;
+    hb.set_lease_by_udp(by_udp);
     bool stopped = false;
-    for (;;) {
-      if (!stream->Send(hb)) break;  // broken: the reader ends too
-      hb.clear_node();
-      hb.clear_assignment();
-      hb.clear_spec();
+    for (int sent = 0;; ++sent) {
+      // With datagrams, the stream carries the first three heartbeats only: by the third the
+      // coordinator knows whether the datagrams arrive.
+      if (!by_udp || sent < 3) {
+        if (!stream->Send(hb)) break;  // broken: the reader ends too
+        hb.clear_node();
+        hb.clear_assignment();
+        hb.clear_spec();
+      }
+      if (by_udp) {
+        // A sequence number that only grows: the steady clock, in nanoseconds.
+        beat.seq = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+        auto datagram = EncodeLeaseBeat(beat, a.lease_key());
+        if (datagram.ok()) lease.Send(*datagram);
+      }
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait_for(lock, opts_.hold, [&] { return stop_ || ended; });
       if (stop_ || ended) {
@@ -119,6 +146,12 @@ void CoordinatorWatch::Loop(v1::Assignment a) {
       if (resp.unknown_node()) {
         spdlog::warn("the coordinator does not know this node (it restarted): re-registering");
         Backoff(delay);
+        continue;
+      }
+      if (resp.lease_by_stream() && !resp.stop_workers() && !resp.job_succeeded() && !resp.job_failed()) {
+        spdlog::warn("lease datagrams to UDP port {} of the coordinator do not arrive; heartbeating on the stream",
+                     a.lease_port());
+        by_udp = false;
         continue;
       }
       std::lock_guard<std::mutex> lock(mu_);

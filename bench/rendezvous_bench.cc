@@ -3,10 +3,11 @@
 //   1. round formation: N Joins (min = max = N) sent at once; time until every node has its
 //      assignment (the last answer), and a check that the ranks are 0..N-1 exactly once;
 //   2. leases: every agent opens a Watch stream, as the real agent does while its workers run,
-//      and sends a heartbeat on it every second (the sends spread evenly over the second), i.e.
-//      N heartbeats per second; the coordinator's CPU time (utime + stime from /proc) over the
-//      window, as % of one core.
-// Usage: rendezvous_bench LAUNCH_BIN [--agents 128,1024,4096] [--window 5] [--channels 0]
+//      and heartbeats once a second (the sends spread evenly over the second), i.e. N heartbeats
+//      per second, as the agent does: with --lease udp (the default) the first three on the
+//      stream and every one as a lease datagram; with --lease stream all on the stream. The
+//      coordinator's CPU time (utime + stime from /proc) over the window, as % of one core.
+// Usage: rendezvous_bench LAUNCH_BIN [--agents 128,1024,4096] [--window 5] [--channels 0] [--lease udp|stream]
 // --channels 0 (the default): one connection per agent, as N real agents would have.
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
@@ -29,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/lease.h"
 #include "launch.grpc.pb.h"
 
 namespace {
@@ -96,13 +98,14 @@ class SimWatch final : public grpc::ClientBidiReactor<launch::v1::HeartbeatReque
     StartWrite(&hb_);
     StartCall();
   }
+  // One heartbeat on the stream (the pacer calls it for the first three only with datagrams).
   void Beat() {
     bool idle = false;
     if (writing_.compare_exchange_strong(idle, true)) StartWrite(&hb_);
   }
   void Cancel() { ctx_.TryCancel(); }
   void OnWriteDone(bool ok) override {
-    if (ok) ++*beats_;
+    if (ok && beats_ != nullptr) ++*beats_;
     hb_.clear_node();  // only the first message carries them
     hb_.clear_assignment();
     hb_.clear_spec();
@@ -139,7 +142,7 @@ struct Result {
   long heartbeats = 0;
 };
 
-Result RunOnce(const std::string& bin, int n, double window_s, int channels_n) {
+Result RunOnce(const std::string& bin, int n, double window_s, int channels_n, bool udp) {
   CoordinatorProcess coord = StartCoordinator(bin);
   const std::string target = "127.0.0.1:" + std::to_string(coord.port);
   if (channels_n <= 0 || channels_n > n) channels_n = n;
@@ -210,28 +213,46 @@ Result RunOnce(const std::string& bin, int n, double window_s, int channels_n) {
   std::atomic<long> beats{0};
   std::atomic<int> open{0};
   std::vector<std::unique_ptr<SimWatch>> watches;
+  launch::LeaseSender lease;
+  if (udp) {
+    const auto& a0 = agents[0].join_resp.assignment();
+    if (a0.lease_port() == 0 || !lease.Connect("127.0.0.1", a0.lease_port()).ok()) {
+      std::fprintf(stderr, "rendezvous_bench: the coordinator takes no lease datagrams\n");
+      std::exit(1);
+    }
+  }
+  std::vector<launch::LeaseBeat> lease_beats;
   for (auto& a : agents) {
+    lease_beats.push_back({run, a.join.node().node_id(), a.join_resp.assignment().round(), 0});
     launch::v1::HeartbeatRequest hb;
+    hb.set_lease_by_udp(udp);
     hb.set_run_id(run);
     hb.set_node_id(a.join.node().node_id());
     hb.set_round(a.join_resp.assignment().round());
     *hb.mutable_node() = a.join.node();
     *hb.mutable_assignment() = a.join_resp.assignment();
     *hb.mutable_spec() = spec;
-    watches.push_back(std::make_unique<SimWatch>(a.stub, hb, &beats, &open));
+    watches.push_back(std::make_unique<SimWatch>(a.stub, hb, udp ? nullptr : &beats, &open));
   }
   std::atomic<bool> stop{false};
   std::thread pacer([&] {
     auto next = Clock::now();
     const auto step = std::chrono::microseconds(1000000 / n);
-    for (size_t i = 0; !stop; i = (i + 1) % watches.size()) {
+    long tick = 0;
+    for (size_t i = 0; !stop; i = (i + 1) % watches.size(), ++tick) {
       next += step;
       std::this_thread::sleep_until(next);
-      watches[i]->Beat();
+      if (!udp || tick < 2L * n) watches[i]->Beat();  // the first message went with the stream
+      if (udp) {
+        lease_beats[i].seq = static_cast<uint64_t>(tick + 1);
+        lease.Send(*launch::EncodeLeaseBeat(lease_beats[i], agents[i].join_resp.assignment().lease_key()));
+        ++beats;
+      }
     }
   });
-  // One second for every lease to be in its steady cycle, then the measured window.
-  std::this_thread::sleep_for(std::chrono::seconds(1));
+  // Three seconds for every lease to be in its steady cycle (with datagrams, the stream carries
+  // the first three heartbeats), then the measured window.
+  std::this_thread::sleep_for(std::chrono::milliseconds(3500));
   const double cpu0 = CpuSeconds(coord.pid);
   const long beats0 = beats;
   const auto w0 = Clock::now();
@@ -260,13 +281,14 @@ Result RunOnce(const std::string& bin, int n, double window_s, int channels_n) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: rendezvous_bench LAUNCH_BIN [--agents 128,1024,4096] [--window 5] [--channels 0]\n");
+    std::fprintf(stderr, "usage: rendezvous_bench LAUNCH_BIN [--agents 128,1024,4096] [--window 5] [--channels 0] [--lease udp|stream]\n");
     return 2;
   }
   std::string bin = argv[1];
   std::vector<int> sizes = {128, 256, 512, 1024, 2048, 4096};
   double window = 5;
   int channels = 0;
+  bool udp = true;
   for (int i = 2; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--agents") {
@@ -277,6 +299,8 @@ int main(int argc, char** argv) {
       window = std::atof(v.c_str());
     } else if (k == "--channels") {
       channels = std::atoi(v.c_str());
+    } else if (k == "--lease" && (v == "udp" || v == "stream")) {
+      udp = v == "udp";
     } else {
       std::fprintf(stderr, "rendezvous_bench: unknown flag %s\n", k.c_str());
       return 2;
@@ -287,7 +311,7 @@ int main(int argc, char** argv) {
   bool all_ok = true;
   std::vector<std::string> verdicts;
   for (int n : sizes) {
-    Result r = RunOnce(bin, n, window, channels);
+    Result r = RunOnce(bin, n, window, channels, udp);
     all_ok &= r.ranks_ok;
     if (n == 1024) {
       verdicts.push_back(std::string("target: 1024 agents' round formed <= 1 s: ") + (r.round_s <= 1.0 ? "met" : "MISSED"));

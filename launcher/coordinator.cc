@@ -98,7 +98,17 @@ class CoordinatorService::WatchReactor final : public grpc::ServerBidiReactor<v1
               run_ = *run;
               run_->watchers.insert(this);
             }
-            StartRead(&in_);
+            ++messages_;
+            if (last_.lease_by_udp() && messages_ >= 3 && !run_->udp_seen.count(last_.node_id())) {
+              // Its datagrams do not get here (a firewall, another port): the stream must do.
+              spdlog::warn("run '{}': no lease datagram from node {} ({}) has arrived; it heartbeats on its stream",
+                           run_id_, last_.node_id(), peer_);
+              v1::HeartbeatResponse fallback = ans;
+              fallback.set_lease_by_stream(true);
+              AnswerLocked(fallback);
+            } else {
+              StartRead(&in_);
+            }
           }
         }
       }
@@ -144,6 +154,7 @@ class CoordinatorService::WatchReactor final : public grpc::ServerBidiReactor<v1
   std::string run_id_;
   Run* run_ = nullptr;  // set once the node is known; cleared by the run's removal (never: runs with watchers stay)
   bool finished_ = false;  // under svc_->mu_
+  int messages_ = 0;
   v1::HeartbeatRequest in_, last_;
   v1::HeartbeatResponse out_;
 };
@@ -212,12 +223,41 @@ void CoordinatorService::Hold(Run& run, HeldCall* call) {
   if (call->deadline) hold_deadlines_.emplace(*call->deadline, call);
 }
 
+CoordinatorService::Run CoordinatorService::NewRun(const std::string& run_id, const RendezvousConfig& cfg,
+                                                   std::string lease_key) {
+  Run run;
+  run.rdzv = std::make_unique<Rendezvous>(run_id, cfg, clock_);
+  run.lease_key = lease_key.size() == kLeaseKeyBytes ? std::move(lease_key) : NewLeaseKey();
+  return run;
+}
+
+void CoordinatorService::set_lease_port(int port) {
+  std::lock_guard<std::mutex> lock(mu_);
+  lease_port_ = port;
+}
+
+void CoordinatorService::OnLeaseBatch(const std::vector<std::string>& datagrams) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto key_for = [&](const std::string& run_id) -> const std::string* {
+    auto it = runs_.find(run_id);
+    return it == runs_.end() ? nullptr : &it->second.lease_key;
+  };
+  for (const auto& d : datagrams) {
+    auto beat = DecodeLeaseBeat(d, key_for);
+    if (!beat) continue;  // forged, damaged, or for a run that is gone: a lost datagram
+    Run& run = runs_.find(beat->run_id)->second;
+    if (run.rdzv->RenewLease(beat->node_id, beat->round, beat->seq)) run.udp_seen.insert(beat->node_id);
+  }
+}
+
 bool CoordinatorService::AnswerIfReady(Run& run, HeldCall* c, Finishes* out) {
   Rendezvous& r = *run.rdzv;
   if (c->kind == HeldCall::kJoin) {
     const std::string& id = c->join_req->node().node_id();
     if (auto a = r.AssignmentFor(id, c->join_req->last_round())) {
       *c->join_resp->mutable_assignment() = *a;
+      c->join_resp->mutable_assignment()->set_lease_key(run.lease_key);
+      c->join_resp->mutable_assignment()->set_lease_port(lease_port_);
       out->emplace_back(c, grpc::Status::OK);
       return true;
     }
@@ -312,7 +352,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
         }
         cfg = *c;
       }
-      it = runs_.emplace(req->run_id(), Run{std::make_unique<Rendezvous>(req->run_id(), cfg, clock_), {}, {}, {}}).first;
+      it = runs_.emplace(req->run_id(), NewRun(req->run_id(), cfg)).first;
       spdlog::info("run '{}': first node {} ({}) from {}", req->run_id(), req->node().hostname(),
                    req->node().node_id(), ctx->peer());
     }
@@ -358,7 +398,8 @@ absl::StatusOr<CoordinatorService::Run*> CoordinatorService::HeartbeatLocked(con
       spdlog::warn("rejected re-registration of node {} from {}: {}", req.node_id(), peer, std::string(valid.message()));
       return valid;
     }
-    it = runs_.emplace(req.run_id(), Run{std::make_unique<Rendezvous>(req.run_id(), *cfg, clock_), {}, {}, {}}).first;
+    // A restarted coordinator keeps the run's lease key: the agents' datagrams stay valid.
+    it = runs_.emplace(req.run_id(), NewRun(req.run_id(), *cfg, req.assignment().lease_key())).first;
   }
   Run& run = it->second;
   const bool known_before = !run.rdzv->HeartbeatAnswer(req).unknown_node();
@@ -565,10 +606,22 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
   }
   s->service_->Start();
   s->address_ = JoinHostPort(hp->host, s->port_);
+  // Lease datagrams on the same port number, over UDP.
+  s->leases_ = std::make_unique<LeaseListener>();
+  CoordinatorService* svc = s->service_.get();
+  if (absl::Status st = s->leases_->Start(hp->host, s->port_,
+                                          [svc](const std::vector<std::string>& batch) { svc->OnLeaseBatch(batch); });
+      st.ok()) {
+    svc->set_lease_port(s->port_);
+  } else {
+    spdlog::warn("no lease datagrams ({}): agents heartbeat on their streams", std::string(st.message()));
+    s->leases_.reset();
+  }
   return s;
 }
 
 CoordinatorServer::~CoordinatorServer() {
+  if (leases_) leases_->Stop();
   if (service_) service_->Shutdown();
   // Every held call is answered by now; in-flight ones (a remote ReportExit) are cancelled.
   // Answers already given get a moment to reach the agents.

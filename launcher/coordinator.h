@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/clock.h"
+#include "common/lease.h"
 #include "launch.grpc.pb.h"
 #include "launcher/rendezvous.h"
 #include "launcher/security.h"
@@ -55,6 +56,11 @@ class CoordinatorService final : public v1::Rendezvous::CallbackService {
 
   int runs_for_test();
 
+  // The UDP port lease datagrams go to (0: none), handed to agents in their assignments.
+  void set_lease_port(int port);
+  // Lease datagrams as read by the LeaseListener: each authentic one renews its node's lease.
+  void OnLeaseBatch(const std::vector<std::string>& datagrams);
+
  private:
   class HeldCall;
   class WatchReactor;
@@ -65,7 +71,10 @@ class CoordinatorService final : public v1::Rendezvous::CallbackService {
     // When the run's Tick is due (its last answer); nullopt: no timer. Heartbeats only push
     // leases later, so the timer thread does not tick a run on every held-call deadline.
     std::optional<Clock::TimePoint> next_tick;
+    std::string lease_key;  // HMAC key of the run's lease datagrams
+    std::set<std::string> udp_seen;  // nodes whose lease datagrams arrive
   };
+  Run NewRun(const std::string& run_id, const RendezvousConfig& cfg, std::string lease_key = "");
   using Finishes = std::vector<std::pair<HeldCall*, grpc::Status>>;
 
   grpc::Status CheckToken(grpc::CallbackServerContext* ctx, const char* rpc);
@@ -94,6 +103,7 @@ class CoordinatorService final : public v1::Rendezvous::CallbackService {
   std::map<std::string, Run> runs_;
   std::set<std::pair<Clock::TimePoint, HeldCall*>> hold_deadlines_;
   std::thread timer_;
+  int lease_port_ = 0;  // under mu_
 };
 
 // A coordinator listening on an address, with its own gRPC threads.
@@ -114,6 +124,7 @@ class CoordinatorServer {
   CoordinatorServer() = default;
   std::unique_ptr<CoordinatorService> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<LeaseListener> leases_;
   int port_ = 0;
   std::string address_;
 };

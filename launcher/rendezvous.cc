@@ -428,6 +428,14 @@ v1::HeartbeatResponse Rendezvous::Heartbeat(const v1::HeartbeatRequest& req) {
   return HeartbeatAnswer(req);
 }
 
+bool Rendezvous::RenewLease(const std::string& node_id, long round, uint64_t seq) {
+  Member* m = FindMember(node_id);
+  if (m == nullptr || round != round_ || seq <= m->lease_seq) return false;
+  m->lease_seq = seq;
+  m->last_seen = clock_->Now();
+  return true;
+}
+
 v1::ReportExitResponse Rendezvous::ReportExit(const v1::ReportExitRequest& req) {
   Member* m = FindMember(req.node_id());
   if (req.round() == round_ && phase_ == Phase::kRunning && m) {

@@ -69,6 +69,9 @@ class Rendezvous {
     return r.stop_workers() || r.unknown_node() || r.job_succeeded() || r.job_failed();
   }
   v1::ReportExitResponse ReportExit(const v1::ReportExitRequest& req);
+  // A lease datagram: renews the node's lease when it is a member of `round` and `seq` is newer
+  // than any before (a replay renews nothing).
+  bool RenewLease(const std::string& node_id, long round, uint64_t seq);
   v1::StatusResponse Status() const;
 
   Phase phase() const { return phase_; }
@@ -101,6 +104,7 @@ class Rendezvous {
     std::string id;  // empty: a slot not yet re-registered after a coordinator restart
     Clock::TimePoint last_seen;
     bool succeeded = false;
+    uint64_t lease_seq = 0;  // the newest lease datagram's sequence number
   };
   void OpenNextRound(std::string why);
   void AddWaiting(const v1::JoinRequest& req);

@@ -13,4 +13,4 @@ apt-get install -y -q --no-install-recommends \
   libyaml-cpp-dev libspdlog-dev libcli11-dev libabsl-dev \
   libgtest-dev libgmock-dev \
   libtorch-dev libgloo-dev libopenblas0-pthread python3-torch \
-  iproute2 procps openssl
+  libssl-dev iproute2 procps openssl

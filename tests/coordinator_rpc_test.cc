@@ -2,11 +2,15 @@
 // and with which status (tokens, malformed and oversized messages, unknown and ended runs).
 #include <grpcpp/grpcpp.h>
 
+#include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/lease.h"
 #include "launcher/coordinator.h"
 
 namespace launch {
@@ -166,5 +170,96 @@ TEST_F(CoordinatorRpc, WatchStreamAnswersOnceWhenTheNodeMustStop) {
   EXPECT_TRUE(watch->Finish().ok());
 }
 
+
+// Seconds since the lease of `node` in run "job" was last renewed (-1: not known).
+double SecondsSinceLease(v1::Rendezvous::Stub* stub, const std::string& node) {
+  grpc::ClientContext ctx;
+  v1::StatusRequest req;
+  req.set_run_id("job");
+  v1::StatusResponse resp;
+  if (!stub->Status(&ctx, req, &resp).ok()) return -1;
+  for (const auto& n : resp.nodes())
+    if (n.node().node_id() == node) return n.seconds_since_heartbeat();
+  return -1;
+}
+
+bool Eventually(const std::function<bool()>& cond) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return cond();
+}
+
+TEST_F(CoordinatorRpc, LeaseDatagramsRenewTheLeaseAndForgeriesAndReplaysDoNot) {
+  Start();
+  // A two-node run: node b's datagrams mark how far the coordinator has read.
+  v1::JoinResponse ra, rb;
+  auto join2 = [&](const std::string& node, v1::JoinResponse* r) {
+    v1::JoinRequest j = Join("job", node);
+    j.mutable_spec()->set_min_nodes(2);
+    j.mutable_spec()->set_max_nodes(2);
+    return stub_->Join(Ctx().get(), j, r).ok();
+  };
+  bool b_ok = false;
+  std::thread tb([&] { b_ok = join2("b", &rb); });
+  ASSERT_TRUE(join2("a", &ra));
+  tb.join();
+  ASSERT_TRUE(b_ok);
+  const v1::Assignment& a = ra.assignment();
+  ASSERT_EQ(a.lease_port(), server_->port());
+  ASSERT_EQ(a.lease_key().size(), kLeaseKeyBytes);
+  ASSERT_EQ(rb.assignment().lease_key(), a.lease_key());  // one key per run
+  LeaseSender udp;
+  ASSERT_TRUE(udp.Connect("127.0.0.1", a.lease_port()).ok());
+  auto send = [&](const std::string& node, uint64_t seq, const std::string& key) {
+    udp.Send(*EncodeLeaseBeat(LeaseBeat{"job", node, a.round(), seq}, key));
+  };
+  // Let both leases age, then renew a's: it is fresh again, b's is not.
+  ASSERT_TRUE(Eventually([&] { return SecondsSinceLease(stub_.get(), "b") >= 0.2; }));
+  send("a", 1, a.lease_key());
+  ASSERT_TRUE(Eventually([&] { return SecondsSinceLease(stub_.get(), "a") < 0.1; }));
+  EXPECT_GE(SecondsSinceLease(stub_.get(), "b"), 0.2);
+  // A forged datagram (another key) and a replayed one for a, then a genuine one for b: once b
+  // is renewed, the two before it have been read, and a's lease must not have moved.
+  ASSERT_TRUE(Eventually([&] { return SecondsSinceLease(stub_.get(), "a") >= 0.2; }));
+  send("a", 2, std::string(kLeaseKeyBytes, 'k'));
+  send("a", 1, a.lease_key());
+  send("b", 1, a.lease_key());
+  ASSERT_TRUE(Eventually([&] { return SecondsSinceLease(stub_.get(), "b") < 0.1; }));
+  EXPECT_GE(SecondsSinceLease(stub_.get(), "a"), 0.2);
+  // The next genuine one for a renews it.
+  send("a", 2, a.lease_key());
+  ASSERT_TRUE(Eventually([&] { return SecondsSinceLease(stub_.get(), "a") < 0.1; }));
+}
+
+TEST_F(CoordinatorRpc, NoDatagramsByTheThirdHeartbeatMeansHeartbeatOnTheStream) {
+  Start();
+  v1::JoinResponse resp;
+  ASSERT_TRUE(stub_->Join(Ctx().get(), Join("job", "a"), &resp).ok());
+  auto ctx = Ctx();
+  auto watch = stub_->Watch(ctx.get());
+  v1::HeartbeatRequest hb;
+  hb.set_run_id("job");
+  hb.set_node_id("a");
+  hb.set_round(resp.assignment().round());
+  hb.set_lease_by_udp(true);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(watch->Write(hb));
+  v1::HeartbeatResponse answer;
+  ASSERT_TRUE(watch->Read(&answer));
+  EXPECT_TRUE(answer.lease_by_stream());
+  EXPECT_FALSE(answer.stop_workers());
+  EXPECT_FALSE(watch->Read(&answer));
+  EXPECT_TRUE(watch->Finish().ok());
+  // On a stream without lease_by_udp, heartbeats alone are the lease: no such answer.
+  auto ctx2 = Ctx();
+  auto watch2 = stub_->Watch(ctx2.get());
+  hb.set_lease_by_udp(false);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(watch2->Write(hb));
+  watch2->WritesDone();
+  EXPECT_FALSE(watch2->Read(&answer));
+  EXPECT_TRUE(watch2->Finish().ok());
+}
 }  // namespace
 }  // namespace launch

@@ -522,6 +522,13 @@ class NetnsLab {
   }
   // Unplugs (or plugs back) node i's cable: its port on the hub's bridge goes down (up).
   bool SetLink(int i, bool up) { return Ip({"-n", Hub(), "link", "set", Port(i), up ? "up" : "down"}); }
+  // Node i's UDP to `addr` goes nowhere (a firewall that lets only TCP through): policy routing
+  // sends UDP to a table whose route to `addr` is via a gateway that does not exist, so sending
+  // works and the datagrams are dropped.
+  bool BlockUdp(int i, const std::string& addr) {
+    return Ip({"-n", Node(i), "rule", "add", "ipproto", "udp", "table", "100"}) &&
+           Ip({"-n", Node(i), "route", "add", addr, "via", "10.213.7.250", "table", "100"});
+  }
 
  private:
   std::string Port(int i) const { return absl::StrCat(tag_, "v", i); }
@@ -626,6 +633,47 @@ TEST(MultiNodeNetns, CutNodeIsLostTheOthersGoOnAndItRejoinsWhenItsLinkComesBack)
   for (pid_t p : ReadPids(dir / "pids")) EXPECT_FALSE(ProcessAlive(p)) << "worker " << p << " survived";
 }
 
+
+TEST(MultiNodeNetns, NodeWhoseLeaseDatagramsAreBlockedHeartbeatsOnItsStream) {
+  NetnsLab lab(2);
+  if (!lab.ok()) GTEST_SKIP() << "network namespaces unavailable: " << lab.why();
+  if (!lab.BlockUdp(1, NetnsLab::HubAddress())) GTEST_SKIP() << "policy routing unavailable: " << lab.why();
+  TempDir dir;
+  WriteFile(dir / "token", "netns-test-token\n");
+  Coordinator coord({"--rdzv-token-file", dir / "token"}, 0, {}, NetnsLab::In(lab.Hub(), {}), NetnsLab::HubAddress());
+  ASSERT_TRUE(coord.ready()) << coord.child().err();
+  std::vector<std::unique_ptr<Child>> agents;
+  for (int i = 0; i < 2; ++i) {
+    agents.push_back(std::make_unique<Child>(NetnsLab::In(
+        lab.Node(i), Agent(coord.endpoint(),
+                           {"--nnodes=2", "--nproc-per-node=1", "--local-addr", NetnsLab::NodeAddress(i),
+                            "--rdzv-token-file", dir / "token", "--rdzv-conf", "heartbeat_timeout=1,heartbeat_interval=0.2"},
+                           {"--print-env", "LAUNCH_ROUND", "--wait-lines", dir / "go", "1"}))));
+  }
+  auto pump = [&] {
+    for (auto& a : agents) a->Pump(1);
+    coord.child().Pump(1);
+  };
+  // Node 1's datagrams never arrive: by its third stream heartbeat the coordinator says so.
+  ASSERT_TRUE(WaitUntil([&] {
+    pump();
+    return absl::StrContains(agents[1]->err(), "do not arrive; heartbeating on the stream");
+  })) << agents[1]->err() << coord.child().err();
+  EXPECT_THAT(coord.child().err(), HasSubstr("no lease datagram from node"));
+  EXPECT_THAT(agents[0]->err(), Not(HasSubstr("heartbeating on the stream")));
+  // Three lease timeouts later both nodes are still in round 1: neither lease ran out.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  WaitUntil([&] {
+    pump();
+    return std::chrono::steady_clock::now() >= until;
+  }, std::chrono::seconds(10));
+  WriteFile(dir / "go", "go\n");
+  for (const auto& r : WaitAll(agents)) {
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_THAT(Values(r.out, "LAUNCH_ROUND"), ::testing::ElementsAre("1")) << r.err;
+    EXPECT_THAT(r.err, Not(HasSubstr("lost node")));
+  }
+}
 
 // ---- chaos ----
 
