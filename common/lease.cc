@@ -107,7 +107,7 @@ std::optional<LeaseBeat> DecodeLeaseBeat(std::string_view d,
 }
 
 absl::Status LeaseListener::Start(const std::string& host, int port, OnBatch on_batch) {
-  auto res = Resolve(host == "0.0.0.0" || host == "::" || host == "*" ? "" : host, port, true);
+  auto res = Resolve(host, port, true);
   if (!res.ok()) return res.status();
   absl::Status st = absl::UnavailableError(absl::StrCat("cannot bind UDP ", host, ":", port));
   for (addrinfo* ai = *res; ai != nullptr; ai = ai->ai_next) {
