@@ -35,6 +35,17 @@ absl::Status ValidateNode(const std::string& run_id, const v1::NodeIdentity& n) 
   return absl::OkStatus();
 }
 
+// A message over the rendezvous limit is refused with a log line naming the peer. (gRPC itself
+// refuses those over kGrpcReceiveLimitBytes before they are parsed.)
+grpc::Status CheckSize(const std::string& peer, const google::protobuf::Message& m, const char* rpc) {
+  const size_t n = m.ByteSizeLong();
+  if (n <= static_cast<size_t>(kMaxRendezvousMessageBytes)) return grpc::Status::OK;
+  spdlog::warn("rejected {} from {}: a message of {} bytes (limit {})", rpc, peer, n, kMaxRendezvousMessageBytes);
+  return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                      absl::StrCat("a message of ", n, " bytes is over the rendezvous limit of ",
+                                   kMaxRendezvousMessageBytes, " bytes"));
+}
+
 }  // namespace
 
 // A Join or Heartbeat whose answer may come later; it owns nothing but its place in the run.
@@ -48,6 +59,7 @@ class CoordinatorService::HeldCall final : public grpc::ServerUnaryReactor {
   CoordinatorService* svc_;
   const Kind kind;
   const std::string run_id;
+  std::string peer;
   const v1::JoinRequest* join_req = nullptr;
   v1::JoinResponse* join_resp = nullptr;
   const v1::HeartbeatRequest* hb_req = nullptr;
@@ -79,6 +91,8 @@ class CoordinatorService::WatchReactor final : public grpc::ServerBidiReactor<v1
         FinishLocked(grpc::Status::OK);
       } else if (svc_->stopping_) {
         FinishLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down"));
+      } else if (grpc::Status big = CheckSize(peer_, in_, "Watch"); !big.ok()) {
+        FinishLocked(big);
       } else {
         if (run_ == nullptr) run_id_ = in_.run_id();
         if (in_.run_id() != run_id_) {
@@ -262,7 +276,8 @@ bool CoordinatorService::AnswerIfReady(Run& run, HeldCall* c, Finishes* out) {
       return true;
     }
     if (auto refused = r.TakeJoinRefusal(id)) {
-      spdlog::warn("run '{}': gave up on spare node {}: {}", c->run_id, id, std::string(refused->message()));
+      spdlog::warn("run '{}': gave up on spare node {} from {}: {}", c->run_id, id, c->peer,
+                   std::string(refused->message()));
       out->emplace_back(c, ToGrpc(*refused));
       return true;
     }
@@ -322,7 +337,12 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
   auto* call = new HeldCall(this, HeldCall::kJoin, req->run_id());
   call->join_req = req;
   call->join_resp = resp;
+  call->peer = ctx->peer();
   if (grpc::Status st = CheckToken(ctx, "Join"); !st.ok()) {
+    call->Finish(st);
+    return call;
+  }
+  if (grpc::Status st = CheckSize(call->peer, *req, "Join"); !st.ok()) {
     call->Finish(st);
     return call;
   }
@@ -424,7 +444,12 @@ grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerCont
   auto* call = new HeldCall(this, HeldCall::kHeartbeat, req->run_id());
   call->hb_req = req;
   call->hb_resp = resp;
+  call->peer = ctx->peer();
   if (grpc::Status st = CheckToken(ctx, "Heartbeat"); !st.ok()) {
+    call->Finish(st);
+    return call;
+  }
+  if (grpc::Status st = CheckSize(call->peer, *req, "Heartbeat"); !st.ok()) {
     call->Finish(st);
     return call;
   }
@@ -467,6 +492,10 @@ grpc::ServerUnaryReactor* CoordinatorService::ReportExit(grpc::CallbackServerCon
     reactor->Finish(st);
     return reactor;
   }
+  if (grpc::Status st = CheckSize(ctx->peer(), *req, "ReportExit"); !st.ok()) {
+    reactor->Finish(st);
+    return reactor;
+  }
   Finishes f;
   grpc::Status status = grpc::Status::OK;
   {
@@ -499,6 +528,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Status(grpc::CallbackServerContext
                                                      v1::StatusResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   grpc::Status status = CheckToken(ctx, "Status");
+  if (status.ok()) status = CheckSize(ctx->peer(), *req, "Status");
   if (status.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = runs_.find(req->run_id());
@@ -583,7 +613,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
   grpc::ServerBuilder builder;
   builder.AddListeningPort(JoinHostPort(hp->host, hp->port.value_or(29400)), *creds, &s->port_);
   builder.RegisterService(s->service_.get());
-  builder.SetMaxReceiveMessageSize(kMaxRendezvousMessageBytes);
+  builder.SetMaxReceiveMessageSize(kGrpcReceiveLimitBytes);
   builder.SetMaxSendMessageSize(kMaxRendezvousMessageBytes);
   // Two coordinators on one port would split a job in two: the second must fail to bind.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);

@@ -132,5 +132,8 @@ class CoordinatorServer {
 // Message size limit for every rendezvous RPC (the messages are small; anything big is an attack
 // or a bug).
 constexpr int kMaxRendezvousMessageBytes = 1 << 20;
+// What gRPC itself accepts: messages between the two limits are refused by the service, with a
+// log line naming the peer; larger ones by gRPC before they are parsed.
+constexpr int kGrpcReceiveLimitBytes = 4 * kMaxRendezvousMessageBytes;
 
 }  // namespace launch

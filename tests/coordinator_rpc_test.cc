@@ -5,6 +5,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -12,6 +13,8 @@
 #include "gtest/gtest.h"
 #include "common/lease.h"
 #include "launcher/coordinator.h"
+#include "spdlog/sinks/ostream_sink.h"
+#include "spdlog/spdlog.h"
 
 namespace launch {
 namespace {
@@ -78,11 +81,21 @@ TEST_F(CoordinatorRpc, MalformedJoinsAreInvalidArgument) {
   EXPECT_THAT(st.error_message(), HasSubstr("expected 1 <= MIN <= MAX"));
 }
 
-TEST_F(CoordinatorRpc, OversizedMessageIsRefused) {
+TEST_F(CoordinatorRpc, OversizedMessagesAreRefusedAndLoggedWithThePeer) {
   Start();
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  spdlog::default_logger()->sinks().push_back(sink);
   v1::JoinResponse resp;
   grpc::Status st = stub_->Join(Ctx().get(), Join("job", std::string(kMaxRendezvousMessageBytes + 1, 'x')), &resp);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
+  EXPECT_THAT(st.error_message(), HasSubstr("over the rendezvous limit of 1048576 bytes"));
+  // Far larger: gRPC refuses it before it is parsed.
+  st = stub_->Join(Ctx().get(), Join("job", std::string(kGrpcReceiveLimitBytes + 1, 'x')), &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
+  spdlog::default_logger()->flush();
+  spdlog::default_logger()->sinks().pop_back();
+  EXPECT_THAT(log.str(), HasSubstr("rejected Join from ipv4:127.0.0.1:"));
 }
 
 TEST_F(CoordinatorRpc, UnknownAndEndedRunsAreRefused) {
