@@ -220,6 +220,12 @@ void CoordinatorService::FinishAll(Finishes& f) {
   f.clear();
 }
 
+grpc::Status CoordinatorService::Admit(grpc::CallbackServerContext* ctx, const google::protobuf::Message& req,
+                                       const char* rpc) {
+  grpc::Status st = CheckToken(ctx, rpc);
+  return st.ok() ? CheckSize(ctx->peer(), req, rpc) : st;
+}
+
 grpc::Status CoordinatorService::CheckToken(grpc::CallbackServerContext* ctx, const char* rpc) {
   if (opts_.token.empty()) return grpc::Status::OK;
   const auto& md = ctx->client_metadata();
@@ -338,11 +344,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
   call->join_req = req;
   call->join_resp = resp;
   call->peer = ctx->peer();
-  if (grpc::Status st = CheckToken(ctx, "Join"); !st.ok()) {
-    call->Finish(st);
-    return call;
-  }
-  if (grpc::Status st = CheckSize(call->peer, *req, "Join"); !st.ok()) {
+  if (grpc::Status st = Admit(ctx, *req, "Join"); !st.ok()) {
     call->Finish(st);
     return call;
   }
@@ -445,11 +447,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerCont
   call->hb_req = req;
   call->hb_resp = resp;
   call->peer = ctx->peer();
-  if (grpc::Status st = CheckToken(ctx, "Heartbeat"); !st.ok()) {
-    call->Finish(st);
-    return call;
-  }
-  if (grpc::Status st = CheckSize(call->peer, *req, "Heartbeat"); !st.ok()) {
+  if (grpc::Status st = Admit(ctx, *req, "Heartbeat"); !st.ok()) {
     call->Finish(st);
     return call;
   }
@@ -488,11 +486,7 @@ grpc::ServerUnaryReactor* CoordinatorService::ReportExit(grpc::CallbackServerCon
                                                          const v1::ReportExitRequest* req,
                                                          v1::ReportExitResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  if (grpc::Status st = CheckToken(ctx, "ReportExit"); !st.ok()) {
-    reactor->Finish(st);
-    return reactor;
-  }
-  if (grpc::Status st = CheckSize(ctx->peer(), *req, "ReportExit"); !st.ok()) {
+  if (grpc::Status st = Admit(ctx, *req, "ReportExit"); !st.ok()) {
     reactor->Finish(st);
     return reactor;
   }
@@ -527,8 +521,7 @@ grpc::ServerUnaryReactor* CoordinatorService::ReportExit(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* CoordinatorService::Status(grpc::CallbackServerContext* ctx, const v1::StatusRequest* req,
                                                      v1::StatusResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  grpc::Status status = CheckToken(ctx, "Status");
-  if (status.ok()) status = CheckSize(ctx->peer(), *req, "Status");
+  grpc::Status status = Admit(ctx, *req, "Status");
   if (status.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = runs_.find(req->run_id());

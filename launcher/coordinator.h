@@ -78,6 +78,8 @@ class CoordinatorService final : public v1::Rendezvous::CallbackService {
   using Finishes = std::vector<std::pair<HeldCall*, grpc::Status>>;
 
   grpc::Status CheckToken(grpc::CallbackServerContext* ctx, const char* rpc);
+  // The token, then the message size: the first refusal, logged with the peer.
+  grpc::Status Admit(grpc::CallbackServerContext* ctx, const google::protobuf::Message& req, const char* rpc);
   // Answers the run's held calls whose answer is ready; mu_ held. Finish happens after unlock.
   void Pump(Run& run, Finishes* out);
   // Answers `call` when its answer is ready (it stays in the run's containers); mu_ held.
