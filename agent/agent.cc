@@ -144,7 +144,7 @@ absl::StatusOr<v1::ReportExitResponse> Agent::Report(const v1::ReportExitRequest
       *hb.mutable_node() = opts_.node;
       *hb.mutable_assignment() = a;
       *hb.mutable_spec() = opts_.run_spec;
-      auto re = coordinator_->Heartbeat(hb, nullptr);
+      auto re = coordinator_->Heartbeat(hb);
       if (re.ok()) {
         resp = coordinator_->ReportExit(req, std::chrono::seconds(10));
         if (resp.ok()) return resp;
@@ -169,14 +169,19 @@ absl::StatusOr<v1::ReportExitResponse> Agent::Report(const v1::ReportExitRequest
   }
 }
 
-absl::StatusOr<v1::HeartbeatResponse> Agent::AwaitVerdict(const v1::Assignment& a, int* signal) {
-  *signal = 0;
+CoordinatorWatch::Options Agent::WatchOptions() const {
   CoordinatorWatch::Options wo;
   wo.run_id = opts_.spec.run_id;
   wo.node = opts_.node;
   wo.spec = opts_.run_spec;
-  wo.hold = opts_.heartbeat_hold;
-  CoordinatorWatch watch(wo, coordinator_);
+  wo.interval = opts_.heartbeat_interval;
+  wo.patience = opts_.coordinator_patience;
+  return wo;
+}
+
+absl::StatusOr<v1::HeartbeatResponse> Agent::AwaitVerdict(const v1::Assignment& a, int* signal) {
+  *signal = 0;
+  CoordinatorWatch watch(WatchOptions(), coordinator_);
   RETURN_IF_ERROR(watch.Start(a));
   if (int sig = WaitSignalOr(watch.fd(), std::nullopt); sig > 0) {
     *signal = sig;
@@ -319,12 +324,7 @@ int Agent::Run() {
     if (next.ok()) state = *next;
     else spdlog::error("internal: {}", std::string(next.status().message()));
   };
-  CoordinatorWatch::Options wo;
-  wo.run_id = opts_.spec.run_id;
-  wo.node = opts_.node;
-  wo.spec = opts_.run_spec;
-  wo.hold = opts_.heartbeat_hold;
-  wo.patience = opts_.coordinator_patience;
+  const CoordinatorWatch::Options wo = WatchOptions();
   long last_round = 0;
   for (;;) {
     if (state == GroupState::kInit) move(GroupEvent::kJoin);

@@ -39,8 +39,8 @@ struct AgentOptions {
   std::optional<std::set<int>> console_local_ranks;  // --local-ranks-filter
   std::chrono::milliseconds stop_timeout{30000};
   std::chrono::milliseconds restart_backoff{0};
-  // How long the coordinator may hold each heartbeat (the lease is renewed at least this often).
-  std::chrono::milliseconds heartbeat_hold{1000};
+  // How often the lease is renewed while the workers run (--rdzv-conf heartbeat_interval).
+  std::chrono::milliseconds heartbeat_interval{1000};
   // How long to keep trying an unreachable coordinator once the workers have ended.
   std::chrono::milliseconds coordinator_patience{30000};
   bool dry_run = false;
@@ -82,6 +82,7 @@ class Agent {
   absl::StatusOr<std::vector<WorkerLaunch>> PrepareAttempt(const v1::Assignment& a,
                                                            const std::string& attempt_dir);
   void PrintDryRun(const std::vector<WorkerLaunch>& workers) const;
+  CoordinatorWatch::Options WatchOptions() const;
 
   AgentOptions opts_;
   CoordinatorClient* coordinator_;

@@ -77,14 +77,11 @@ absl::StatusOr<v1::Assignment> GrpcCoordinatorClient::Join(const v1::JoinRequest
   return resp.assignment();
 }
 
-absl::StatusOr<v1::HeartbeatResponse> GrpcCoordinatorClient::Heartbeat(const v1::HeartbeatRequest& req,
-                                                                        CallCanceller* cancel) {
+absl::StatusOr<v1::HeartbeatResponse> GrpcCoordinatorClient::Heartbeat(const v1::HeartbeatRequest& req) {
   grpc::ClientContext ctx;
-  Prepare(&ctx, std::chrono::milliseconds(req.wait_ms()) + std::chrono::seconds(5));
-  if (cancel && !cancel->Attach(&ctx)) return absl::CancelledError("heartbeat cancelled");
+  Prepare(&ctx, std::chrono::seconds(10));
   v1::HeartbeatResponse resp;
   grpc::Status s = stub_->Heartbeat(&ctx, req, &resp);
-  if (cancel) cancel->Detach();
   if (!s.ok()) return FromGrpc(s, absl::StrCat("heartbeat to ", target_));
   return resp;
 }

@@ -11,7 +11,7 @@
 
 namespace launch {
 
-// Lets another thread cut a blocking call short (the held heartbeat) at once.
+// Lets another thread cut a blocking call short (a held Join) at once.
 class CallCanceller {
  public:
   void Cancel();
@@ -45,8 +45,8 @@ class CoordinatorClient {
   virtual std::unique_ptr<WatchStream> Watch() = 0;
   // Waits for the round to form (bounded by the coordinator's join timeout).
   virtual absl::StatusOr<v1::Assignment> Join(const v1::JoinRequest& req, CallCanceller* cancel = nullptr) = 0;
-  virtual absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req,
-                                                          CallCanceller* cancel = nullptr) = 0;
+  // One lease renewal, answered at once.
+  virtual absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req) = 0;
   virtual absl::StatusOr<v1::ReportExitResponse> ReportExit(const v1::ReportExitRequest& req,
                                                             std::chrono::milliseconds timeout) = 0;
   // "host:port" for messages.
@@ -60,8 +60,7 @@ class GrpcCoordinatorClient : public CoordinatorClient {
   GrpcCoordinatorClient(std::shared_ptr<grpc::Channel> channel, std::string target, std::string token,
                         std::chrono::milliseconds join_timeout);
   absl::StatusOr<v1::Assignment> Join(const v1::JoinRequest& req, CallCanceller* cancel) override;
-  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req,
-                                                  CallCanceller* cancel) override;
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req) override;
   absl::StatusOr<v1::ReportExitResponse> ReportExit(const v1::ReportExitRequest& req,
                                                     std::chrono::milliseconds timeout) override;
   std::unique_ptr<WatchStream> Watch() override;

@@ -7,7 +7,6 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
-
 #include "common/lease.h"
 #include "common/net.h"
 #include "common/status_macros.h"
@@ -124,7 +123,7 @@ void CoordinatorWatch::Loop(v1::Assignment a) {
         if (datagram.ok()) lease.Send(*datagram);
       }
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, opts_.hold, [&] { return stop_ || ended; });
+      cv_.wait_for(lock, opts_.interval, [&] { return stop_ || ended; });
       if (stop_ || ended) {
         stopped = stop_;
         break;

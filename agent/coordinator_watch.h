@@ -11,8 +11,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <functional>
-#include <string>
 #include <mutex>
+#include <string>
 #include <thread>
 
 #include "absl/status/status.h"
@@ -31,7 +31,7 @@ class CoordinatorWatch {
     std::string run_id;
     v1::NodeIdentity node;
     v1::RunSpec spec;
-    std::chrono::milliseconds hold{1000};  // the heartbeat interval
+    std::chrono::milliseconds interval{1000};  // between heartbeats
     std::chrono::milliseconds retry_min{50}, retry_max{2000};
     // An agent-hosted coordinator (the assignment names its node) that stays unreachable this
     // long died with its node: the watch then ends with job_failed and the reason.

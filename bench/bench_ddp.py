@@ -259,11 +259,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except HarnessError as e:
-        print(f"bench_ddp: error: {e}", file=sys.stderr)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        print("bench_ddp: interrupted", file=sys.stderr)
-        sys.exit(1)
+    harness.run_main(main, "bench_ddp", interrupted_code=1)

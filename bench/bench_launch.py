@@ -325,11 +325,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except HarnessError as e:
-        print(f"bench_launch: error: {e}", file=sys.stderr)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        print("bench_launch: interrupted", file=sys.stderr)
-        sys.exit(130)
+    harness.run_main(main, "bench_launch")

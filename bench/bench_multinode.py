@@ -241,11 +241,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except HarnessError as e:
-        print(f"bench_multinode: error: {e}", file=sys.stderr)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        print("bench_multinode: interrupted", file=sys.stderr)
-        sys.exit(130)
+    harness.run_main(main, "bench_multinode")

@@ -12,6 +12,7 @@ import ctypes
 import os
 import select
 import signal
+import sys
 import time
 
 
@@ -243,3 +244,16 @@ def run_once(argv, env, timeout, log_path, leak_marker=None, stop_grace=5.0, pol
                 kill(p, signal.SIGKILL)
             wait_exit(pid, stop_grace, poll_s)
             cleanup_leftovers(leak_marker, leftover_tries)
+
+
+def run_main(main, name, interrupted_code=130):
+    """sys.exit(main()), with a HarnessError as one line `NAME: error: ...` and exit 1, and
+    Ctrl-C as `NAME: interrupted` and interrupted_code."""
+    try:
+        sys.exit(main())
+    except HarnessError as e:
+        print(f"{name}: error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted", file=sys.stderr)
+        sys.exit(interrupted_code)

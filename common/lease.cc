@@ -40,18 +40,37 @@ std::string Mac(std::string_view data, const std::string& key) {
   return std::string(reinterpret_cast<char*>(mac), len);
 }
 
-absl::StatusOr<addrinfo*> Resolve(const std::string& host, int port, bool passive) {
+// A UDP socket bound to (listen) or connected to (!listen) host:port: the first address of the
+// host's that works.
+absl::StatusOr<UniqueFd> OpenUdp(const std::string& host, int port, bool listen) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_DGRAM;
-  hints.ai_flags = passive ? AI_PASSIVE : 0;
+  hints.ai_flags = listen ? AI_PASSIVE : 0;
   addrinfo* res = nullptr;
   const std::string service = std::to_string(port);
-  int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &res);
-  if (rc != 0 || res == nullptr) {
+  if (int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &res); rc != 0 || res == nullptr) {
     return absl::UnavailableError(absl::StrCat("cannot resolve ", host, ": ", ::gai_strerror(rc)));
   }
-  return res;
+  const char* verb = listen ? "bind" : "reach";
+  absl::Status st = absl::UnavailableError(absl::StrCat("cannot ", verb, " UDP ", host, ":", port));
+  UniqueFd out;
+  for (addrinfo* ai = res; ai != nullptr && !out.valid(); ai = ai->ai_next) {
+    UniqueFd fd(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol));
+    if (!fd.valid()) continue;
+    if (listen) {
+      int rcvbuf = 4 << 20;  // a burst of datagrams waits here while a batch is handled
+      ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
+    }
+    if ((listen ? ::bind(fd.get(), ai->ai_addr, ai->ai_addrlen) : ::connect(fd.get(), ai->ai_addr, ai->ai_addrlen)) != 0) {
+      st = absl::UnavailableError(absl::StrCat("cannot ", verb, " UDP ", host, ":", port, ": ", std::strerror(errno)));
+      continue;
+    }
+    out = std::move(fd);
+  }
+  ::freeaddrinfo(res);
+  if (!out.valid()) return st;
+  return out;
 }
 
 }  // namespace
@@ -107,23 +126,9 @@ std::optional<LeaseBeat> DecodeLeaseBeat(std::string_view d,
 }
 
 absl::Status LeaseListener::Start(const std::string& host, int port, OnBatch on_batch) {
-  auto res = Resolve(host, port, true);
-  if (!res.ok()) return res.status();
-  absl::Status st = absl::UnavailableError(absl::StrCat("cannot bind UDP ", host, ":", port));
-  for (addrinfo* ai = *res; ai != nullptr; ai = ai->ai_next) {
-    UniqueFd fd(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol));
-    if (!fd.valid()) continue;
-    int rcvbuf = 4 << 20;
-    ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
-    if (::bind(fd.get(), ai->ai_addr, ai->ai_addrlen) != 0) {
-      st = absl::UnavailableError(absl::StrCat("cannot bind UDP ", host, ":", port, ": ", std::strerror(errno)));
-      continue;
-    }
-    fd_ = std::move(fd);
-    break;
-  }
-  ::freeaddrinfo(*res);
-  if (!fd_.valid()) return st;
+  auto fd = OpenUdp(host, port, /*listen=*/true);
+  if (!fd.ok()) return fd.status();
+  fd_ = std::move(*fd);
   stop_ = UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!stop_.valid()) return absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno)));
   on_batch_ = std::move(on_batch);
@@ -170,21 +175,10 @@ void LeaseListener::Loop() {
 }
 
 absl::Status LeaseSender::Connect(const std::string& host, int port) {
-  auto res = Resolve(host, port, false);
-  if (!res.ok()) return res.status();
-  absl::Status st = absl::UnavailableError(absl::StrCat("cannot reach UDP ", host, ":", port));
-  for (addrinfo* ai = *res; ai != nullptr; ai = ai->ai_next) {
-    UniqueFd fd(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol));
-    if (!fd.valid()) continue;
-    if (::connect(fd.get(), ai->ai_addr, ai->ai_addrlen) != 0) {
-      st = absl::UnavailableError(absl::StrCat("cannot reach UDP ", host, ":", port, ": ", std::strerror(errno)));
-      continue;
-    }
-    fd_ = std::move(fd);
-    break;
-  }
-  ::freeaddrinfo(*res);
-  return fd_.valid() ? absl::OkStatus() : st;
+  auto fd = OpenUdp(host, port, /*listen=*/false);
+  if (!fd.ok()) return fd.status();
+  fd_ = std::move(*fd);
+  return absl::OkStatus();
 }
 
 void LeaseSender::Send(const std::string& datagram) {

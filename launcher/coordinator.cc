@@ -48,23 +48,19 @@ grpc::Status CheckSize(const std::string& peer, const google::protobuf::Message&
 
 }  // namespace
 
-// A Join or Heartbeat whose answer may come later; it owns nothing but its place in the run.
+// A Join whose answer comes when its round forms; it owns nothing but its place in the run.
 class CoordinatorService::HeldCall final : public grpc::ServerUnaryReactor {
  public:
-  enum Kind { kJoin, kHeartbeat };
-  HeldCall(CoordinatorService* svc, Kind kind, std::string run_id) : svc_(svc), kind(kind), run_id(std::move(run_id)) {}
+  HeldCall(CoordinatorService* svc, const v1::JoinRequest* req, v1::JoinResponse* resp, std::string peer)
+      : svc_(svc), run_id(req->run_id()), peer(std::move(peer)), join_req(req), join_resp(resp) {}
   void OnCancel() override { svc_->Cancelled(this); }
   void OnDone() override { delete this; }
 
   CoordinatorService* svc_;
-  const Kind kind;
   const std::string run_id;
-  std::string peer;
-  const v1::JoinRequest* join_req = nullptr;
-  v1::JoinResponse* join_resp = nullptr;
-  const v1::HeartbeatRequest* hb_req = nullptr;
-  v1::HeartbeatResponse* hb_resp = nullptr;
-  std::optional<Clock::TimePoint> deadline;
+  const std::string peer;
+  const v1::JoinRequest* const join_req;
+  v1::JoinResponse* const join_resp;
 };
 
 // One agent's Watch stream: every message it reads renews the node's lease; it writes once, when
@@ -86,46 +82,7 @@ class CoordinatorService::WatchReactor final : public grpc::ServerBidiReactor<v1
     Finishes f;
     {
       std::lock_guard<std::mutex> lock(svc_->mu_);
-      if (finished_) return;
-      if (!ok) {  // the agent closed the stream, or the call broke
-        FinishLocked(grpc::Status::OK);
-      } else if (svc_->stopping_) {
-        FinishLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down"));
-      } else if (grpc::Status big = CheckSize(peer_, in_, "Watch"); !big.ok()) {
-        FinishLocked(big);
-      } else {
-        if (run_ == nullptr) run_id_ = in_.run_id();
-        if (in_.run_id() != run_id_) {
-          FinishLocked(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "one Watch stream watches one run"));
-        } else {
-          last_ = in_;
-          v1::HeartbeatResponse ans;
-          auto run = svc_->HeartbeatLocked(peer_, last_, &ans, &f);
-          if (finished_) {
-            // answered already: the change this heartbeat made was this node's business
-          } else if (!run.ok()) {
-            FinishLocked(ToGrpc(run.status()));
-          } else if (*run == nullptr || Rendezvous::Urgent(ans)) {
-            AnswerLocked(ans);
-          } else {
-            if (run_ == nullptr) {
-              run_ = *run;
-              run_->watchers.insert(this);
-            }
-            ++messages_;
-            if (last_.lease_by_udp() && messages_ >= 3 && !run_->udp_seen.count(last_.node_id())) {
-              // Its datagrams do not get here (a firewall, another port): the stream must do.
-              spdlog::warn("run '{}': no lease datagram from node {} ({}) has arrived; it heartbeats on its stream",
-                           run_id_, last_.node_id(), peer_);
-              v1::HeartbeatResponse fallback = ans;
-              fallback.set_lease_by_stream(true);
-              AnswerLocked(fallback);
-            } else {
-              StartRead(&in_);
-            }
-          }
-        }
-      }
+      if (!finished_) ReadDoneLocked(ok, &f);
     }
     FinishAll(f);
     svc_->settled_.notify_all();
@@ -151,6 +108,35 @@ class CoordinatorService::WatchReactor final : public grpc::ServerBidiReactor<v1
   }
 
  private:
+  // One message read (or the reading ended); mu_ held. Each path ends the stream or reads on.
+  void ReadDoneLocked(bool ok, Finishes* f) {
+    if (!ok) return FinishLocked(grpc::Status::OK);  // the agent closed the stream, or the call broke
+    if (svc_->stopping_) return FinishLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down"));
+    if (grpc::Status big = CheckSize(peer_, in_, "Watch"); !big.ok()) return FinishLocked(big);
+    if (run_ == nullptr) run_id_ = in_.run_id();
+    if (in_.run_id() != run_id_) {
+      return FinishLocked(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "one Watch stream watches one run"));
+    }
+    last_ = in_;
+    v1::HeartbeatResponse ans;
+    auto run = svc_->HeartbeatLocked(peer_, last_, &ans, f);
+    if (finished_) return;  // answered already: the change this heartbeat made was this node's business
+    if (!run.ok()) return FinishLocked(ToGrpc(run.status()));
+    if (*run == nullptr || Rendezvous::Urgent(ans)) return AnswerLocked(ans);
+    if (run_ == nullptr) {
+      run_ = *run;
+      run_->watchers.insert(this);
+    }
+    if (last_.lease_by_udp() && ++messages_ >= 3 && !run_->udp_seen.count(last_.node_id())) {
+      // Its datagrams do not get here (a firewall, another port): the stream must do.
+      spdlog::warn("run '{}': no lease datagram from node {} ({}) has arrived; it heartbeats on its stream", run_id_,
+                   last_.node_id(), peer_);
+      ans.set_lease_by_stream(true);
+      return AnswerLocked(ans);
+    }
+    StartRead(&in_);
+  }
+
   void AnswerLocked(const v1::HeartbeatResponse& ans) {
     if (finished_) return;
     finished_ = true;
@@ -166,9 +152,9 @@ class CoordinatorService::WatchReactor final : public grpc::ServerBidiReactor<v1
   CoordinatorService* svc_;
   const std::string peer_;
   std::string run_id_;
-  Run* run_ = nullptr;  // set once the node is known; cleared by the run's removal (never: runs with watchers stay)
+  Run* run_ = nullptr;  // set once the node is known; a run with watchers is never removed
   bool finished_ = false;  // under svc_->mu_
-  int messages_ = 0;
+  int messages_ = 0;       // read with lease_by_udp
   v1::HeartbeatRequest in_, last_;
   v1::HeartbeatResponse out_;
 };
@@ -194,7 +180,6 @@ void CoordinatorService::Shutdown() {
       run.held.clear();
       for (WatchReactor* w : run.watchers) w->ShutdownLocked();
     }
-    hold_deadlines_.clear();
     wake_.notify_all();
   }
   FinishAll(f);
@@ -238,11 +223,6 @@ grpc::Status CoordinatorService::CheckToken(grpc::CallbackServerContext* ctx, co
                                      : "wrong rendezvous token");
 }
 
-void CoordinatorService::Hold(Run& run, HeldCall* call) {
-  run.held.insert(call);
-  if (call->deadline) hold_deadlines_.emplace(*call->deadline, call);
-}
-
 CoordinatorService::Run CoordinatorService::NewRun(const std::string& run_id, const RendezvousConfig& cfg,
                                                    std::string lease_key) {
   Run run;
@@ -258,61 +238,48 @@ void CoordinatorService::set_lease_port(int port) {
 
 void CoordinatorService::OnLeaseBatch(const std::vector<std::string>& datagrams) {
   std::lock_guard<std::mutex> lock(mu_);
+  Run* run = nullptr;  // the run of the datagram being decoded
   auto key_for = [&](const std::string& run_id) -> const std::string* {
     auto it = runs_.find(run_id);
-    return it == runs_.end() ? nullptr : &it->second.lease_key;
+    run = it == runs_.end() ? nullptr : &it->second;
+    return run ? &run->lease_key : nullptr;
   };
   for (const auto& d : datagrams) {
     auto beat = DecodeLeaseBeat(d, key_for);
     if (!beat) continue;  // forged, damaged, or for a run that is gone: a lost datagram
-    Run& run = runs_.find(beat->run_id)->second;
-    if (run.rdzv->RenewLease(beat->node_id, beat->round, beat->seq)) run.udp_seen.insert(beat->node_id);
+    if (run->rdzv->RenewLease(beat->node_id, beat->round, beat->seq)) run->udp_seen.insert(beat->node_id);
   }
 }
 
 bool CoordinatorService::AnswerIfReady(Run& run, HeldCall* c, Finishes* out) {
   Rendezvous& r = *run.rdzv;
-  if (c->kind == HeldCall::kJoin) {
-    const std::string& id = c->join_req->node().node_id();
-    if (auto a = r.AssignmentFor(id, c->join_req->last_round())) {
-      *c->join_resp->mutable_assignment() = *a;
-      c->join_resp->mutable_assignment()->set_lease_key(run.lease_key);
-      c->join_resp->mutable_assignment()->set_lease_port(lease_port_);
-      out->emplace_back(c, grpc::Status::OK);
-      return true;
-    }
-    if (auto refused = r.TakeJoinRefusal(id)) {
-      spdlog::warn("run '{}': gave up on spare node {} from {}: {}", c->run_id, id, c->peer,
-                   std::string(refused->message()));
-      out->emplace_back(c, ToGrpc(*refused));
-      return true;
-    }
-    if (r.ended()) {
-      out->emplace_back(c, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                                        absl::StrCat("run '", c->run_id, "' ", PhaseName(r.phase()),
-                                                     r.reason().empty() ? "" : ": ", r.reason())));
-      return true;
-    }
-    return false;
+  const std::string& id = c->join_req->node().node_id();
+  if (auto a = r.AssignmentFor(id, c->join_req->last_round())) {
+    *c->join_resp->mutable_assignment() = *a;
+    c->join_resp->mutable_assignment()->set_lease_key(run.lease_key);
+    c->join_resp->mutable_assignment()->set_lease_port(lease_port_);
+    out->emplace_back(c, grpc::Status::OK);
+    return true;
   }
-  v1::HeartbeatResponse ans = r.HeartbeatAnswer(*c->hb_req);
-  if (!Rendezvous::Urgent(ans)) return false;
-  if (ans.job_succeeded() || ans.job_failed()) r.NoteToldEnd(c->hb_req->node_id());
-  *c->hb_resp = ans;
-  out->emplace_back(c, grpc::Status::OK);
-  return true;
+  if (auto refused = r.TakeJoinRefusal(id)) {
+    spdlog::warn("run '{}': gave up on spare node {} from {}: {}", c->run_id, id, c->peer,
+                 std::string(refused->message()));
+    out->emplace_back(c, ToGrpc(*refused));
+    return true;
+  }
+  if (r.ended()) {
+    out->emplace_back(c, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                      absl::StrCat("run '", c->run_id, "' ", PhaseName(r.phase()),
+                                                   r.reason().empty() ? "" : ": ", r.reason())));
+    return true;
+  }
+  return false;
 }
 
 void CoordinatorService::Pump(Run& run, Finishes* out) {
   for (auto it = run.watchers.begin(); it != run.watchers.end();) (*it++)->PumpLocked();
   for (auto it = run.held.begin(); it != run.held.end();) {
-    HeldCall* c = *it;
-    if (AnswerIfReady(run, c, out)) {
-      if (c->deadline) hold_deadlines_.erase({*c->deadline, c});
-      it = run.held.erase(it);
-    } else {
-      ++it;
-    }
+    it = AnswerIfReady(run, *it, out) ? run.held.erase(it) : std::next(it);
   }
 }
 
@@ -324,26 +291,20 @@ void CoordinatorService::Cancelled(HeldCall* call) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = runs_.find(call->run_id);
     if (it == runs_.end() || !it->second.held.erase(call)) return;  // already answered
-    if (call->deadline) hold_deadlines_.erase({*call->deadline, call});
     f.emplace_back(call, grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
-    if (call->kind == HeldCall::kJoin) {
-      Rendezvous& r = *it->second.rdzv;
-      uint64_t v = r.version();
-      r.CancelJoin(call->join_req->node().node_id());
-      TickNow(it->second);
-      if (r.version() != v) Pump(it->second, &f);
-      wake_.notify_one();
-    }
+    Rendezvous& r = *it->second.rdzv;
+    uint64_t v = r.version();
+    r.CancelJoin(call->join_req->node().node_id());
+    TickNow(it->second);
+    if (r.version() != v) Pump(it->second, &f);
+    wake_.notify_one();
   }
   FinishAll(f);
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* ctx, const v1::JoinRequest* req,
                                                    v1::JoinResponse* resp) {
-  auto* call = new HeldCall(this, HeldCall::kJoin, req->run_id());
-  call->join_req = req;
-  call->join_resp = resp;
-  call->peer = ctx->peer();
+  auto* call = new HeldCall(this, req, resp, ctx->peer());
   if (grpc::Status st = Admit(ctx, *req, "Join"); !st.ok()) {
     call->Finish(st);
     return call;
@@ -393,10 +354,10 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
                    run.rdzv->config().max_nodes);
     }
     if (run.rdzv->version() != version) {  // a round formed or opened: every held call may be ready
-      Hold(run, call);
+      run.held.insert(call);
       Pump(run, &f);
     } else if (!AnswerIfReady(run, call, &f)) {  // only this join can have changed
-      Hold(run, call);
+      run.held.insert(call);
     }
     wake_.notify_one();
   }
@@ -424,7 +385,7 @@ absl::StatusOr<CoordinatorService::Run*> CoordinatorService::HeartbeatLocked(con
     it = runs_.emplace(req.run_id(), NewRun(req.run_id(), *cfg, req.assignment().lease_key())).first;
   }
   Run& run = it->second;
-  const bool known_before = !run.rdzv->HeartbeatAnswer(req).unknown_node();
+  const bool known_before = run.rdzv->Knows(req.node_id());
   uint64_t v = run.rdzv->version();
   *ans = run.rdzv->Heartbeat(req);
   if (!known_before && req.has_assignment() && !ans->unknown_node()) {
@@ -443,38 +404,21 @@ absl::StatusOr<CoordinatorService::Run*> CoordinatorService::HeartbeatLocked(con
 grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerContext* ctx,
                                                         const v1::HeartbeatRequest* req,
                                                         v1::HeartbeatResponse* resp) {
-  auto* call = new HeldCall(this, HeldCall::kHeartbeat, req->run_id());
-  call->hb_req = req;
-  call->hb_resp = resp;
-  call->peer = ctx->peer();
-  if (grpc::Status st = Admit(ctx, *req, "Heartbeat"); !st.ok()) {
-    call->Finish(st);
-    return call;
-  }
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  grpc::Status status = Admit(ctx, *req, "Heartbeat");
   Finishes f;
-  {
-    std::unique_lock<std::mutex> lock(mu_);
+  if (status.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) {
-      lock.unlock();
-      call->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down"));
-      return call;
-    }
-    v1::HeartbeatResponse ans;
-    auto run = HeartbeatLocked(ctx->peer(), *req, &ans, &f);
-    if (!run.ok()) {
-      f.emplace_back(call, ToGrpc(run.status()));
-    } else if (*run == nullptr || Rendezvous::Urgent(ans) || req->wait_ms() <= 0) {
-      *resp = ans;
-      f.emplace_back(call, grpc::Status::OK);
-    } else {
-      call->deadline = clock_->Now() + std::min(std::chrono::milliseconds(req->wait_ms()), opts_.max_hold);
-      Hold(**run, call);
-      wake_.notify_one();
+      status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down");
+    } else if (auto run = HeartbeatLocked(ctx->peer(), *req, resp, &f); !run.ok()) {
+      status = ToGrpc(run.status());
     }
   }
   FinishAll(f);
+  reactor->Finish(status);
   settled_.notify_all();
-  return call;
+  return reactor;
 }
 
 grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse>* CoordinatorService::Watch(
@@ -536,24 +480,11 @@ grpc::ServerUnaryReactor* CoordinatorService::Status(grpc::CallbackServerContext
 }
 
 void CoordinatorService::TimerLoop() {
-  // Held heartbeats due within this slack of each other are answered in one wake-up: with
-  // thousands of agents the timer thread would otherwise wake once per agent per hold.
-  constexpr std::chrono::milliseconds kHoldSlack{10};
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
     const auto now = clock_->Now();
     auto next = now + std::chrono::seconds(3600);
     Finishes f;
-    while (!hold_deadlines_.empty() && hold_deadlines_.begin()->first <= now + kHoldSlack) {
-      HeldCall* c = hold_deadlines_.begin()->second;
-      hold_deadlines_.erase(hold_deadlines_.begin());
-      auto it = runs_.find(c->run_id);
-      if (it == runs_.end() || !it->second.held.erase(c)) continue;
-      *c->hb_resp = it->second.rdzv->HeartbeatAnswer(*c->hb_req);
-      if (c->hb_resp->job_succeeded() || c->hb_resp->job_failed()) it->second.rdzv->NoteToldEnd(c->hb_req->node_id());
-      f.emplace_back(c, grpc::Status::OK);
-    }
-    if (!hold_deadlines_.empty()) next = std::min(next, hold_deadlines_.begin()->first);
     for (auto it = runs_.begin(); it != runs_.end();) {
       Rendezvous& r = *it->second.rdzv;
       std::optional<Clock::TimePoint>& due = it->second.next_tick;

@@ -1,6 +1,7 @@
 // The rendezvous coordinator as a gRPC service: a thin, locked wrapper around one Rendezvous
-// state machine per run id. Joins and heartbeats are held (gRPC callback API, no thread per call)
-// and answered the moment their answer changes, so every agent learns of a new round at once.
+// state machine per run id. Joins are held and Watch streams kept open (gRPC callback API, no
+// thread per call); both are answered the moment their answer changes, so every agent learns of
+// a new round at once. Leases are renewed by Watch messages or lease datagrams.
 // Single-node runs host it in-process on 127.0.0.1 (port 0); `launch coordinator` and the
 // agent-hosted coordinator serve many nodes and many runs.
 #pragma once
@@ -26,8 +27,6 @@ struct CoordinatorOptions {
   // For joins that carry no run spec (older agents, tests): the run's settings.
   RendezvousConfig defaults;
   std::string token;  // required on every RPC when not empty
-  // Longest a heartbeat is held (the agent asks for less).
-  std::chrono::milliseconds max_hold{10000};
 };
 
 class CoordinatorService final : public v1::Rendezvous::CallbackService {
@@ -46,7 +45,7 @@ class CoordinatorService final : public v1::Rendezvous::CallbackService {
   grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse>* Watch(
       grpc::CallbackServerContext* ctx) override;
 
-  // Starts the timer thread (last calls, leases, held heartbeats, closing ended runs).
+  // Starts the timer thread (last calls, leases, spares, closing ended runs).
   void Start();
   // Answers every held call UNAVAILABLE and stops the timer thread.
   void Shutdown();
@@ -66,10 +65,10 @@ class CoordinatorService final : public v1::Rendezvous::CallbackService {
   class WatchReactor;
   struct Run {
     std::unique_ptr<Rendezvous> rdzv;
-    std::set<HeldCall*> held;
+    std::set<HeldCall*> held;  // joins waiting for their round
     std::set<WatchReactor*> watchers;
     // When the run's Tick is due (its last answer); nullopt: no timer. Heartbeats only push
-    // leases later, so the timer thread does not tick a run on every held-call deadline.
+    // leases later, so they need not tick the run.
     std::optional<Clock::TimePoint> next_tick;
     std::string lease_key;  // HMAC key of the run's lease datagrams
     std::set<std::string> udp_seen;  // nodes whose lease datagrams arrive
@@ -84,10 +83,10 @@ class CoordinatorService final : public v1::Rendezvous::CallbackService {
   void Pump(Run& run, Finishes* out);
   // Answers `call` when its answer is ready (it stays in the run's containers); mu_ held.
   bool AnswerIfReady(Run& run, HeldCall* call, Finishes* out);
-  void Hold(Run& run, HeldCall* call);  // mu_ held
   // A heartbeat (unary or on a Watch stream): renews the lease, re-registers a node a restarted
-  // coordinator does not know, answers held calls the change concerns; mu_ held. nullptr: the run
-  // is unknown and the node sent nothing to rebuild it from (ans says unknown_node).
+  // coordinator does not know, answers held joins and streams the change concerns; mu_ held.
+  // nullptr: the run is unknown and the node sent nothing to rebuild it from (ans says
+  // unknown_node).
   absl::StatusOr<Run*> HeartbeatLocked(const std::string& peer, const v1::HeartbeatRequest& req,
                                        v1::HeartbeatResponse* ans, Finishes* f);
   void Cancelled(HeldCall* call);
@@ -103,7 +102,6 @@ class CoordinatorService final : public v1::Rendezvous::CallbackService {
   std::condition_variable settled_;  // WaitUntilEveryNodeKnowsTheEnd
   bool stopping_ = false;
   std::map<std::string, Run> runs_;
-  std::set<std::pair<Clock::TimePoint, HeldCall*>> hold_deadlines_;
   std::thread timer_;
   int lease_port_ = 0;  // under mu_
 };

@@ -136,9 +136,7 @@ absl::Status Rendezvous::Join(const v1::JoinRequest& req) {
     AddSpare(req);
     return absl::OkStatus();
   }
-  spares_.erase(std::remove_if(spares_.begin(), spares_.end(),
-                               [&](const Waiting& w) { return w.join.node().node_id() == id; }),
-                spares_.end());
+  RemoveSpare(id);
   AddWaiting(req);
   if (ReadyToForm()) FormRound();
   return absl::OkStatus();
@@ -160,6 +158,12 @@ void Rendezvous::AddSpare(const v1::JoinRequest& req) {
     }
   }
   spares_.push_back({req, clock_->Now()});
+}
+
+void Rendezvous::RemoveSpare(const std::string& node_id) {
+  spares_.erase(std::remove_if(spares_.begin(), spares_.end(),
+                               [&](const Waiting& w) { return w.join.node().node_id() == node_id; }),
+                spares_.end());
 }
 
 bool Rendezvous::IsSpare(const std::string& node_id) const {
@@ -224,9 +228,7 @@ int Rendezvous::LiveMembersNotWaiting() const {
 }
 
 void Rendezvous::CancelJoin(const std::string& node_id) {
-  spares_.erase(std::remove_if(spares_.begin(), spares_.end(),
-                               [&](const Waiting& w) { return w.join.node().node_id() == node_id; }),
-                spares_.end());
+  RemoveSpare(node_id);
   if (phase_ != Phase::kWaiting) return;
   auto it = std::find_if(waiting_.begin(), waiting_.end(),
                          [&](const Waiting& w) { return w.join.node().node_id() == node_id; });
@@ -406,7 +408,7 @@ v1::HeartbeatResponse Rendezvous::HeartbeatAnswer(const v1::HeartbeatRequest& re
   v1::HeartbeatResponse resp;
   const long current = phase_ == Phase::kWaiting ? round_ + 1 : round_;
   resp.set_current_round(current);
-  if (!identities_.contains(req.node_id())) {
+  if (!Knows(req.node_id())) {
     resp.set_unknown_node(true);
     return resp;
   }
@@ -421,7 +423,7 @@ v1::HeartbeatResponse Rendezvous::HeartbeatAnswer(const v1::HeartbeatRequest& re
 }
 
 v1::HeartbeatResponse Rendezvous::Heartbeat(const v1::HeartbeatRequest& req) {
-  if (!identities_.contains(req.node_id()) && req.has_assignment() && req.has_node()) {
+  if (!Knows(req.node_id()) && req.has_assignment() && req.has_node()) {
     if (!Reattach(req)) identities_[req.node_id()] = req.node();  // known now; told to stop below
   }
   if (Member* m = FindMember(req.node_id()); m && req.round() == round_) m->last_seen = clock_->Now();

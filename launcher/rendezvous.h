@@ -62,9 +62,11 @@ class Rendezvous {
   // Renews the node's lease (re-registering it after a coordinator restart when the request
   // carries its assignment) and answers with what the node must do now.
   v1::HeartbeatResponse Heartbeat(const v1::HeartbeatRequest& req);
-  // What a heartbeat would be answered now, without renewing the lease (for held calls).
+  // What a heartbeat would be answered now, without renewing the lease (for open Watch streams).
   v1::HeartbeatResponse HeartbeatAnswer(const v1::HeartbeatRequest& req) const;
-  // Whether a heartbeat answer needs to go out now rather than after the hold.
+  // Whether the node has ever joined or re-registered (else a heartbeat is answered unknown_node).
+  bool Knows(const std::string& node_id) const { return identities_.contains(node_id); }
+  // Whether the node must act on the answer now (a Watch stream writes only such an answer).
   static bool Urgent(const v1::HeartbeatResponse& r) {
     return r.stop_workers() || r.unknown_node() || r.job_succeeded() || r.job_failed();
   }
@@ -109,6 +111,7 @@ class Rendezvous {
   void OpenNextRound(std::string why);
   void AddWaiting(const v1::JoinRequest& req);
   void AddSpare(const v1::JoinRequest& req);
+  void RemoveSpare(const std::string& node_id);
   // Moves spares into the waiting round while live members and waiting nodes leave places free.
   void PromoteSpares();
   // Gives up on spares that have waited join_timeout; returns the earliest spare deadline left.

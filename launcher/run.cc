@@ -360,7 +360,7 @@ int RunLaunch(const LaunchConfig& c, OrphanGuard* guard, SignalFd* signals) {
   }
   RendezvousConfig rcfg = RendezvousSettings(c, multi);
   opts.run_spec = rcfg.ToSpec();
-  opts.heartbeat_hold = std::chrono::milliseconds(static_cast<long>(c.rdzv.heartbeat_interval * 1000));
+  opts.heartbeat_interval = std::chrono::milliseconds(static_cast<long>(c.rdzv.heartbeat_interval * 1000));
   opts.coordinator_patience = std::chrono::milliseconds(static_cast<long>(c.rdzv.close_timeout * 1000));
   if (is_static) {
     if (!c.master_addr) {

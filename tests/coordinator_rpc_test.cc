@@ -8,6 +8,8 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -61,24 +63,22 @@ class CoordinatorRpc : public ::testing::Test {
 
 TEST_F(CoordinatorRpc, MalformedJoinsAreInvalidArgument) {
   Start();
-  v1::JoinResponse resp;
-  v1::JoinRequest no_node = Join("job", "");
-  grpc::Status st = stub_->Join(Ctx().get(), no_node, &resp);
-  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_THAT(st.error_message(), HasSubstr("node id"));
   v1::JoinRequest zero = Join("job", "a");
   zero.mutable_node()->set_local_world_size(0);
-  st = stub_->Join(Ctx().get(), zero, &resp);
-  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_THAT(st.error_message(), HasSubstr("local_world_size 0"));
-  st = stub_->Join(Ctx().get(), Join("job\n1", "a"), &resp);
-  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_THAT(st.error_message(), HasSubstr("run id"));
   v1::JoinRequest bad_spec = Join("job", "a");
   bad_spec.mutable_spec()->set_max_nodes(0);
-  st = stub_->Join(Ctx().get(), bad_spec, &resp);
-  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_THAT(st.error_message(), HasSubstr("expected 1 <= MIN <= MAX"));
+  const std::vector<std::pair<v1::JoinRequest, std::string>> cases = {
+      {Join("job", ""), "node id"},
+      {zero, "local_world_size 0"},
+      {Join("job\n1", "a"), "run id"},
+      {bad_spec, "expected 1 <= MIN <= MAX"},
+  };
+  for (const auto& [req, why] : cases) {
+    v1::JoinResponse resp;
+    grpc::Status st = stub_->Join(Ctx().get(), req, &resp);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << why;
+    EXPECT_THAT(st.error_message(), HasSubstr(why));
+  }
 }
 
 TEST_F(CoordinatorRpc, OversizedMessagesAreRefusedAndLoggedWithThePeer) {

@@ -4,8 +4,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
-#include <cstring>
 #include <filesystem>
 #include <map>
 #include <random>
@@ -591,9 +589,7 @@ TEST(MultiNodeNetns, CutNodeIsLostTheOthersGoOnAndItRejoinsWhenItsLinkComesBack)
   // Unplug the node that runs the last worker to start (its agent is the worker's parent).
   int cut = -1;
   for (int i = 0; i < 3 && cut < 0; ++i) {
-    std::string stat = ReadFile(absl::StrCat("/proc/", cut_worker, "/stat"));
-    std::vector<std::string> f = absl::StrSplit(stat.substr(stat.rfind(')') + 2), ' ');
-    if (f.size() > 1 && f[1] == std::to_string(agents[i]->pid())) cut = i;
+    if (ParentAndName(cut_worker).first == agents[i]->pid()) cut = i;
   }
   ASSERT_GE(cut, 0) << "no agent is the parent of worker " << cut_worker;
   ASSERT_TRUE(lab.SetLink(cut, false)) << lab.why();
@@ -678,17 +674,6 @@ TEST(MultiNodeNetns, NodeWhoseLeaseDatagramsAreBlockedHeartbeatsOnItsStream) {
 // ---- chaos ----
 
 #ifdef TRAIN_MLP_BIN
-// The parent pid and command name of a process ("" when it is gone).
-std::pair<pid_t, std::string> ParentAndName(pid_t pid) {
-  std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
-  auto open = stat.find('('), close = stat.rfind(')');
-  if (open == std::string::npos || close == std::string::npos || close + 4 > stat.size()) return {0, ""};
-  std::vector<std::string> f = absl::StrSplit(stat.substr(close + 2), ' ');
-  int ppid = 0;
-  if (f.size() < 2 || !absl::SimpleAtoi(f[1], &ppid)) return {0, ""};
-  return {ppid, stat.substr(open + 1, close - open - 1)};
-}
-
 // The live train_mlp workers whose parent is one of `agents`.
 std::vector<pid_t> TrainWorkers(const std::vector<pid_t>& agents) {
   std::vector<pid_t> out;
@@ -712,13 +697,6 @@ long NewestCheckpoint(const std::string& dir) {
       newest = std::max(newest, step);
   }
   return newest;
-}
-
-std::vector<float> ReadFloatFile(const std::string& path) {
-  std::string bytes = ReadFile(path);
-  std::vector<float> v(bytes.size() / sizeof(float));
-  std::memcpy(v.data(), bytes.data(), v.size() * sizeof(float));
-  return v;
 }
 
 TEST(MultiNodeChaos, TrainingSurvivesFiveWorkerKillsAndALostAgentWithExactSteps) {
@@ -807,13 +785,11 @@ TEST(MultiNodeChaos, TrainingSurvivesFiveWorkerKillsAndALostAgentWithExactSteps)
   for (size_t pos = out.find("resumed from step"); pos != std::string::npos; pos = out.find("resumed from step", pos + 1))
     ++resumed;
   EXPECT_GE(resumed, 6) << out;
-  auto a = ReadFloatFile(dir / "straight.bin");
-  auto b = ReadFloatFile(dir / "chaos.bin");
+  auto a = ReadFloats(dir / "straight.bin");
+  auto b = ReadFloats(dir / "chaos.bin");
   ASSERT_EQ(a.size(), b.size());
   ASSERT_FALSE(a.empty());
-  double diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, static_cast<double>(std::fabs(a[i] - b[i])));
-  EXPECT_LE(diff, 1e-6);
+  EXPECT_LE(MaxAbsDiff(a, b), 1e-6);
   for (pid_t p : seen_workers) EXPECT_FALSE(ProcessAlive(p)) << "worker " << p << " survived";
 }
 #endif  // TRAIN_MLP_BIN

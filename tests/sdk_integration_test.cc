@@ -1,8 +1,6 @@
 // worker_sdk end to end under the real `launch`: DDP equivalence, kill-and-resume, error files,
 // the profiler's trace.
-#include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -14,21 +12,6 @@ namespace launch::testing {
 namespace {
 
 using ::testing::HasSubstr;
-
-std::vector<float> ReadFloats(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::vector<float> v;
-  float x;
-  while (f.read(reinterpret_cast<char*>(&x), sizeof x)) v.push_back(x);
-  return v;
-}
-
-double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
-  if (a.size() != b.size() || a.empty()) return INFINITY;
-  double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(static_cast<double>(a[i]) - b[i]));
-  return m;
-}
 
 struct DdpCase {
   const char* name;

@@ -6,6 +6,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -126,6 +128,32 @@ bool ProcessAlive(pid_t pid) {
   if (close == std::string::npos || close + 2 >= line.size()) return false;
   char state = line[close + 2];
   return state != 'Z' && state != 'X';
+}
+
+std::pair<pid_t, std::string> ParentAndName(pid_t pid) {
+  const std::string stat = ReadFile("/proc/" + std::to_string(pid) + "/stat");
+  const auto open = stat.find('('), close = stat.rfind(')');
+  if (open == std::string::npos || close == std::string::npos || close + 4 > stat.size()) return {0, ""};
+  std::istringstream rest(stat.substr(close + 2));
+  std::string state;
+  long ppid = 0;
+  if (!(rest >> state >> ppid)) return {0, ""};
+  return {static_cast<pid_t>(ppid), stat.substr(open + 1, close - open - 1)};
+}
+
+std::vector<float> ReadFloats(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::vector<float> v;
+  float x;
+  while (f.read(reinterpret_cast<char*>(&x), sizeof x)) v.push_back(x);
+  return v;
+}
+
+double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size() || a.empty()) return INFINITY;
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(static_cast<double>(a[i]) - b[i]));
+  return m;
 }
 
 std::vector<pid_t> ReadPids(const std::string& path) {

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace launch::testing {
@@ -46,6 +47,12 @@ bool WaitUntil(const std::function<bool()>& cond,
                std::chrono::milliseconds timeout = std::chrono::seconds(20));
 
 bool ProcessAlive(pid_t pid);  // false for zombies too
+// The parent pid and command name of a process ({0, ""} when it is gone).
+std::pair<pid_t, std::string> ParentAndName(pid_t pid);
+// The float32 values in a file (train_mlp --save-params), and the largest difference between two
+// such lists (infinity when their sizes differ or they are empty).
+std::vector<float> ReadFloats(const std::string& path);
+double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b);
 std::vector<pid_t> ReadPids(const std::string& path);
 std::string ReadFile(const std::string& path);
 void WriteFile(const std::string& path, const std::string& text);
