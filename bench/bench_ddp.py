@@ -85,8 +85,10 @@ class Sample:
 def train_argv(args, side, dims, batch, steps, warmup):
     flags = ["--dims", dims, "--batch", str(batch), "--steps", str(steps), "--warmup", str(warmup),
              "--print-every", "0"]
-    prog = args.train_mlp if side == "C++" else args.train_ddp
-    return [args.launch, "--nproc-per-node=2", prog] + flags
+    if side == "C++":
+        return [args.launch, f"--nproc-per-node={args.nproc}", args.train_mlp] + flags
+    # train_mlp trains on CUDA whenever LibTorch sees a GPU; train_ddp.py is told.
+    return [args.launch, f"--nproc-per-node={args.nproc}", args.train_ddp, "--device", args.device] + flags
 
 
 def run_train(args, env, tmp, side, cfg, steps, warmup, tag):
@@ -159,11 +161,15 @@ def main():
                     help="LAUNCH_SHM_ALLREDUCE for the C++ side: 1 (default) all-reduces through shared "
                          "memory, 0 through Gloo like the Python side")
     ap.add_argument("--loss-rtol", type=float, default=1e-4, help="allowed relative C++/Python loss difference")
+    ap.add_argument("--nproc", type=int, default=2, help="ranks (--nproc-per-node, default 2)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cuda: Python DDP on NCCL and the GPUs (train_mlp uses CUDA whenever it sees a GPU)")
     args = ap.parse_args()
 
     cfgs = [c.strip() for c in args.configs.split(",") if c.strip()]
-    if args.reps < 1 or not cfgs or any(c not in CONFIGS for c in cfgs) or args.steps_scale <= 0:
-        raise HarnessError(f"bad arguments: --reps >= 1, --configs from {','.join(CONFIGS)}, --steps-scale > 0")
+    if args.reps < 1 or not cfgs or any(c not in CONFIGS for c in cfgs) or args.steps_scale <= 0 or args.nproc < 1:
+        raise HarnessError(f"bad arguments: --reps >= 1, --configs from {','.join(CONFIGS)}, --steps-scale > 0, "
+                           "--nproc >= 1")
     for what, path in (("--launch", args.launch), ("--train-mlp", args.train_mlp), ("--python", args.python)):
         if not (os.path.isfile(path) and os.access(path, os.X_OK)):
             raise HarnessError(f"{what} {path}: not an executable file (build: ninja -C build train_mlp launch)")
@@ -181,8 +187,13 @@ def main():
         plan[c] = (max(2, round(steps * args.steps_scale)), max(1, round(warmup * args.steps_scale)))
 
     subreaper = harness.become_subreaper()
-    print(f"bench_ddp: 2 ranks on CPU, under {os.path.relpath(args.launch, REPO_ROOT)}; C++ all-reduce through "
-          f"{'shared memory' if args.shm_allreduce == '1' else 'Gloo'}, Python through Gloo; "
+    if args.device == "cuda":
+        comm = "both all-reduce through NCCL"
+    else:
+        comm = (f"C++ all-reduce through {'shared memory' if args.shm_allreduce == '1' else 'Gloo'}, "
+                "Python through Gloo")
+    print(f"bench_ddp: {args.nproc} rank(s) on {args.device}, under {os.path.relpath(args.launch, REPO_ROOT)}; "
+          f"{comm}; "
           f"{args.reps} interleaved rep(s) per side and config; CPUs: {os.cpu_count()}; "
           f"subreaper: {'yes' if subreaper else 'no'}")
     load_before = loadavg()

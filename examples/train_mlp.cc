@@ -21,6 +21,7 @@
 #include "launch_sdk/amp.h"
 #include "launch_sdk/checkpoint.h"
 #include "launch_sdk/context.h"
+#include "launch_sdk/data.h"
 #include "launch_sdk/ddp.h"
 #include "launch_sdk/errors.h"
 #include "launch_sdk/profiler.h"
@@ -45,7 +46,8 @@ struct Args {
   double bucket_mb = 25;
   int accum = 1;
   int print_every = 10;
-  bool amp = false;
+  std::string amp;  // "", "bf16" or "fp16"
+  double init_scale = 65536;  // GradScaler's first loss scale (fp16)
   std::string save_params;
   long fail_at_step = -1;  // fault injection: SIGKILL itself at this step on the first attempt
   int fail_rank = 1;
@@ -110,12 +112,21 @@ int Train(const Args& a) {
   }
   torch::optim::SGD optim(model->parameters(), torch::optim::SGDOptions(scaling.base_lr).momentum(0.9));
 
+  // fp16 needs a loss scale (its range underflows small gradients); bf16 does not.
+  const bool amp = !a.amp.empty();
+  const at::ScalarType amp_dtype = a.amp == "fp16" ? at::kHalf : at::kBFloat16;
+  launch_sdk::GradScalerOptions scaler_opts;
+  scaler_opts.enabled = a.amp == "fp16";
+  scaler_opts.init_scale = a.init_scale;
+  launch_sdk::GradScaler scaler(scaler_opts, ctx->process_group());
+
   launch_sdk::TrainState state;
   std::optional<launch_sdk::Checkpointer> ckpt;
   if (!a.checkpoint_dir.empty()) {
     ckpt.emplace(a.checkpoint_dir, a.keep);
     if (auto resumed = ckpt->LoadLatest(*model, optim)) {
       state = *resumed;
+      if (scaler_opts.enabled && state.loss_scale > 0) scaler.set_state(state.loss_scale, state.scaler_growth_tracker);
       if (rank == 0) std::printf("resumed from step %ld (epoch %ld)\n", static_cast<long>(state.step), static_cast<long>(state.epoch));
     }
   }
@@ -124,9 +135,10 @@ int Train(const Args& a) {
   const auto scaled = launch_sdk::ScaleForWorld(scaling, world);
   if (rank == 0) {
     std::printf("train_mlp: world %d, %s on %s, per-worker batch %d, global batch %d, peak lr %g, %zu bucket(s) "
-                "all-reduced through %s\n",
+                "all-reduced through %s, amp %s%s\n",
                 world, ctx->backend(), ctx->device().str().c_str(), a.batch, scaled.global_batch, scaled.peak_lr,
-                ddp.num_buckets(), ddp.uses_shared_memory() ? "shared memory" : ctx->backend());
+                ddp.num_buckets(), ddp.uses_shared_memory() ? "shared memory" : ctx->backend(),
+                amp ? a.amp.c_str() : "off", scaler_opts.enabled ? " with GradScaler" : "");
     std::fflush(stdout);  // a worker stopped by a signal still shows where it resumed from
   }
 
@@ -139,6 +151,7 @@ int Train(const Args& a) {
   long measured_from = -1;
   const long first_step = state.step + 1;
   double last_loss = 0;
+  long skipped = 0;
   for (long step = state.step + 1; step <= a.steps; ++step) {
     if (step == first_step + a.warmup || (measured_from < 0 && step == a.steps)) {
       ctx->Barrier();
@@ -160,16 +173,16 @@ int Train(const Args& a) {
     for (int m = 0; m < a.accum; ++m) {
       auto first = order.begin() + state.sampler_position + m * micro;
       at::Tensor idx = at::tensor(std::vector<int64_t>(first, first + micro), at::kLong);
-      at::Tensor x = inputs.index_select(0, idx).to(ctx->device());
-      at::Tensor y = labels.index_select(0, idx).to(ctx->device());
+      at::Tensor x = launch_sdk::GatherRows(inputs, idx, ctx->device());
+      at::Tensor y = launch_sdk::GatherRows(labels, idx, ctx->device());
       auto backward = [&] {
         at::Tensor out;
         {
-          launch_sdk::Autocast autocast(ctx->device().type(), at::kBFloat16, a.amp);
+          launch_sdk::Autocast autocast(ctx->device().type(), amp_dtype, amp);
           out = model->forward(x);
         }
         at::Tensor loss = torch::nn::functional::cross_entropy(out.to(at::kFloat), y) / a.accum;
-        loss.backward();
+        scaler.Scale(loss).backward();
         loss_sum += loss.item<double>();
       };
       if (m + 1 < a.accum) {
@@ -179,9 +192,14 @@ int Train(const Args& a) {
         backward();
       }
     }
-    optim.step();
+    if (!scaler.Step(optim)) ++skipped;  // on every rank alike, when fp16 gradients overflowed
+    scaler.Update();
     state.sampler_position += a.batch;
     state.step = step;
+    if (scaler_opts.enabled) {
+      state.loss_scale = scaler.scale();
+      state.scaler_growth_tracker = scaler.growth_tracker();
+    }
     last_loss = loss_sum;
     progress.Report(step, loss_sum, Seconds(t0, std::chrono::steady_clock::now()));
     if (a.print_every > 0 && (step % a.print_every == 0 || step == a.steps) && rank == 0) {
@@ -201,8 +219,10 @@ int Train(const Args& a) {
   if (rank == 0) {
     long measured = measured_from < 0 ? 0 : a.steps - measured_from + 1;
     double secs = Seconds(measure_start, end);
-    std::printf("done: steps=%ld loss=%.6f measured_steps=%ld steps_per_s=%.3f\n", a.steps, last_loss, measured,
+    std::printf("done: steps=%ld loss=%.6f measured_steps=%ld steps_per_s=%.3f", a.steps, last_loss, measured,
                 measured > 0 && secs > 0 ? measured / secs : 0.0);
+    if (scaler_opts.enabled) std::printf(" skipped_steps=%ld loss_scale=%g", skipped, scaler.scale());
+    std::printf("\n");
   }
   if (!a.save_params.empty() && rank == 0) {
     std::ofstream f(a.save_params, std::ios::binary | std::ios::trunc);
@@ -234,7 +254,9 @@ int main(int argc, char** argv) {
   app.add_option("--bucket-mb", a.bucket_mb, "DDP gradient bucket size in MiB")->check(CLI::PositiveNumber);
   app.add_option("--accum", a.accum, "gradient accumulation micro-batches")->check(CLI::PositiveNumber);
   app.add_option("--print-every", a.print_every, "steps between loss lines (0: never)");
-  app.add_flag("--amp", a.amp, "bf16 autocast (CPU) / autocast (CUDA)");
+  app.add_flag("--amp{bf16}", a.amp, "autocast: --amp or --amp=bf16; --amp=fp16 (with GradScaler)")
+      ->check(CLI::IsMember({"bf16", "fp16"}));
+  app.add_option("--init-scale", a.init_scale, "GradScaler's first loss scale (--amp=fp16)")->check(CLI::PositiveNumber);
   app.add_option("--save-params", a.save_params, "rank 0 writes the final parameters (float32) here");
   app.add_option("--fail-at-step", a.fail_at_step, "fault injection: SIGKILL at this step, first attempt only");
   app.add_option("--fail-rank", a.fail_rank, "the rank that --fail-at-step kills");

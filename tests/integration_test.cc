@@ -299,9 +299,7 @@ TEST(Launch, ConfigFileSetsFlagsAndFlagsOverrideIt) {
 }
 
 TEST(Launch, PythonScriptWithGlooAllreduce) {
-  if (RunCmd({"/usr/bin/python3", "-c", "import torch.distributed"}).exit_code != 0) {
-    GTEST_SKIP() << "/usr/bin/python3 has no torch (apt-get install python3-torch)";
-  }
+  LAUNCH_NEED_PYTHON_TORCH();
   auto r = RunCmd({kLaunch, "--nproc-per-node=2", std::string(TESTS_DIR) + "/python/allreduce.py"},
                {"PYTHON_EXEC=/usr/bin/python3"}, std::chrono::seconds(120));
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -320,9 +318,7 @@ TEST(Launch, ModuleFlagRunsPythonDashM) {
 }
 
 TEST(Launch, PythonRecordErrorFileReachesTheSummary) {
-  if (RunCmd({"/usr/bin/python3", "-c", "import torch.distributed"}).exit_code != 0) {
-    GTEST_SKIP() << "/usr/bin/python3 has no torch (apt-get install python3-torch)";
-  }
+  LAUNCH_NEED_PYTHON_TORCH();
   auto r = RunCmd({kLaunch, "--nproc-per-node=2", std::string(TESTS_DIR) + "/python/record_error.py"},
                   {"PYTHON_EXEC=/usr/bin/python3"}, std::chrono::seconds(120));
   EXPECT_EQ(r.exit_code, 1) << r.err;

@@ -1,5 +1,6 @@
 // worker_sdk end to end under the real `launch`: DDP equivalence, kill-and-resume, error files,
 // the profiler's trace.
+#include <cstdio>
 #include <filesystem>
 #include <vector>
 
@@ -52,11 +53,14 @@ INSTANTIATE_TEST_SUITE_P(
                       DdpCase{"gloo_no_sync_accumulation", "26214400", "2", "1", "2", "0"}),
     [](const auto& info) { return std::string(info.param.name); });
 
-TEST(Sdk, KillAndResumeEndsWithTheSameParameters) {
+// Trains 2 ranks straight through, then again with rank 1 killed at step 22 and the group resumed
+// from the step-20 checkpoint; both runs must end with the same parameters. Returns the first run.
+RunResult ExpectKillAndResumeMatches(const std::vector<std::string>& flags) {
   TempDir dir;
   std::vector<std::string> train = {TRAIN_MLP_BIN, "--dims", "32,64,64,10", "--batch", "16", "--steps", "40",
                                     "--dataset-size", "256", "--warmup", "0", "--checkpoint-every", "5",
                                     "--print-every", "0"};
+  train.insert(train.end(), flags.begin(), flags.end());
   auto with = [&](std::vector<std::string> extra) {
     std::vector<std::string> v = train;
     v.insert(v.end(), extra.begin(), extra.end());
@@ -65,18 +69,69 @@ TEST(Sdk, KillAndResumeEndsWithTheSameParameters) {
   std::vector<std::string> straight = {LAUNCH_BIN, "--nproc-per-node=2"};
   for (const auto& a : with({"--checkpoint-dir", dir / "a", "--save-params", dir / "a.bin"})) straight.push_back(a);
   auto a = RunCmd(straight, {}, std::chrono::seconds(180));
-  ASSERT_EQ(a.exit_code, 0) << a.err;
+  EXPECT_EQ(a.exit_code, 0) << a.err;
 
   std::vector<std::string> crashed = {LAUNCH_BIN, "--nproc-per-node=2", "--max-restarts=1"};
   for (const auto& x : with({"--checkpoint-dir", dir / "b", "--save-params", dir / "b.bin", "--fail-at-step", "22"}))
     crashed.push_back(x);
   auto b = RunCmd(crashed, {}, std::chrono::seconds(180));
-  ASSERT_EQ(b.exit_code, 0) << b.err;
+  EXPECT_EQ(b.exit_code, 0) << b.err;
   EXPECT_THAT(b.out, HasSubstr("fault injection: rank 1 kills itself at step 22"));
   EXPECT_THAT(b.err, HasSubstr("restarting the group"));
   EXPECT_THAT(b.out, HasSubstr("resumed from step 20"));
   double diff = MaxAbsDiff(ReadFloats(dir / "a.bin"), ReadFloats(dir / "b.bin"));
   EXPECT_LE(diff, 1e-6);
+  return a;
+}
+
+TEST(Sdk, KillAndResumeEndsWithTheSameParameters) { ExpectKillAndResumeMatches({}); }
+
+// Whether the LibTorch the SDK was built against autocasts fp16 on the CPU (2.4 and later).
+bool CpuFp16Autocast() {
+  int major = 0, minor = 0;
+  std::sscanf(LAUNCH_TORCH_VERSION, "%d.%d", &major, &minor);
+  return major > 2 || (major == 2 && minor >= 4);
+}
+
+TEST(Sdk, Fp16KillAndResumeKeepsTheLossScale) {
+  if (!CpuFp16Autocast()) GTEST_SKIP() << "LibTorch " << LAUNCH_TORCH_VERSION << " has no fp16 autocast on the CPU";
+  // A first scale of 2^24 overflows fp16 gradients, so steps are skipped and the scale backs off:
+  // a resumed run that did not restore the scale would skip other steps and end elsewhere.
+  auto a = ExpectKillAndResumeMatches({"--amp=fp16", "--init-scale", "16777216"});
+  EXPECT_THAT(a.out, HasSubstr("amp fp16 with GradScaler"));
+  EXPECT_THAT(a.out, ::testing::ContainsRegex("skipped_steps=[1-9]"));
+}
+
+TEST(Sdk, TrainMlpBf16Autocast) {
+  auto r = RunCmd({LAUNCH_BIN, "--nproc-per-node=2", TRAIN_MLP_BIN, "--dims", "16,32,4", "--steps", "10", "--warmup",
+                   "0", "--amp"},
+                  {}, std::chrono::seconds(120));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("amp bf16\n"));
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("done: steps=10 loss=[0-9]"));
+}
+
+TEST(Sdk, TrainMlpFp16WhereTheCpuCannot) {
+  if (CpuFp16Autocast()) GTEST_SKIP() << "LibTorch " << LAUNCH_TORCH_VERSION << " autocasts fp16 on the CPU";
+  auto r = RunCmd({LAUNCH_BIN, "--nproc-per-node=1", TRAIN_MLP_BIN, "--dims", "16,32,4", "--steps", "3", "--amp=fp16"},
+                  {}, std::chrono::seconds(120));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("Half on cpu: expected BFloat16"));
+}
+
+TEST(Sdk, TrainMlpRejectsAnUnknownAmpDtype) {
+  auto r = RunCmd({TRAIN_MLP_BIN, "--amp=fp8"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("fp8"));
+}
+
+// Debian's LibTorch 2.x has no libuv TCPStore while 2.4+ asks for one by default: without
+// USE_LIBUV=0 the SDK must still start (a Python script there needs USE_LIBUV=0).
+TEST(Sdk, StartsWithoutUseLibuvWhateverTheTcpStoreBackend) {
+  auto r = RunCmd({LAUNCH_BIN, "--nproc-per-node=2", TRAIN_MLP_BIN, "--dims", "16,32,4", "--steps", "3", "--warmup", "0"},
+                  {"USE_LIBUV"}, std::chrono::seconds(120));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("[0]:done: steps=3"));
 }
 
 TEST(Sdk, UncaughtExceptionWritesTheErrorFile) {
@@ -117,9 +172,7 @@ std::string DoneLine(const std::string& out) {
 }
 
 TEST(Sdk, PythonDdpTwinTrainsTheSameUnderLaunch) {
-  if (RunCmd({"/usr/bin/python3", "-c", "import torch.distributed"}).exit_code != 0) {
-    GTEST_SKIP() << "/usr/bin/python3 has no torch";
-  }
+  LAUNCH_NEED_PYTHON_TORCH();
   std::vector<std::string> flags = {"--dims", "16,32,4", "--batch", "8", "--steps", "30", "--warmup", "2",
                                     "--dataset-size", "128", "--print-every", "0"};
   std::vector<std::string> py = {LAUNCH_BIN, "--nproc-per-node=2", std::string(SOURCE_DIR) + "/examples/python/train_ddp.py"};

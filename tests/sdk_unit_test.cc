@@ -1,4 +1,5 @@
-// worker_sdk unit tests: scaling, sampler, GradScaler, checkpoints, error JSON.
+// worker_sdk unit tests: scaling, sampler, device choice, GradScaler, autocast, profiler,
+// checkpoints, error JSON. Built and run against LibTorch 1.13 and 2.x (scripts/test.sh).
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -14,11 +15,15 @@
 #include "gtest/gtest.h"
 #include "launch_sdk/amp.h"
 #include "launch_sdk/checkpoint.h"
+#include "launch_sdk/data.h"
+#include "launch_sdk/env.h"
 #include "launch_sdk/errors.h"
+#include "launch_sdk/profiler.h"
 #include "launch_sdk/sampler.h"
 #include "launch_sdk/scaling.h"
 #include "tests/test_util.h"
 #include "tests/workers/sdk_model.h"
+#include "worker_sdk/src/torch_compat.h"
 
 namespace launch_sdk {
 namespace {
@@ -102,8 +107,7 @@ TEST(Sampler, ShuffleIsSeededByEpoch) {
 }
 
 TEST(Sampler, MatchesPyTorchsDistributedSampler) {
-  auto probe = launch::testing::RunCmd({"/usr/bin/python3", "-c", "import torch"});
-  if (probe.exit_code != 0) GTEST_SKIP() << "/usr/bin/python3 has no torch";
+  LAUNCH_NEED_PYTHON_TORCH();
   const char* script =
       "import torch.utils.data as d\n"
       "for n, r, drop in ((23, 4, False), (23, 4, True), (7, 3, False)):\n"
@@ -172,13 +176,140 @@ TEST(GradScaler, UnscaleRestoresTrueGradients) {
   EXPECT_FALSE(scaler.found_inf());
 }
 
+TEST(GradScaler, NoGradientsIsNotAnOverflow) {
+  auto m = testing::MakeMlp(4, 8, 2, 0);
+  torch::optim::SGD opt(m->parameters(), torch::optim::SGDOptions(0.1));
+  GradScaler scaler;
+  EXPECT_TRUE(scaler.Step(opt));
+  EXPECT_FALSE(scaler.found_inf());
+}
+
+TEST(GradScaler, NanInAnyTensorIsFound) {
+  auto m = testing::MakeMlp(4, 8, 2, 0);
+  torch::optim::SGD opt(m->parameters(), torch::optim::SGDOptions(0.1));
+  GradScaler scaler;
+  scaler.Scale(m->forward(at::ones({2, 4})).sum()).backward();
+  m->parameters().back().mutable_grad()[0] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_FALSE(scaler.Step(opt));
+  EXPECT_TRUE(scaler.found_inf());
+}
+
 TEST(Autocast, Bf16OnCpu) {
   auto m = testing::MakeMlp(4, 8, 2, 0);
   {
     Autocast ac(c10::kCPU, at::kBFloat16);
     EXPECT_EQ(m->forward(at::ones({2, 4})).scalar_type(), at::kBFloat16);
+    {
+      Autocast off(c10::kCPU, at::kBFloat16, /*enabled=*/false);  // a disabled scope changes nothing
+      EXPECT_EQ(m->forward(at::ones({2, 4})).scalar_type(), at::kBFloat16);
+    }
   }
   EXPECT_EQ(m->forward(at::ones({2, 4})).scalar_type(), at::kFloat);
+}
+
+TEST(Autocast, Fp16OnCpuWhereThisLibTorchHasIt) {
+  auto m = testing::MakeMlp(4, 8, 2, 0);
+#if LAUNCH_SDK_AUTOCAST_BY_DEVICE
+  {
+    Autocast ac(c10::kCPU, at::kHalf);
+    EXPECT_EQ(m->forward(at::ones({2, 4})).scalar_type(), at::kHalf);
+  }
+  EXPECT_EQ(m->forward(at::ones({2, 4})).scalar_type(), at::kFloat);
+#else
+  try {
+    Autocast ac(c10::kCPU, at::kHalf);
+    ADD_FAILURE() << "fp16 autocast on cpu must be refused by LibTorch " << TORCH_VERSION;
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("Half on cpu: expected BFloat16"));
+  }
+#endif
+}
+
+TEST(Autocast, BadDtypeOrDeviceIsRefusedByName) {
+  try {
+    Autocast ac(c10::kCPU, at::kDouble);
+    ADD_FAILURE() << "Double autocast accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("Double"));
+  }
+  try {
+    Autocast ac(c10::kMeta, at::kBFloat16);
+    ADD_FAILURE() << "meta autocast accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("expected cpu or cuda"));
+  }
+}
+
+struct DeviceRow {
+  const char* binding;
+  int local_rank, visible, index;  // index -1: an error naming the values
+  const char* error;
+};
+
+TEST(CudaDeviceIndex, Table) {
+  const DeviceRow rows[] = {
+      {"shared", 0, 8, 0, ""},  {"shared", 7, 8, 7, ""},
+      {"shared", 2, 2, -1, "LOCAL_RANK=2 with 2 CUDA device(s) visible"},
+      {"isolate", 5, 1, 0, ""}, {"isolate", 0, 0, -1, "no CUDA device visible"},
+      {"shared", 0, 0, -1, "no CUDA device visible"},
+  };
+  for (const auto& r : rows) {
+    WorkerEnv env;
+    env.gpu_binding = r.binding;
+    env.local_rank = r.local_rank;
+    SCOPED_TRACE(std::string(r.binding) + " local_rank " + std::to_string(r.local_rank) + " visible " +
+                 std::to_string(r.visible));
+    if (r.index >= 0) {
+      EXPECT_EQ(CudaDeviceIndex(env, r.visible), r.index);
+    } else {
+      try {
+        CudaDeviceIndex(env, r.visible);
+        ADD_FAILURE() << "no error";
+      } catch (const std::invalid_argument& e) {
+        EXPECT_THAT(e.what(), HasSubstr(r.error));
+      }
+    }
+  }
+}
+
+TEST(WorkerEnvTest, BadGpuBindingIsNamed) {
+  ::setenv("LAUNCH_GPU_BINDING", "pinned", 1);
+  try {
+    ReadWorkerEnv();
+    ADD_FAILURE() << "LAUNCH_GPU_BINDING=pinned accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("LAUNCH_GPU_BINDING=pinned: expected shared or isolate"));
+  }
+  ::unsetenv("LAUNCH_GPU_BINDING");
+}
+
+TEST(GatherRows, OnTheCpuIsIndexSelect) {
+  at::Tensor rows = at::arange(12, at::kFloat).reshape({4, 3});
+  at::Tensor idx = at::tensor(std::vector<int64_t>{3, 0, 3}, at::kLong);
+  EXPECT_TRUE(at::equal(GatherRows(rows, idx, c10::kCPU), rows.index_select(0, idx)));
+}
+
+TEST(StepProfiler, RecordsTheGivenStepsIntoAChromeTrace) {
+  TempDir dir;
+  const std::string path = dir / "trace.json";
+  {
+    StepProfiler p("2-3", path);
+    auto m = testing::MakeMlp(4, 8, 2, 0);
+    for (int64_t step = 1; step <= 5; ++step) {
+      p.BeginStep(step);
+      EXPECT_EQ(p.recording(), step == 2 || step == 3) << "step " << step;
+      m->forward(at::ones({2, 4})).sum().backward();
+    }
+#if LAUNCH_SDK_KINETO_API
+    // Debian's LibTorch 2.x and PyTorch's own builds have kineto; 1.13 (Debian) records the legacy way.
+    EXPECT_TRUE(p.kineto()) << "LibTorch " << TORCH_VERSION << " should record with kineto";
+#else
+    EXPECT_FALSE(p.kineto());
+#endif
+  }
+  std::string trace = launch::testing::ReadFile(path);
+  EXPECT_THAT(trace, HasSubstr("traceEvents"));
+  EXPECT_THAT(trace, HasSubstr("aten::addmm")) << "the linear layers' matmuls are in the trace";
 }
 
 class CheckpointTest : public ::testing::Test {

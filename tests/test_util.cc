@@ -187,4 +187,11 @@ TempDir::~TempDir() {
   std::filesystem::remove_all(path_, ec);
 }
 
+bool PythonHasTorch() { return RunCmd({"/usr/bin/python3", "-c", "import torch.distributed"}).exit_code == 0; }
+
+bool PythonTorchRequired() {
+  const char* v = std::getenv("LAUNCH_TEST_REQUIRE_TORCH");
+  return v && std::string(v) == "1";
+}
+
 }  // namespace launch::testing

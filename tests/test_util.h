@@ -46,6 +46,20 @@ RunResult RunCmd(const std::vector<std::string>& argv, const std::vector<std::st
 bool WaitUntil(const std::function<bool()>& cond,
                std::chrono::milliseconds timeout = std::chrono::seconds(20));
 
+// Whether /usr/bin/python3 imports torch.distributed, and whether the run demands it
+// (LAUNCH_TEST_REQUIRE_TORCH=1, set by scripts/test.sh: there a missing torch is a broken set-up).
+bool PythonHasTorch();
+bool PythonTorchRequired();
+// In a test body: skips the test when /usr/bin/python3 has no torch, or fails it where required.
+#define LAUNCH_NEED_PYTHON_TORCH()                                                  \
+  do {                                                                              \
+    if (!::launch::testing::PythonHasTorch()) {                                     \
+      if (::launch::testing::PythonTorchRequired())                                 \
+        FAIL() << "/usr/bin/python3 has no torch and LAUNCH_TEST_REQUIRE_TORCH=1";  \
+      GTEST_SKIP() << "/usr/bin/python3 has no torch (apt-get install python3-torch)"; \
+    }                                                                               \
+  } while (0)
+
 bool ProcessAlive(pid_t pid);  // false for zombies too
 // The parent pid and command name of a process ({0, ""} when it is gone).
 std::pair<pid_t, std::string> ParentAndName(pid_t pid);

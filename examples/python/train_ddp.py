@@ -1,5 +1,6 @@
 """The same workload as examples/train_mlp.cc in PyTorch DDP: an MLP on a synthetic, seeded
-data set with teacher labels, DistributedSampler, cross-entropy, SGD with momentum 0.9, Gloo.
+data set with teacher labels, DistributedSampler, cross-entropy, SGD with momentum 0.9; Gloo on
+the CPU, or NCCL with --device cuda (one GPU per local rank, batches copied from pinned memory).
 
     launch --nproc-per-node=2 examples/python/train_ddp.py --steps 100
 
@@ -26,9 +27,18 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bucket-mb", type=float, default=25)
     p.add_argument("--print-every", type=int, default=10)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     a = p.parse_args()
 
-    dist.init_process_group("gloo")
+    if a.device == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit("train_ddp.py: --device cuda, but torch sees no GPU")
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl")
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     dims = [int(d) for d in a.dims.split(",")]
 
@@ -38,12 +48,14 @@ def main():
         layers.append(torch.nn.Linear(dims[i], dims[i + 1]))
         if i + 2 < len(dims):
             layers.append(torch.nn.ReLU())
-    model = DDP(torch.nn.Sequential(*layers), bucket_cap_mb=a.bucket_mb)
+    module = torch.nn.Sequential(*layers).to(device)
+    model = DDP(module, bucket_cap_mb=a.bucket_mb, device_ids=[device.index] if device.type == "cuda" else None)
 
     g = torch.Generator().manual_seed(a.seed + 1000003)
     inputs = torch.randn(a.dataset_size, dims[0], generator=g)
     teacher = torch.randn(dims[0], dims[-1], generator=g)
     labels = inputs.matmul(teacher).argmax(1)
+    pin = device.type == "cuda"
     sampler = DistributedSampler(range(a.dataset_size), num_replicas=world, rank=rank, shuffle=True, seed=a.seed)
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9)
 
@@ -62,6 +74,9 @@ def main():
             order, pos = list(sampler), 0
         idx = torch.tensor(order[pos:pos + a.batch])
         x, y = inputs.index_select(0, idx), labels.index_select(0, idx)
+        if pin:
+            x = x.pin_memory().to(device, non_blocking=True)
+            y = y.pin_memory().to(device, non_blocking=True)
         opt.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(x), y)
         loss.backward()

@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #ifdef LAUNCH_SDK_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
@@ -17,9 +18,12 @@
 #include <cstdlib>
 #include <random>
 #include <stdexcept>
+#include <type_traits>
+#include <utility>
 
 #include "launch_sdk/errors.h"
 #include "launch_sdk/shm_allreduce.h"
+#include "torch_compat.h"
 
 namespace launch_sdk {
 namespace {
@@ -29,6 +33,32 @@ bool IsLoopback(const std::string& host) {
 }
 
 std::string Text(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
+
+// TCPStoreOptions::useLibUV exists from LibTorch 2.2 on (default true from 2.4).
+template <typename T, typename = void>
+struct HasUseLibUV : std::false_type {};
+template <typename T>
+struct HasUseLibUV<T, std::void_t<decltype(std::declval<T&>().useLibUV)>> : std::true_type {};
+
+// Rank 0 hosts the store, as with torchrun. USE_LIBUV=0 (torch's own variable) asks for the
+// classic server; where LibTorch was built without libuv (Debian's 2.x) and USE_LIBUV is unset,
+// the classic server is used after one line that says so.
+// A template so that the useLibUV lines are compiled only where the member exists.
+template <typename Options>
+c10::intrusive_ptr<c10d::TCPStore> MakeTcpStore(const WorkerEnv& env, Options so) {
+  if constexpr (HasUseLibUV<Options>::value) {
+    const char* v = std::getenv("USE_LIBUV");
+    if (v && std::string(v) == "0") so.useLibUV = false;
+    try {
+      return c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
+    } catch (const std::exception& e) {
+      if (!so.useLibUV || v || std::string(e.what()).find("libuv") == std::string::npos) throw;
+      std::fprintf(stderr, "[rank %d] launch_sdk: this LibTorch has no libuv TCPStore; using the classic one (USE_LIBUV=0 skips this try)\n", env.rank);
+      so.useLibUV = false;
+    }
+  }
+  return c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
+}
 
 // Every rank of a one-host group maps one segment that rank 0 creates and names in the store.
 // All ranks use it only when all of them could map it, so the choice is the same everywhere.
@@ -79,10 +109,12 @@ std::unique_ptr<Context> Context::Init(const InitOptions& opts) {
 
   const bool cuda = !opts.force_cpu && torch::cuda::is_available();
   if (cuda) {
-    // isolate: this worker sees only its own GPU(s); shared: all of them, pick LOCAL_RANK.
-    const int count = static_cast<int>(torch::cuda::device_count());
-    const int index = env.gpu_binding == "isolate" ? 0 : env.local_rank % count;
+    const int index = CudaDeviceIndex(env, static_cast<int>(torch::cuda::device_count()));
     c->device_ = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
+#ifdef LAUNCH_SDK_WITH_CUDA
+    // NCCL and every kernel launched without an explicit device use the current one.
+    c10::cuda::set_device(static_cast<c10::DeviceIndex>(index));
+#endif
   }
   at::globalContext().setBenchmarkCuDNN(opts.cudnn_benchmark);
   at::globalContext().setDeterministicCuDNN(opts.deterministic);
@@ -90,10 +122,10 @@ std::unique_ptr<Context> Context::Init(const InitOptions& opts) {
 
   c10d::TCPStoreOptions so;
   so.port = static_cast<uint16_t>(env.master_port);
-  so.isServer = env.rank == 0;  // rank 0 hosts the store, as with torchrun
+  so.isServer = env.rank == 0;
   so.numWorkers = static_cast<size_t>(env.world_size);
   so.timeout = opts.timeout;
-  auto tcp = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
+  auto tcp = MakeTcpStore(env, so);
   // A restarted group never reads the keys of an earlier attempt.
   c->store_ = c10::make_intrusive<c10d::PrefixStore>(
       "attempt_" + std::to_string(env.restart_count) + "/", tcp);

@@ -81,7 +81,22 @@ WorkerEnv ReadWorkerEnv() {
     throw std::invalid_argument("RANK=" + std::to_string(e.rank) + ": expected 0.." +
                                 std::to_string(e.world_size - 1));
   }
+  if (e.gpu_binding != "shared" && e.gpu_binding != "isolate")
+    throw std::invalid_argument("LAUNCH_GPU_BINDING=" + e.gpu_binding + ": expected shared or isolate");
   return e;
+}
+
+int CudaDeviceIndex(const WorkerEnv& env, int visible) {
+  const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES");
+  const std::string seen = std::to_string(visible) + " CUDA device(s) visible (CUDA_VISIBLE_DEVICES=" +
+                           (cvd ? std::string(cvd) : std::string("unset")) + ")";
+  if (visible < 1) throw std::invalid_argument("no CUDA device visible: " + seen);
+  if (env.gpu_binding == "isolate") return 0;
+  if (env.local_rank < 0 || env.local_rank >= visible)
+    throw std::invalid_argument("LOCAL_RANK=" + std::to_string(env.local_rank) + " with " + seen +
+                                ": expected at most " + std::to_string(visible) +
+                                " worker(s) per node (--nproc-per-node=gpu)");
+  return env.local_rank;
 }
 
 }  // namespace launch_sdk

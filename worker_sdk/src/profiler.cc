@@ -1,15 +1,28 @@
 #include "launch_sdk/profiler.h"
 
 #include <torch/csrc/autograd/profiler_legacy.h>
+#include <torch/cuda.h>
 
+#include "torch_compat.h"
+#if LAUNCH_SDK_KINETO_API
+#include <torch/csrc/autograd/profiler_kineto.h>
+#endif
+
+#include <cstdio>
 #include <cstdlib>
+#include <set>
 #include <stdexcept>
 
 namespace launch_sdk {
 
 struct StepProfiler::Impl {
-  std::unique_ptr<torch::autograd::profiler::RecordProfile> recording;
+  std::unique_ptr<torch::autograd::profiler::RecordProfile> legacy;
+  bool kineto = false;
 };
+
+namespace {
+std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
+}  // namespace
 
 StepProfiler::StepProfiler(const std::string& spec, std::string trace_path)
     : path_(std::move(trace_path)), impl_(std::make_unique<Impl>()) {
@@ -43,15 +56,50 @@ StepProfiler::~StepProfiler() { Stop(); }
 
 void StepProfiler::BeginStep(int64_t step) {
   if (first_ < 0) return;
-  if (step == first_ && !impl_->recording) {
-    impl_->recording = std::make_unique<torch::autograd::profiler::RecordProfile>(path_);
+  if (step == first_ && !recording()) {
+    Start();
   } else if (step == last_ + 1) {
     Stop();
   }
 }
 
+bool StepProfiler::recording() const { return impl_ && (impl_->kineto || impl_->legacy); }
+
+void StepProfiler::Start() {
+#if LAUNCH_SDK_KINETO_API
+  // Kineto records CPU operators and, with CUDA, the kernels and copies on the GPU.
+  namespace prof = torch::profiler::impl;
+  std::set<prof::ActivityType> activities = {prof::ActivityType::CPU};
+  if (torch::cuda::is_available()) activities.insert(prof::ActivityType::CUDA);
+  try {
+    const prof::ProfilerConfig config(prof::ProfilerState::KINETO);
+    torch::autograd::profiler::prepareProfiler(config, activities);
+    torch::autograd::profiler::enableProfiler(config, activities);
+    impl_->kineto = true;
+    kineto_ = true;
+    return;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "launch_sdk: the kineto profiler is not available (%s); recording CPU operators only\n",
+                 FirstLine(e.what()).c_str());
+  }
+#endif
+  impl_->legacy = std::make_unique<torch::autograd::profiler::RecordProfile>(path_);
+}
+
 void StepProfiler::Stop() {
-  if (impl_ && impl_->recording) impl_->recording.reset();  // the destructor writes the trace
+  if (!impl_) return;
+  impl_->legacy.reset();  // its destructor writes the trace
+#if LAUNCH_SDK_KINETO_API
+  if (impl_->kineto) {
+    impl_->kineto = false;
+    try {
+      torch::autograd::profiler::disableProfiler()->save(path_);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "launch_sdk: could not write the profiler trace %s: %s\n", path_.c_str(),
+                   FirstLine(e.what()).c_str());
+    }
+  }
+#endif
 }
 
 }  // namespace launch_sdk

@@ -1,6 +1,7 @@
 #include "launch_sdk/shm_allreduce.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <sys/mman.h>

@@ -36,4 +36,10 @@ struct WorkerEnv {
 // std::invalid_argument naming the variable and the value.
 WorkerEnv ReadWorkerEnv();
 
+// The CUDA device this worker uses among the `visible` ones it sees (CUDA_VISIBLE_DEVICES):
+// LAUNCH_GPU_BINDING=isolate: its own, device 0; shared (launch's default, torchrun's way): device
+// LOCAL_RANK. Throws std::invalid_argument naming the values when there is no such device, since
+// two workers on one GPU fail later and less clearly (NCCL: "Duplicate GPU detected").
+int CudaDeviceIndex(const WorkerEnv& env, int visible);
+
 }  // namespace launch_sdk

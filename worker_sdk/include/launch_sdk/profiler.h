@@ -1,5 +1,7 @@
 // LAUNCH_PROFILE_STEPS=a-b: LibTorch's profiler records steps a..b and writes a Chrome trace
-// (chrome://tracing, Perfetto) per rank into the log directory.
+// (chrome://tracing, Perfetto) per rank into the log directory. LibTorch 2.x records with kineto
+// (CPU operators, and with CUDA the GPU's kernels and copies); 1.x, or a 2.x built without
+// kineto, with the legacy profiler (CPU operators).
 #pragma once
 
 #include <cstdint>
@@ -22,12 +24,17 @@ class StepProfiler {
   // Stops early (writes the trace) if recording.
   void Stop();
   const std::string& trace_path() const { return path_; }
+  bool recording() const;
+  // Whether the last recording used kineto (else the legacy profiler).
+  bool kineto() const { return kineto_; }
   int64_t first() const { return first_; }
   int64_t last() const { return last_; }
 
  private:
   struct Impl;
+  void Start();
   int64_t first_ = -1, last_ = -1;
+  bool kineto_ = false;
   std::string path_;
   std::unique_ptr<Impl> impl_;
 };

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Makes build-gpu-bundle/, what scripts/gpu_check.sh needs on a GPU machine that has no -dev
+# packages and no network: the launch binary built here (build/bin/launch, stripped), the two
+# shared libraries it needs beyond glibc and libstdc++ (spdlog and fmt) beside it, found through
+# its RUNPATH ($ORIGIN/../lib), and CLI11's headers for train_mlp. Run it on the Debian 12
+# machine after the build; copy build-gpu-bundle/ with the checkout.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export DEBIAN_FRONTEND=noninteractive
+if [ ! -x build/bin/launch ]; then
+  echo "gpu_bundle.sh: build/bin/launch is missing: build first (cmake -S . -B build -G Ninja && cmake --build build)" >&2
+  exit 2
+fi
+if ! command -v patchelf >/dev/null; then
+  apt-get update -q && apt-get install -y -q --no-install-recommends patchelf
+fi
+out=build-gpu-bundle
+rm -rf "$out"
+mkdir -p "$out/bin" "$out/lib" "$out/include"
+cp build/bin/launch "$out/bin/launch"
+strip "$out/bin/launch"
+libs=$(ldd build/bin/launch | awk '/libspdlog|libfmt/ {print $3}')
+[ "$(echo "$libs" | wc -w)" -eq 2 ] || { echo "gpu_bundle.sh: expected launch to need libspdlog and libfmt, ldd says: $libs" >&2; exit 1; }
+for lib in $libs; do cp -L "$lib" "$out/lib/"; done
+patchelf --set-rpath '$ORIGIN/../lib' "$out/bin/launch"
+cp -r /usr/include/CLI "$out/include/"
+# The bundle must not lean on this machine's copies of the two libraries.
+if env LD_LIBRARY_PATH= ldd "$out/bin/launch" | grep -E 'libspdlog|libfmt' | grep -vq "$(pwd)/$out/lib"; then
+  echo "gpu_bundle.sh: $out/bin/launch does not load spdlog/fmt from $out/lib" >&2
+  exit 1
+fi
+echo "gpu_bundle.sh: $out/ ($(du -sh "$out" | cut -f1)): launch needs glibc $(objdump -T "$out/bin/launch" | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1 | cut -d_ -f2) or newer"
