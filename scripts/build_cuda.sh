@@ -22,7 +22,7 @@ if [ ! -f "$prefix/.complete" ]; then
   rm -rf "$prefix.tmp" "$cache/cuda-debs"
   mkdir -p "$prefix.tmp" "$cache/cuda-debs"
   bash scripts/in_root.sh "$root" --bind "$cache/cuda-debs:/debs" -- \
-    bash -c "apt-get update -q >/dev/null && cd /debs && apt-get download -q ${packages[*]}"
+    bash -c "apt-get update -q >/dev/null && cd /debs && apt-get -o APT::Sandbox::User=root download -q ${packages[*]}"
   for deb in "$cache"/cuda-debs/*.deb; do dpkg -x "$deb" "$prefix.tmp"; done
   rm -rf "$cache/cuda-debs"
   touch "$prefix.tmp/.complete"
@@ -39,13 +39,16 @@ mkdir -p build-cuda
 in_root=(bash scripts/in_root.sh "$root" --bind "$prefix:/opt/torch-cuda" --bind "$cuda_home:/usr/local/cuda" --)
 "${in_root[@]}" cmake -S /src -B /src/build-cuda -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_PREFIX_PATH=/opt/torch-cuda/usr -DCUDAToolkit_ROOT=/usr/local/cuda -DCUDA_TOOLKIT_ROOT_DIR=/usr/local/cuda \
+  -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DCMAKE_PROJECT_INCLUDE=/src/scripts/cuda_link_check.cmake -DLAUNCH_WERROR=ON \
+  -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST \
   >build-cuda/configure.log 2>&1 || { tail -40 build-cuda/configure.log >&2; fail "cmake configure (build-cuda/configure.log)"; }
 grep -E "worker_sdk: |Found CUDA|CUDA version|NCCL" build-cuda/configure.log || true
 grep -q "worker_sdk: CUDA LibTorch" build-cuda/configure.log || fail "this LibTorch was not seen as a CUDA build"
 "${in_root[@]}" cmake --build /src/build-cuda -j "$(nproc)" --target worker_sdk train_mlp sdk_worker sdk_unit_tests \
   || fail "build"
 # The proof that NCCL was compiled in: ProcessGroupNCCL is referenced by our library.
-nm -C build-cuda/worker_sdk/liblaunch_worker_sdk.a 2>/dev/null | grep -q "c10d::ProcessGroupNCCL::ProcessGroupNCCL" \
-  || fail "worker_sdk does not reference c10d::ProcessGroupNCCL"
+nm -C build-cuda/worker_sdk/liblaunch_worker_sdk.a >build-cuda/worker_sdk.nm 2>&1 || fail "nm of worker_sdk"
+grep -q "U c10d::ProcessGroupNCCL::ProcessGroupNCCL" build-cuda/worker_sdk.nm ||
+  fail "worker_sdk does not reference c10d::ProcessGroupNCCL"
 echo "build_cuda.sh: worker_sdk, train_mlp, sdk_worker and sdk_unit_tests compiled and linked against CUDA LibTorch $version with NCCL $nccl (USE_C10D_NCCL)"

@@ -25,7 +25,8 @@ for lib in $libs; do cp -L "$lib" "$out/lib/"; done
 patchelf --set-rpath '$ORIGIN/../lib' "$out/bin/launch"
 cp -r /usr/include/CLI "$out/include/"
 # The bundle must not lean on this machine's copies of the two libraries.
-if env LD_LIBRARY_PATH= ldd "$out/bin/launch" | grep -E 'libspdlog|libfmt' | grep -vq "$(pwd)/$out/lib"; then
+loaded=$(env LD_LIBRARY_PATH= ldd "$out/bin/launch" | awk '/libspdlog|libfmt/ {print $3}' | xargs -r readlink -f)
+if [ "$(echo "$loaded" | grep -c "^$(pwd)/$out/lib/")" -ne 2 ]; then
   echo "gpu_bundle.sh: $out/bin/launch does not load spdlog/fmt from $out/lib" >&2
   exit 1
 fi

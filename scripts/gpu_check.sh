@@ -110,13 +110,13 @@ else
   check "train_mlp trains on cuda:0 with NCCL under launch (world 1)" FAIL "see train_fp32.log"
 fi
 if run train_fp16.log --nproc-per-node=1 "$train" "${flags[@]}" --amp=fp16 &&
-   grep -q "amp fp16 with GradScaler" "$report_dir/train_fp16.log" && done_line train_fp16.log | grep -q "loss=[0-9]"; then
+   grep -q "amp fp16 with GradScaler" "$report_dir/train_fp16.log" && [[ "$(done_line train_fp16.log)" == *loss=[0-9]* ]]; then
   check "train_mlp --amp=fp16 with GradScaler" PASS "$(done_line train_fp16.log)"
 else
   check "train_mlp --amp=fp16 with GradScaler" FAIL "see train_fp16.log"
 fi
 if run train_bf16.log --nproc-per-node=1 "$train" "${flags[@]}" --amp=bf16 &&
-   grep -q "amp bf16" "$report_dir/train_bf16.log" && done_line train_bf16.log | grep -q "loss=[0-9]"; then
+   grep -q "amp bf16" "$report_dir/train_bf16.log" && [[ "$(done_line train_bf16.log)" == *loss=[0-9]* ]]; then
   check "train_mlp --amp=bf16" PASS "$(done_line train_bf16.log)"
 else
   check "train_mlp --amp=bf16" FAIL "see train_bf16.log"
