@@ -26,10 +26,11 @@ if [ ! -f "$prefix/.complete" ]; then
   for deb in "$cache"/cuda-debs/*.deb; do dpkg -x "$deb" "$prefix.tmp"; done
   rm -rf "$cache/cuda-debs"
   touch "$prefix.tmp/.complete"
+  rm -rf "$prefix"
   mv "$prefix.tmp" "$prefix"
 fi
-version=$(sed -n 's/^#define TORCH_VERSION_\(MAJOR\|MINOR\|PATCH\) *\([0-9]*\).*/\2/p' "$prefix/usr/include/torch/csrc/api/include/torch/version.h" | paste -sd.)
-nccl=$(sed -n 's/^#define NCCL_\(MAJOR\|MINOR\|PATCH\) *\([0-9]*\).*/\2/p' "$prefix/usr/include/nccl.h" | paste -sd.)
+version=$(sed -n 's/^#define TORCH_VERSION_\(MAJOR\|MINOR\|PATCH\) *\([0-9]*\).*/\2/p' "$prefix/usr/include/torch/csrc/api/include/torch/version.h" | paste -sd. || true)
+nccl=$(sed -n 's/^#define NCCL_\(MAJOR\|MINOR\|PATCH\) *\([0-9]*\).*/\2/p' "$prefix/usr/include/nccl.h" | paste -sd. || true)
 echo "build_cuda.sh: LibTorch ${version:-?} (CUDA), NCCL ${nccl:-?}, CUDA toolkit $cuda_home, build-cuda/"
 fail() {
   echo "build_cuda.sh: FAILED against CUDA LibTorch ${version:-?} with NCCL ${nccl:-?}: $1" >&2

@@ -2,7 +2,7 @@
 # Prints the path of a Debian 13 (trixie) root holding the project's build and test dependencies
 # against Debian 13's LibTorch 2.6 and Python torch 2.6, and makes it first when it is missing.
 # The root is cached on this machine (not in the repo) under LAUNCH_ROOT_CACHE
-# (default /var/cache/launch), keyed by the package list, so a changed list makes a new root.
+# (default /var/cache/launch), keyed by mmdebstrap's arguments, so a changed list makes a new root.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 if [ "$(id -u)" -ne 0 ]; then
@@ -21,8 +21,18 @@ packages=(
   libtorch-dev libgloo-dev libopenblas0-pthread python3-torch
   libssl-dev libzstd-dev iproute2 procps openssl
 )
-key=$(printf '%s\n' "${packages[@]}" | sha256sum | cut -c1-12)
+# contrib: libtorch-cuda-dev and libnccl-dev, which scripts/build_cuda.sh unpacks.
+mmdebstrap_args=(--variant=apt --components=main,contrib --include="$(IFS=,; echo "${packages[*]}")" trixie)
+key=$(printf '%s\n' "${mmdebstrap_args[@]}" | sha256sum | cut -c1-12)
 root=$cache/trixie-$key
+if [ -f "$root/.launch-root-complete" ]; then
+  echo "$root"
+  exit 0
+fi
+mkdir -p "$cache"
+# One maker at a time; a second waits and then finds the root made.
+exec 9>"$cache/.lock"
+flock 9
 if [ -f "$root/.launch-root-complete" ]; then
   echo "$root"
   exit 0
@@ -32,14 +42,11 @@ if ! command -v mmdebstrap >/dev/null; then
   apt-get update -q >&2
   apt-get install -y -q --no-install-recommends mmdebstrap >&2
 fi
-mkdir -p "$cache"
 # Roots made from an older package list are not used again.
 find "$cache" -maxdepth 1 -name 'trixie-*' ! -name "trixie-$key" -exec rm -rf {} + >&2
 rm -rf "$root.tmp"
 echo "debian13_root.sh: making the Debian 13 root $root (about 2 minutes, 1.8 GB)" >&2
-# contrib: libtorch-cuda-dev and libnccl-dev, which scripts/build_cuda.sh unpacks.
-mmdebstrap --variant=apt --components=main,contrib --include="$(IFS=,; echo "${packages[*]}")" \
-  trixie "$root.tmp" >&2
+mmdebstrap "${mmdebstrap_args[@]}" "$root.tmp" >&2
 touch "$root.tmp/.launch-root-complete"
 mv "$root.tmp" "$root"
 echo "$root"

@@ -19,6 +19,16 @@ rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib" "$out/include"
 cp build/bin/launch "$out/bin/launch"
 strip "$out/bin/launch"
+if ldd build/bin/launch | grep -q "not found"; then
+  echo "gpu_bundle.sh: build/bin/launch has unresolved libraries: $(ldd build/bin/launch | grep 'not found' | tr -s ' \n' ' ')" >&2
+  exit 1
+fi
+# Everything but glibc and libstdc++/libgcc must be in the bundle.
+others=$(ldd build/bin/launch | awk '$1 !~ /^(linux-vdso|libc\.|libm\.|libstdc\+\+|libgcc_s|\/lib64\/ld-linux|libspdlog|libfmt)/ {print $1}')
+if [ -n "$others" ]; then
+  echo "gpu_bundle.sh: launch needs libraries the bundle does not carry: $others (build with LAUNCH_STATIC_DEPS=ON)" >&2
+  exit 1
+fi
 libs=$(ldd build/bin/launch | awk '/libspdlog|libfmt/ {print $3}')
 [ "$(echo "$libs" | wc -w)" -eq 2 ] || { echo "gpu_bundle.sh: expected launch to need libspdlog and libfmt, ldd says: $libs" >&2; exit 1; }
 for lib in $libs; do cp -L "$lib" "$out/lib/"; done
@@ -26,8 +36,11 @@ patchelf --set-rpath '$ORIGIN/../lib' "$out/bin/launch"
 cp -r /usr/include/CLI "$out/include/"
 # The bundle must not lean on this machine's copies of the two libraries.
 loaded=$(env LD_LIBRARY_PATH= ldd "$out/bin/launch" | awk '/libspdlog|libfmt/ {print $3}' | xargs -r readlink -f)
-if [ "$(echo "$loaded" | grep -c "^$(pwd)/$out/lib/")" -ne 2 ]; then
+if [ "$(echo "$loaded" | grep -c "^$(readlink -f "$out/lib")/")" -ne 2 ]; then
   echo "gpu_bundle.sh: $out/bin/launch does not load spdlog/fmt from $out/lib" >&2
   exit 1
 fi
-echo "gpu_bundle.sh: $out/ ($(du -sh "$out" | cut -f1)): launch needs glibc $(objdump -T "$out/bin/launch" | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1 | cut -d_ -f2) or newer"
+# What the bundle was made from, for gpu_check.sh's report.
+echo "$(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')" >"$out/SOURCE"
+need() { objdump -T "$out/bin/launch" "$out"/lib/*.so* | grep -o "$1_[0-9.]*" | sort -uV | tail -1; }
+echo "gpu_bundle.sh: $out/ ($(du -sh "$out" | cut -f1)) from $(cat "$out/SOURCE"): launch needs $(need GLIBC) and $(need GLIBCXX) or newer"

@@ -11,8 +11,11 @@ bash scripts/install_deps.sh
 export LAUNCH_TEST_REQUIRE_TORCH=1
 failed=()
 
+took() { echo "test.sh: $1 took $((SECONDS - $2)) s"; }
+
 torch1=$(dpkg-query -W -f='${Version}' libtorch-dev)
 echo "test.sh: LibTorch $torch1 (Debian 12), build/"
+start=$SECONDS
 if cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo && cmake --build build -j "$(nproc)" &&
    ctest --test-dir build --output-on-failure -j "$(nproc)" --timeout 300; then
   echo "test.sh: every test passed against LibTorch $torch1"
@@ -20,9 +23,14 @@ else
   echo "test.sh: FAILED against LibTorch $torch1 (Debian 12), build/" >&2
   failed+=("LibTorch $torch1 (Debian 12)")
 fi
+took "LibTorch $torch1" $start
 
+start=$SECONDS
 bash scripts/test_torch2.sh || failed+=("LibTorch 2.6 (Debian 13 root)")
+took "LibTorch 2.6" $start
+start=$SECONDS
 bash scripts/build_cuda.sh || failed+=("CUDA LibTorch 2.6 compile and link")
+took "the CUDA build" $start
 
 if [ ${#failed[@]} -gt 0 ]; then
   printf 'test.sh: FAILED: %s\n' "${failed[@]}" >&2

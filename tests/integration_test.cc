@@ -413,6 +413,21 @@ TEST(Launch, NprocGpuWithoutGpuIsAClearError) {
   EXPECT_EQ(Lines(probe.err).size(), 1u) << probe.err;
 }
 
+// scripts/gpu_check.sh on a machine without a GPU: exit 2 and one line that says so, its report
+// holding the same line, and nothing left in /tmp.
+TEST(GpuCheck, RefusesClearlyWithoutAGpu) {
+  auto probe = RunCmd(Cmd({"--nproc-per-node=gpu", "--dry-run"}, {}));
+  if (probe.exit_code == 0) GTEST_SKIP() << "this machine has a GPU";
+  TempDir dir;
+  auto r = RunCmd({"/bin/bash", std::string(TESTS_DIR) + "/../scripts/gpu_check.sh", dir / "report"},
+                  {"GPU_CHECK_LAUNCH=" + kLaunch}, std::chrono::seconds(60));
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("gpu_check.sh: cannot run here: no GPU: launch: --nproc-per-node=gpu: no GPU ("));
+  EXPECT_EQ(Lines(r.out).size(), 1u) << r.out;
+  EXPECT_EQ(ReadFile(dir / "report/report.md"), r.out);
+  EXPECT_TRUE(std::filesystem::exists(dir / "report/logs.tar.gz"));
+}
+
 TEST(Launch, HelpListsTorchrunFlags) {
   auto r = RunCmd({kLaunch, "--help"});
   EXPECT_EQ(r.exit_code, 0);

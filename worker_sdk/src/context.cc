@@ -48,6 +48,7 @@ template <typename Options>
 c10::intrusive_ptr<c10d::TCPStore> MakeTcpStore(const WorkerEnv& env, Options so) {
   if constexpr (HasUseLibUV<Options>::value) {
     const char* v = std::getenv("USE_LIBUV");
+    if (v && !*v) v = nullptr;  // set but empty: as unset
     if (v && std::string(v) == "0") so.useLibUV = false;
     try {
       return c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);

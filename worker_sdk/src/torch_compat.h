@@ -10,7 +10,9 @@
 // 2.4 made autocast per device type (is_autocast_enabled(device), get/set_autocast_dtype(device))
 // and deprecated the CPU/GPU pairs.
 #define LAUNCH_SDK_AUTOCAST_BY_DEVICE LAUNCH_SDK_TORCH_AT_LEAST(2, 4)
-// 2.x: Gloo and NCCL are c10d::Backend subclasses; 1.x: c10d::ProcessGroup subclasses.
+// 2.x: Gloo and NCCL are c10d::Backend subclasses; 1.x: c10d::ProcessGroup subclasses. Their
+// collectives return c10d::Work on both (1.13 moved ProcessGroup::Work there), so nothing else
+// differs for DDP and GradScaler.
 #define LAUNCH_SDK_C10D_BACKEND LAUNCH_SDK_TORCH_AT_LEAST(2, 0)
 // 2.4 made libuv the default TCPStore server (TCPStoreOptions::useLibUV), which some builds
 // (Debian's) lack.
