@@ -153,33 +153,20 @@ sys.exit(0 if math.isfinite(loss) and (not skipped or int(skipped.group(1)) < st
 
 # ---- 3. train_mlp on CUDA with NCCL, fp32, fp16 + GradScaler, bf16 --------------------------------
 flags=(--steps 300 --warmup 50 --print-every 100)
-name="train_mlp trains on cuda:0 with NCCL under launch (world 1)"
-if due "$name"; then
-  if run train_fp32.log --nproc-per-node=1 "$train" "${flags[@]}" && grep -q "nccl on cuda:0" "$logs/train_fp32.log" &&
-     trained train_fp32.log 300; then
-    check "$name" PASS "$(done_line train_fp32.log)"
+train_check() {  # train_check NAME LOG EXPECTED_LINE [TRAIN_MLP ARGS...]
+  local name=$1 log=$2 expect=$3
+  shift 3
+  due "$name" || return 0
+  if run "$log" --nproc-per-node=1 "$train" "${flags[@]}" "$@" && grep -q "$expect" "$logs/$log" &&
+     trained "$log" 300; then
+    check "$name" PASS "$(done_line "$log")"
   else
-    check "$name" FAIL "see train_fp32.log"
+    check "$name" FAIL "see $log"
   fi
-fi
-name="train_mlp --amp=fp16 with GradScaler"
-if due "$name"; then
-  if run train_fp16.log --nproc-per-node=1 "$train" "${flags[@]}" --amp=fp16 &&
-     grep -q "amp fp16 with GradScaler" "$logs/train_fp16.log" && trained train_fp16.log 300; then
-    check "$name" PASS "$(done_line train_fp16.log)"
-  else
-    check "$name" FAIL "see train_fp16.log"
-  fi
-fi
-name="train_mlp --amp=bf16"
-if due "$name"; then
-  if run train_bf16.log --nproc-per-node=1 "$train" "${flags[@]}" --amp=bf16 &&
-     grep -q "amp bf16" "$logs/train_bf16.log" && trained train_bf16.log 300; then
-    check "$name" PASS "$(done_line train_bf16.log)"
-  else
-    check "$name" FAIL "see train_bf16.log"
-  fi
-fi
+}
+train_check "train_mlp trains on cuda:0 with NCCL under launch (world 1)" train_fp32.log "nccl on cuda:0"
+train_check "train_mlp --amp=fp16 with GradScaler" train_fp16.log "amp fp16 with GradScaler" --amp=fp16
+train_check "train_mlp --amp=bf16" train_bf16.log "amp bf16" --amp=bf16
 
 # ---- 4. checkpoint and resume after a fault-injected kill ----------------------------------------
 ck=(--steps 60 --warmup 0 --print-every 0 --checkpoint-every 10 --amp=fp16)
