@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "common/limits.h"
 #include "common/net.h"
 #include "common/status_macros.h"
 #include "spdlog/spdlog.h"
@@ -76,7 +77,7 @@ int Agent::WaitSignalOr(int fd, std::optional<std::chrono::milliseconds> timeout
 
 absl::StatusOr<v1::Assignment> Agent::JoinRound(long last_round, int* signal) {
   *signal = 0;
-  const auto deadline = clock_->Now() + std::chrono::milliseconds(static_cast<long>(opts_.run_spec.join_timeout_s() * 1000));
+  const auto deadline = clock_->Now() + SecondsToMs(opts_.run_spec.join_timeout_s());
   std::chrono::milliseconds delay(50);
   bool warned = false;
   std::optional<Clock::TimePoint> unreachable_since;

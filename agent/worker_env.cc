@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -107,6 +108,13 @@ absl::StatusOr<WorkerEnvPlan> BuildWorkerEnvs(const Env& parent, const WorkerGro
   // Threads: the CPUs this process may use, divided among the local workers.
   int threads = spec.threads_per_worker ? *spec.threads_per_worker
                                         : std::max(1, spec.usable_cpus / n);
+  // A user's OMP_NUM_THREADS is their choice for the other two libraries as well (torch sizes
+  // MKL's and OpenBLAS's pools from theirs when set), unless those are set themselves.
+  std::string threads_text = std::to_string(threads);
+  if (auto omp = parent.find("OMP_NUM_THREADS"); omp != parent.end()) {
+    int user = 0;
+    if (absl::SimpleAtoi(omp->second, &user) && user >= 1) threads_text = std::to_string(user);
+  }
   std::vector<std::string> thread_vars_set, thread_vars_user;
 
   // PYTORCH_CUDA_ALLOC_CONF: the user's, else --cuda-alloc-conf, else a default when GPUs are used.
@@ -141,11 +149,18 @@ absl::StatusOr<WorkerEnvPlan> BuildWorkerEnvs(const Env& parent, const WorkerGro
     env["TORCHELASTIC_ERROR_FILE"] = paths[local].error_file;
     if (!paths[local].log_dir.empty()) env["LAUNCH_LOG_DIR"] = paths[local].log_dir;
     env["LAUNCH_PROGRESS_FD"] = std::to_string(kProgressFd);
-    SetUnlessUserSet(parent, env, "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
+    // torch 2.x reads TORCH_NCCL_ASYNC_ERROR_HANDLING, 1.x NCCL_ASYNC_ERROR_HANDLING: both, with
+    // the user's value of either one when only that one is set.
+    for (const auto& [name, other] : {std::pair<const char*, const char*>{"TORCH_NCCL_ASYNC_ERROR_HANDLING",
+                                                                         "NCCL_ASYNC_ERROR_HANDLING"},
+                                     {"NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}}) {
+      auto user = parent.find(other);
+      SetUnlessUserSet(parent, env, name, user != parent.end() ? user->second : "1");
+    }
     env["LAUNCH_ROUND"] = std::to_string(round.round);
 
     for (const char* var : {"OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) {
-      bool set = SetUnlessUserSet(parent, env, var, std::to_string(threads));
+      bool set = SetUnlessUserSet(parent, env, var, threads_text);
       if (local == 0) (set ? thread_vars_set : thread_vars_user).push_back(var);
     }
 
@@ -173,8 +188,9 @@ absl::StatusOr<WorkerEnvPlan> BuildWorkerEnvs(const Env& parent, const WorkerGro
 
   std::string note = absl::StrCat("threads: ");
   if (!thread_vars_set.empty()) {
-    absl::StrAppend(&note, absl::StrJoin(thread_vars_set, ", "), " = ", threads,
-                    spec.threads_per_worker
+    absl::StrAppend(&note, absl::StrJoin(thread_vars_set, ", "), " = ", threads_text,
+                    threads_text != std::to_string(threads) ? " (the user's OMP_NUM_THREADS)"
+                    : spec.threads_per_worker
                         ? " (--threads-per-worker)"
                         : absl::StrCat(" (", spec.usable_cpus, " usable CPUs / ", n, " local workers)"));
   }

@@ -304,12 +304,15 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
                          SignalName(sig));
             begin_stop(GroupOutcome::kInterrupted, sig);
           } else {
-            if (outcome.kind != GroupOutcome::kInterrupted) {
+            // The first forwarded signal said "again to kill at once": a second one of any kind
+            // does (and a SIGINT while a failure stops the group, as a user's Ctrl-C means).
+            const bool again = outcome.kind == GroupOutcome::kInterrupted;
+            if (!again) {
               outcome.kind = GroupOutcome::kInterrupted;
               outcome.signal = sig;
             }
-            if (sig == SIGINT) {
-              spdlog::warn("second SIGINT: killing the workers now");
+            if (again || sig == SIGINT) {
+              spdlog::warn("{} while stopping: killing the workers now", SignalName(sig));
               kill_now();
             }
           }

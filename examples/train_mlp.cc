@@ -8,7 +8,9 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <climits>
 #include <csignal>
 #include <cstdlib>
 #include <cstdio>
@@ -238,7 +240,16 @@ int Train(const Args& a) {
 
 int main(int argc, char** argv) {
   Args a;
-  if (const char* b = std::getenv("LAUNCH_PER_WORKER_BATCH")) a.batch = std::atoi(b);  // launch's train: section
+  if (const char* b = std::getenv("LAUNCH_PER_WORKER_BATCH")) {  // launch's train: section
+    char* end = nullptr;
+    errno = 0;
+    const long v = std::strtol(b, &end, 10);
+    if (end == b || *end != '\0' || errno != 0 || v < 1 || v > INT_MAX) {
+      std::fprintf(stderr, "train_mlp: LAUNCH_PER_WORKER_BATCH=%s: expected a positive integer\n", b);
+      return 2;
+    }
+    a.batch = static_cast<int>(v);
+  }
   CLI::App app{"train_mlp: data-parallel MLP on synthetic data (run under launch)"};
   app.add_option("--dims", a.dims, "layer sizes, input first");
   app.add_option("--batch", a.batch, "per-worker batch")->check(CLI::PositiveNumber);

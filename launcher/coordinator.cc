@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/limits.h"
 #include "common/net.h"
 #include "spdlog/spdlog.h"
 
@@ -23,11 +24,11 @@ bool ValidId(const std::string& s, size_t max) {
 }
 
 absl::Status ValidateNode(const std::string& run_id, const v1::NodeIdentity& n) {
-  if (!ValidId(run_id, 128)) return absl::InvalidArgumentError("run id missing, too long or not printable");
+  if (!ValidId(run_id, kMaxRunIdLength)) return absl::InvalidArgumentError("run id missing, too long or not printable");
   if (!ValidId(n.node_id(), 256)) return absl::InvalidArgumentError("node id missing, too long or not printable");
-  if (n.local_world_size() < 1 || n.local_world_size() > 65536) {
+  if (n.local_world_size() < 1 || n.local_world_size() > kMaxWorkersPerNode) {
     return absl::InvalidArgumentError(absl::StrCat("node ", n.node_id(), ": local_world_size ",
-                                                   n.local_world_size(), " is not 1-65536"));
+                                                   n.local_world_size(), " is not 1-", kMaxWorkersPerNode));
   }
   if (n.host_address().size() > 256 || n.hostname().size() > 256) {
     return absl::InvalidArgumentError("host name or address longer than 256 bytes");

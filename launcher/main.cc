@@ -16,12 +16,23 @@
 
 namespace {
 
-void SetUpLogging() {
+// False (after one line naming the value) when LAUNCH_LOG_LEVEL is not a level: spdlog would
+// read an unknown name as "off" and silence every later error.
+bool SetUpLogging() {
   auto logger = spdlog::stderr_color_st("launch");
   logger->set_pattern("[launch %H:%M:%S.%e %^%L%$] %v");
-  const char* level = std::getenv("LAUNCH_LOG_LEVEL");
-  logger->set_level(level ? spdlog::level::from_str(level) : spdlog::level::info);
   spdlog::set_default_logger(logger);
+  const char* level = std::getenv("LAUNCH_LOG_LEVEL");
+  if (!level || !*level) return true;
+  const std::string name = level;
+  for (const char* known : {"trace", "debug", "info", "warn", "error", "off"}) {
+    if (name == known) {
+      logger->set_level(spdlog::level::from_str(name));
+      return true;
+    }
+  }
+  std::fprintf(stderr, "launch: LAUNCH_LOG_LEVEL=%s: expected trace, debug, info, warn, error or off\n", level);
+  return false;
 }
 
 }  // namespace
@@ -30,7 +41,7 @@ int main(int argc, char** argv) {
   // Debian builds abseil with mutex deadlock detection on; it shows in every gRPC lock.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   launch::BlockLauncherSignals();
-  SetUpLogging();
+  if (!SetUpLogging()) return 2;
   std::vector<std::string> args(argv, argv + argc);
   if (args.size() > 1 && args[1] == "coordinator") {
     auto parsed = launch::ParseCoordinatorArgs(args);

@@ -1,5 +1,7 @@
 #include "launcher/options.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cmath>
 #include <iostream>
@@ -13,6 +15,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/limits.h"
 #include "common/net.h"
 #include "common/status_macros.h"
 #include "common/strings.h"
@@ -172,12 +175,21 @@ absl::Status FlattenYaml(const std::string& file, const YAML::Node& map, const s
     } else {
       raw.value = "";  // `key:` with no value
     }
+    // A key given twice (also as rdzv: {endpoint} and rdzv_endpoint) would silently take one.
+    if (auto seen = out->find(key); seen != out->end() && seen->second.set) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(origin, ": duplicate key (first at ", seen->second.origin, ")"));
+    }
     (*out)[key] = std::move(raw);
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<RawMap> LoadYaml(const std::string& file) {
+  struct stat st;
+  if (::stat(file.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat("--config=", file, ": not a regular file; expected a YAML file"));
+  }
   YAML::Node root;
   try {
     root = YAML::LoadFile(file);
@@ -208,13 +220,21 @@ absl::StatusOr<int> ParseInt(const RawValue& v, int min, const std::string& expe
   return out;
 }
 
-absl::StatusOr<double> ParseSeconds(const RawValue& v) {
+// Every duration in seconds goes through here: 0..kMaxSeconds, and at least kMinPositiveSeconds
+// where it must be positive.
+absl::StatusOr<double> ParseSeconds(const RawValue& v, const std::string& value, bool positive,
+                                    const std::string& what = "") {
   double out;
-  if (!absl::SimpleAtod(absl::StripAsciiWhitespace(v.value), &out) || out < 0 || !std::isfinite(out)) {
-    return Bad(v, "a number of seconds >= 0");
+  const std::string range = positive ? absl::StrCat(kMinPositiveSeconds, "..", kMaxSeconds)
+                                     : absl::StrCat("0..", kMaxSeconds);
+  if (!absl::SimpleAtod(absl::StripAsciiWhitespace(value), &out) || !std::isfinite(out) || out < 0 ||
+      out > kMaxSeconds || (positive && out < kMinPositiveSeconds)) {
+    return Bad(v, absl::StrCat("a number of seconds", what.empty() ? "" : " for " + what, " in ", range,
+                               what.empty() ? "" : absl::StrCat(" (got '", value, "')")));
   }
   return out;
 }
+absl::StatusOr<double> ParseSeconds(const RawValue& v) { return ParseSeconds(v, v.value, false); }
 
 absl::Status ParseRdzvConf(const RawValue& v, LaunchConfig* c) {
   static const std::set<std::string> kKeys = {"join_timeout",      "last_call_timeout", "close_timeout",
@@ -233,13 +253,9 @@ absl::Status ParseRdzvConf(const RawValue& v, LaunchConfig* c) {
       else if (b == "0" || b == "false" || b == "no") c->rdzv.is_host = false;
       else return Bad(v, absl::StrCat("is_host=1 or is_host=0 (got '", value, "')"));
     } else {
-      double d;
-      if (!absl::SimpleAtod(value, &d) || d < 0 || !std::isfinite(d) || d > 1e7) {
-        return Bad(v, absl::StrCat("a number of seconds for ", key, " (got '", value, "')"));
-      }
       const bool positive = key == "join_timeout" || key == "timeout" || key == "heartbeat_interval" ||
                             key == "heartbeat_timeout";
-      if (positive && d <= 0) return Bad(v, absl::StrCat(key, " > 0 (got '", value, "')"));
+      ASSIGN_OR_RETURN(double d, ParseSeconds(v, value, positive, key));
       if (key == "join_timeout" || key == "timeout") c->rdzv.join_timeout = d;
       else if (key == "last_call_timeout") c->rdzv.last_call_timeout = d;
       else if (key == "close_timeout") c->rdzv.close_timeout = d;
@@ -321,6 +337,9 @@ absl::StatusOr<LaunchConfig> Validate(RawMap& raw, std::vector<std::string> rema
     else if (s == "auto") c.nproc_kind = LaunchConfig::Nproc::kAuto;
     else {
       ASSIGN_OR_RETURN(c.nproc, ParseInt(v, 1, "a positive integer, cpu, gpu or auto"));
+      if (c.nproc > kMaxWorkersPerNode) {
+        return Bad(v, absl::StrCat("at most ", kMaxWorkersPerNode, " workers per node, cpu, gpu or auto"));
+      }
     }
   }
   if (is("nnodes")) {
@@ -354,6 +373,9 @@ absl::StatusOr<LaunchConfig> Validate(RawMap& raw, std::vector<std::string> rema
   }
   if (is("rdzv_id")) c.rdzv_id = raw["rdzv_id"].value;
   if (c.rdzv_id == "none") c.rdzv_id.clear();  // torchrun's default spelling
+  if (c.rdzv_id.size() > kMaxRunIdLength) {
+    return Bad(raw["rdzv_id"], absl::StrCat("at most ", kMaxRunIdLength, " characters (got ", c.rdzv_id.size(), ")"));
+  }
   for (char ch : c.rdzv_id) {
     if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' || ch == '.')) {
       return Bad(raw["rdzv_id"], "letters, digits, '-', '_' or '.' (it names a log directory)");

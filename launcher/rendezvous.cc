@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/limits.h"
 
 namespace launch {
 
@@ -15,11 +16,11 @@ using Ms = std::chrono::milliseconds;
 double Secs(Ms d) { return static_cast<double>(d.count()) / 1000.0; }
 
 absl::StatusOr<Ms> FromSecs(double s, const char* what, bool positive) {
-  if (!std::isfinite(s) || s < 0 || (positive && s <= 0) || s > 1e7) {
+  if (!std::isfinite(s) || s < 0 || (positive && s < kMinPositiveSeconds) || s > kMaxSeconds) {
     return absl::InvalidArgumentError(absl::StrCat(what, "=", s, ": expected a number of seconds",
                                                    positive ? " > 0" : " >= 0"));
   }
-  return Ms(static_cast<long>(std::llround(s * 1000)));
+  return SecondsToMs(s);
 }
 }  // namespace
 
@@ -194,7 +195,7 @@ std::optional<Clock::TimePoint> Rendezvous::ExpireSpares() {
     // The node's own join timeout when it is shorter than the run's: it stops waiting then.
     Ms timeout = config_.join_timeout;
     if (it->join.has_spec() && it->join.spec().join_timeout_s() > 0) {
-      timeout = std::min(timeout, Ms(static_cast<long>(std::llround(it->join.spec().join_timeout_s() * 1000))));
+      timeout = std::min(timeout, SecondsToMs(it->join.spec().join_timeout_s()));
     }
     const auto deadline = it->since + timeout;
     if (now < deadline) {

@@ -14,6 +14,7 @@
 #include "agent/agent.h"
 #include "agent/cpus.h"
 #include "agent/devices.h"
+#include "common/limits.h"
 #include "common/net.h"
 #include "common/status_macros.h"
 #include "launcher/coordinator.h"
@@ -113,7 +114,7 @@ absl::StatusOr<std::string> NodeAddress(const LaunchConfig& c) {
 }
 
 RendezvousConfig RendezvousSettings(const LaunchConfig& c, bool multi) {
-  auto ms = [](double s) { return std::chrono::milliseconds(static_cast<long>(s * 1000)); };
+  auto ms = [](double s) { return SecondsToMs(s); };
   RendezvousConfig r;
   r.min_nodes = multi ? c.min_nodes : 1;
   r.max_nodes = multi ? c.max_nodes : 1;
@@ -346,8 +347,8 @@ int RunLaunch(const LaunchConfig& c, OrphanGuard* guard, SignalFd* signals) {
   opts.redirects = c.redirects;
   opts.tee = c.tee;
   opts.console_local_ranks = c.local_ranks_filter;
-  opts.stop_timeout = std::chrono::milliseconds(static_cast<long>(c.stop_timeout * 1000));
-  opts.restart_backoff = std::chrono::milliseconds(static_cast<long>(c.restart_backoff * 1000));
+  opts.stop_timeout = SecondsToMs(c.stop_timeout);
+  opts.restart_backoff = SecondsToMs(c.restart_backoff);
   opts.dry_run = c.dry_run;
   opts.master_addr = master_addr;
   opts.master_port = c.master_port;
@@ -360,8 +361,8 @@ int RunLaunch(const LaunchConfig& c, OrphanGuard* guard, SignalFd* signals) {
   }
   RendezvousConfig rcfg = RendezvousSettings(c, multi);
   opts.run_spec = rcfg.ToSpec();
-  opts.heartbeat_interval = std::chrono::milliseconds(static_cast<long>(c.rdzv.heartbeat_interval * 1000));
-  opts.coordinator_patience = std::chrono::milliseconds(static_cast<long>(c.rdzv.close_timeout * 1000));
+  opts.heartbeat_interval = SecondsToMs(c.rdzv.heartbeat_interval);
+  opts.coordinator_patience = SecondsToMs(c.rdzv.close_timeout);
   if (is_static) {
     if (!c.master_addr) {
       return UsageError("--rdzv-backend=static: --master-addr is needed (the address of node rank 0)");

@@ -174,28 +174,34 @@ TEST(Launch, SigtermIsForwardedAndExitIs143) {
   EXPECT_TRUE(AllDead(ReadPids(dir / "workers")));
 }
 
-TEST(Launch, SecondSigintKillsAtOnce) {
+// Workers that ignore `sig`, a 60 s grace: the second `sig` to launch kills them at once.
+void ExpectSecondSignalKillsAtOnce(int sig, const std::string& name) {
   TempDir dir;
   auto start = std::chrono::steady_clock::now();
   Child launch(Cmd({"--nproc-per-node=2", "--stop-timeout=60"},
-                   {"--ignore", std::to_string(SIGINT), "--pid-file", dir / "workers", "--sleep", "0"}));
+                   {"--ignore", std::to_string(sig), "--pid-file", dir / "workers", "--sleep", "0"}));
   ASSERT_TRUE(WaitUntil([&] {
     launch.Pump(1);
     return ReadPids(dir / "workers").size() == 2;
   }));
-  kill(launch.pid(), SIGINT);
+  kill(launch.pid(), sig);
   ASSERT_TRUE(WaitUntil([&] {
     launch.Pump(1);
-    return absl::StrContains(launch.err(), "got SIGINT");
+    return absl::StrContains(launch.err(), "got " + name);
   }));
-  kill(launch.pid(), SIGINT);
+  kill(launch.pid(), sig);
   auto r = launch.Wait(std::chrono::seconds(30));
   EXPECT_FALSE(r.timed_out);
-  EXPECT_EQ(r.exit_code, 130) << r.err;
-  EXPECT_THAT(r.err, HasSubstr("second SIGINT"));
+  EXPECT_EQ(r.exit_code, 128 + sig) << r.err;
+  EXPECT_THAT(r.err, HasSubstr(name + " while stopping: killing the workers now"));
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
   EXPECT_TRUE(AllDead(ReadPids(dir / "workers")));
 }
+
+TEST(Launch, SecondSigintKillsAtOnce) { ExpectSecondSignalKillsAtOnce(SIGINT, "SIGINT"); }
+
+// The first SIGTERM's log line says "again to kill at once"; it used to take the whole grace.
+TEST(Launch, SecondSigtermKillsAtOnce) { ExpectSecondSignalKillsAtOnce(SIGTERM, "SIGTERM"); }
 
 TEST(Launch, WorkerLeftoverChildrenAreStoppedAtTheEnd) {
   TempDir dir;
@@ -402,8 +408,24 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"gpu_binding", {"--gpu-binding=spread"}, "--gpu-binding=spread: expected shared or isolate"},
         BadInput{"max_restarts", {"--max-restarts=-2"}, "--max-restarts=-2"},
         BadInput{"stop_timeout", {"--stop-timeout=soon"}, "--stop-timeout=soon"},
-        BadInput{"rdzv_conf", {"--rdzv-conf=join_timeout"}, "--rdzv-conf=join_timeout"}),
+        BadInput{"rdzv_conf", {"--rdzv-conf=join_timeout"}, "--rdzv-conf=join_timeout"},
+        // These exited 1, aborted, or (huge seconds) SIGKILLed the workers at once.
+        BadInput{"stop_timeout_huge", {"--stop-timeout=1e10"}, "--stop-timeout=1e10: expected a number of seconds"},
+        BadInput{"restart_backoff_huge", {"--restart-backoff=1e10"}, "--restart-backoff=1e10"},
+        BadInput{"join_timeout_tiny", {"--rdzv-conf=join_timeout=1e-9"}, "join_timeout in 0.001.."},
+        BadInput{"rdzv_id_too_long", {"--rdzv-id=" + std::string(129, 'x')}, "expected at most 128 characters"},
+        BadInput{"nproc_huge", {"--nproc-per-node=100000"}, "--nproc-per-node=100000: expected at most 4096"},
+        BadInput{"config_is_a_directory", {"--config=/tmp"}, "--config=/tmp: not a regular file"}),
     [](const auto& info) { return info.param.name; });
+
+// spdlog reads an unknown level as "off": every later error went silent.
+TEST(Launch, BadLogLevelIsAnError) {
+  auto r = RunCmd({kLaunch, "--nproc-per-node=1", kWorker}, {"LAUNCH_LOG_LEVEL=bogus"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, "launch: LAUNCH_LOG_LEVEL=bogus: expected trace, debug, info, warn, error or off\n");
+  auto ok = RunCmd({kLaunch, "--nproc-per-node=1", kWorker}, {"LAUNCH_LOG_LEVEL=error"});
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+}
 
 TEST(Launch, NprocGpuWithoutGpuIsAClearError) {
   auto probe = RunCmd(Cmd({"--nproc-per-node=gpu", "--dry-run"}, {}));

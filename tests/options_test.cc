@@ -2,8 +2,11 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <fstream>
+#include <limits>
 
+#include "common/limits.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -161,6 +164,47 @@ TEST_F(YamlTest, TrainSectionNeedsBaseLrAndOneBatch) {
 
 TEST(Options, MissingConfigFile) {
   EXPECT_THAT(Error({"--config", "/nonexistent.yaml", "x"}), HasSubstr("--config=/nonexistent.yaml"));
+}
+
+// yaml-cpp aborted reading a directory.
+TEST(Options, ConfigThatIsADirectory) {
+  EXPECT_THAT(Error({"--config", "/tmp", "x"}), HasSubstr("--config=/tmp: not a regular file; expected a YAML file"));
+}
+
+TEST_F(YamlTest, DuplicateKeyIsAnError) {
+  std::string f = Write("max_restarts: 1\nnproc_per_node: 2\nmax_restarts: 3\n");
+  EXPECT_THAT(Error({"--config", f, "x"}), HasSubstr(f + ":3: max_restarts: duplicate key (first at " + f + ":1"));
+  f = Write("rdzv:\n  id: a\nrdzv_id: b\n");
+  EXPECT_THAT(Error({"--config", f, "x"}), HasSubstr("rdzv_id: duplicate key"));
+}
+
+// Huge seconds overflowed to a negative duration (workers SIGKILLed at once, backoff skipped); tiny
+// positive ones were rounded to 0. One bounded parser for every duration.
+TEST(Options, SecondsAreBoundedEverywhere) {
+  EXPECT_THAT(Error({"--stop-timeout=1e10", "x"}), HasSubstr("--stop-timeout=1e10: expected a number of seconds in 0..1e+07"));
+  EXPECT_THAT(Error({"--restart-backoff=1e10", "x"}), HasSubstr("--restart-backoff=1e10: expected"));
+  EXPECT_THAT(Error({"--monitor-interval=inf", "x"}), HasSubstr("--monitor-interval=inf: expected"));
+  EXPECT_THAT(Error({"--rdzv-conf=join_timeout=1e-9", "x"}),
+              HasSubstr("seconds for join_timeout in 0.001..1e+07 (got '1e-9')"));
+  EXPECT_THAT(Error({"--rdzv-conf=close_timeout=2e7", "x"}), HasSubstr("close_timeout"));
+  auto c = Parse({"--stop-timeout=1e7", "--rdzv-conf=last_call_timeout=0", "x"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->stop_timeout, 1e7);
+}
+
+TEST(Options, RunIdAndWorkerCountAreBounded) {
+  EXPECT_THAT(Error({"--rdzv-id=" + std::string(129, 'a'), "x"}),
+              HasSubstr("--rdzv-id=" + std::string(129, 'a') + ": expected at most 128 characters (got 129)"));
+  EXPECT_TRUE(Parse({"--rdzv-id=" + std::string(128, 'a'), "x"}).ok());
+  EXPECT_THAT(Error({"--nproc-per-node=100000", "x"}), HasSubstr("--nproc-per-node=100000: expected at most 4096"));
+}
+
+TEST(Limits, SecondsToMsSaturates) {
+  EXPECT_EQ(SecondsToMs(1.5).count(), 1500);
+  EXPECT_EQ(SecondsToMs(1e10).count(), static_cast<long long>(kMaxSeconds * 1000));
+  EXPECT_EQ(SecondsToMs(-3).count(), 0);
+  EXPECT_EQ(SecondsToMs(std::nan("")).count(), 0);
+  EXPECT_GT(SecondsToMs(std::numeric_limits<double>::infinity()).count(), 0);
 }
 
 }  // namespace

@@ -285,6 +285,33 @@ TEST(WorkerEnvTest, BadGpuBindingIsNamed) {
   ::unsetenv("LAUNCH_GPU_BINDING");
 }
 
+// MASTER_PORT was cast to 16 bits unchecked (70000 became port 4464) and ints wrapped.
+TEST(WorkerEnvTest, NumbersAreBounded) {
+  struct Row {
+    const char* name;
+    const char* value;
+    const char* error;
+  } rows[] = {{"MASTER_PORT", "70000", "MASTER_PORT=70000: expected an integer in 1..65535"},
+              {"MASTER_PORT", "0", "MASTER_PORT=0: expected"},
+              {"RANK", "99999999999", "RANK=99999999999: expected an integer in 0.."},
+              {"LOCAL_RANK", "-1", "LOCAL_RANK=-1: expected"},
+              {"OMP_NUM_THREADS", "0", "OMP_NUM_THREADS=0: expected"},
+              {"LAUNCH_PER_WORKER_BATCH", "12x", "LAUNCH_PER_WORKER_BATCH=12x: expected"}};
+  for (const auto& r : rows) {
+    ::setenv(r.name, r.value, 1);
+    try {
+      ReadWorkerEnv();
+      ADD_FAILURE() << r.name << "=" << r.value << " accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_THAT(e.what(), HasSubstr(r.error));
+    }
+    ::unsetenv(r.name);
+  }
+  ::setenv("MASTER_PORT", "65535", 1);
+  EXPECT_EQ(ReadWorkerEnv().master_port, 65535);
+  ::unsetenv("MASTER_PORT");
+}
+
 TEST(GatherRows, OnTheCpuIsIndexSelect) {
   at::Tensor rows = at::arange(12, at::kFloat).reshape({4, 3});
   at::Tensor idx = at::tensor(std::vector<int64_t>{3, 0, 3}, at::kLong);

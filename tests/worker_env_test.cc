@@ -85,10 +85,47 @@ TEST(WorkerEnv, UserThreadSettingsAndNcclHandlingAreKept) {
   auto plan = BuildWorkerEnvs(parent, spec, RoundInfo{}, ErrorFiles(2));
   ASSERT_TRUE(plan.ok());
   EXPECT_EQ(plan->envs[0].at("OMP_NUM_THREADS"), "3");
-  EXPECT_EQ(plan->envs[0].at("MKL_NUM_THREADS"), "8");
   EXPECT_EQ(plan->envs[0].at("TORCH_NCCL_ASYNC_ERROR_HANDLING"), "0");
   EXPECT_THAT(plan->notes[0], ::testing::HasSubstr("kept the user's OMP_NUM_THREADS=3"));
-  EXPECT_THAT(plan->notes[0], ::testing::HasSubstr("16 usable CPUs / 2 local workers"));
+}
+
+// The user's OMP_NUM_THREADS carries to MKL and OpenBLAS (they were forced to usable/local before).
+TEST(WorkerEnv, UsersOmpThreadsCarryToMklAndOpenblas) {
+  WorkerGroupSpec spec;
+  spec.local_world_size = 2;
+  spec.usable_cpus = 16;
+  auto plan = BuildWorkerEnvs({{"OMP_NUM_THREADS", "3"}, {"OPENBLAS_NUM_THREADS", "5"}}, spec, RoundInfo{},
+                              ErrorFiles(2));
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->envs[1].at("MKL_NUM_THREADS"), "3");
+  EXPECT_EQ(plan->envs[1].at("OPENBLAS_NUM_THREADS"), "5");  // set itself: kept
+  EXPECT_THAT(plan->notes[0], ::testing::HasSubstr("MKL_NUM_THREADS = 3 (the user's OMP_NUM_THREADS)"));
+  auto plain = BuildWorkerEnvs({}, spec, RoundInfo{}, ErrorFiles(2));
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->envs[0].at("MKL_NUM_THREADS"), "8");
+  EXPECT_THAT(plain->notes[0], ::testing::HasSubstr("16 usable CPUs / 2 local workers"));
+}
+
+// torch 1.x reads NCCL_ASYNC_ERROR_HANDLING, 2.x TORCH_NCCL_ASYNC_ERROR_HANDLING: both are set, and
+// a user's value of one is given to the other.
+TEST(WorkerEnv, NcclAsyncErrorHandlingUnderBothNames) {
+  WorkerGroupSpec spec;
+  spec.local_world_size = 1;
+  spec.usable_cpus = 2;
+  struct Row {
+    Env parent;
+    const char* torch_name;
+    const char* old_name;
+  } rows[] = {{{}, "1", "1"},
+              {{{"NCCL_ASYNC_ERROR_HANDLING", "3"}}, "3", "3"},
+              {{{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "0"}}, "0", "0"},
+              {{{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "2"}, {"NCCL_ASYNC_ERROR_HANDLING", "0"}}, "2", "0"}};
+  for (const auto& r : rows) {
+    auto plan = BuildWorkerEnvs(r.parent, spec, RoundInfo{}, ErrorFiles(1));
+    ASSERT_TRUE(plan.ok());
+    EXPECT_EQ(plan->envs[0].at("TORCH_NCCL_ASYNC_ERROR_HANDLING"), r.torch_name);
+    EXPECT_EQ(plan->envs[0].at("NCCL_ASYNC_ERROR_HANDLING"), r.old_name);
+  }
 }
 
 TEST(WorkerEnv, ThreadsPerWorkerFlagWins) {

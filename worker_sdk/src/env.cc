@@ -1,5 +1,7 @@
 #include "launch_sdk/env.h"
 
+#include <cerrno>
+#include <climits>
 #include <cstdlib>
 #include <stdexcept>
 
@@ -11,11 +13,13 @@ const char* Get(const char* name) {
   return v && *v ? v : nullptr;
 }
 
-long ParseLong(const char* name, const char* v) {
+long ParseLong(const char* name, const char* v, long min = INT_MIN, long max = INT_MAX) {
   char* end = nullptr;
+  errno = 0;
   long out = std::strtol(v, &end, 10);
-  if (end == v || *end != '\0') {
-    throw std::invalid_argument(std::string(name) + "=" + v + ": expected an integer");
+  if (end == v || *end != '\0' || errno == ERANGE || out < min || out > max) {
+    throw std::invalid_argument(std::string(name) + "=" + v + ": expected an integer in " + std::to_string(min) +
+                                ".." + std::to_string(max));
   }
   return out;
 }
@@ -29,11 +33,11 @@ double ParseDouble(const char* name, const char* v) {
   return out;
 }
 
-void Int(const char* name, int* out) {
-  if (const char* v = Get(name)) *out = static_cast<int>(ParseLong(name, v));
+void Int(const char* name, int* out, long min = INT_MIN, long max = INT_MAX) {
+  if (const char* v = Get(name)) *out = static_cast<int>(ParseLong(name, v, min, max));
 }
-void OptInt(const char* name, std::optional<int>* out) {
-  if (const char* v = Get(name)) *out = static_cast<int>(ParseLong(name, v));
+void OptInt(const char* name, std::optional<int>* out, long min = INT_MIN, long max = INT_MAX) {
+  if (const char* v = Get(name)) *out = static_cast<int>(ParseLong(name, v, min, max));
 }
 void OptDouble(const char* name, std::optional<double>* out) {
   if (const char* v = Get(name)) *out = ParseDouble(name, v);
@@ -55,26 +59,27 @@ void Str(const char* name, std::string* out) {
 WorkerEnv ReadWorkerEnv() {
   WorkerEnv e;
   e.under_launcher = Get("RANK") && Get("WORLD_SIZE");
-  Int("RANK", &e.rank);
-  Int("LOCAL_RANK", &e.local_rank);
-  Int("WORLD_SIZE", &e.world_size);
-  Int("LOCAL_WORLD_SIZE", &e.local_world_size);
-  Int("GROUP_RANK", &e.group_rank);
-  Int("TORCHELASTIC_RESTART_COUNT", &e.restart_count);
-  Int("TORCHELASTIC_MAX_RESTARTS", &e.max_restarts);
+  // Every number is bounded here: MASTER_PORT sizes a 16-bit port, counts size allocations.
+  Int("RANK", &e.rank, 0);
+  Int("LOCAL_RANK", &e.local_rank, 0);
+  Int("WORLD_SIZE", &e.world_size, 1);
+  Int("LOCAL_WORLD_SIZE", &e.local_world_size, 1);
+  Int("GROUP_RANK", &e.group_rank, 0);
+  Int("TORCHELASTIC_RESTART_COUNT", &e.restart_count, 0);
+  Int("TORCHELASTIC_MAX_RESTARTS", &e.max_restarts, 0);
   Str("MASTER_ADDR", &e.master_addr);
-  Int("MASTER_PORT", &e.master_port);
+  Int("MASTER_PORT", &e.master_port, 1, 65535);
   Str("TORCHELASTIC_RUN_ID", &e.run_id);
   Str("TORCHELASTIC_ERROR_FILE", &e.error_file);
   Str("LAUNCH_GPU_BINDING", &e.gpu_binding);
-  OptInt("OMP_NUM_THREADS", &e.omp_threads);
+  OptInt("OMP_NUM_THREADS", &e.omp_threads, 1);
   OptDouble("LAUNCH_LR", &e.lr);
   OptDouble("LAUNCH_LR_SCALE", &e.lr_scale);
-  OptInt("LAUNCH_PER_WORKER_BATCH", &e.per_worker_batch);
-  OptInt("LAUNCH_GLOBAL_BATCH", &e.global_batch);
+  OptInt("LAUNCH_PER_WORKER_BATCH", &e.per_worker_batch, 1);
+  OptInt("LAUNCH_GLOBAL_BATCH", &e.global_batch, 1);
   Str("LAUNCH_LOG_DIR", &e.log_dir);
   Str("LAUNCH_PROFILE_STEPS", &e.profile_steps);
-  Int("LAUNCH_PROGRESS_FD", &e.progress_fd);
+  Int("LAUNCH_PROGRESS_FD", &e.progress_fd, 0);
   Bool("LAUNCH_SHM_ALLREDUCE", &e.shm_allreduce);
   if (e.world_size < 1) throw std::invalid_argument("WORLD_SIZE must be at least 1");
   if (e.rank < 0 || e.rank >= e.world_size) {

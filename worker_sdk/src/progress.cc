@@ -3,14 +3,25 @@
 #include <sys/socket.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstdlib>
 
 namespace launch_sdk {
 
+namespace {
+// A non-negative int, or `fallback` for anything else: progress is best effort and never stops
+// a worker.
+int NonNegative(const char* v, int fallback) {
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  errno = 0;
+  const long n = std::strtol(v, &end, 10);
+  return *end == '\0' && errno == 0 && n >= 0 && n <= INT_MAX ? static_cast<int>(n) : fallback;
+}
+}  // namespace
+
 ProgressReporter ProgressReporter::FromEnv() {
-  const char* fd = std::getenv("LAUNCH_PROGRESS_FD");
-  const char* rank = std::getenv("RANK");
-  return ProgressReporter(fd && *fd ? std::atoi(fd) : -1, rank ? std::atoi(rank) : 0);
+  return ProgressReporter(NonNegative(std::getenv("LAUNCH_PROGRESS_FD"), -1), NonNegative(std::getenv("RANK"), 0));
 }
 
 void ProgressReporter::Report(int64_t step, double loss, double step_seconds) {

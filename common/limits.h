@@ -1,0 +1,29 @@
+// One definition of each limit on what users and peers give launch (durations, ids, counts),
+// applied where the input enters: flags, YAML, --rdzv-conf, RPCs.
+#pragma once
+
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+
+namespace launch {
+
+// Any duration given in seconds: at most 10,000,000 s (about 115 days); one that must be positive
+// at least 1 ms, the resolution every timer here works in.
+inline constexpr double kMaxSeconds = 1e7;
+inline constexpr double kMinPositiveSeconds = 0.001;
+
+// Seconds to milliseconds, rounded and saturating to 0..kMaxSeconds (NaN counts as 0), so that
+// no value, however it got here, overflows into a negative duration.
+inline std::chrono::milliseconds SecondsToMs(double s) {
+  if (!(s > 0)) return std::chrono::milliseconds(0);
+  if (s > kMaxSeconds) s = kMaxSeconds;
+  return std::chrono::milliseconds(static_cast<long long>(std::llround(s * 1000)));
+}
+
+// A run id names a log directory and travels in every RPC.
+inline constexpr size_t kMaxRunIdLength = 128;
+// Workers on one node (--nproc-per-node, and a node's local world size on the wire).
+inline constexpr int kMaxWorkersPerNode = 4096;
+
+}  // namespace launch
