@@ -66,34 +66,73 @@ absl::StatusOr<pid_t> PosixProcessLauncher::Spawn(const SpawnOptions& opts) {
   const char* cwd = opts.cwd.empty() ? nullptr : opts.cwd.c_str();
   const pid_t parent = ::getpid();
   volatile int child_errno = 0;
+  if (opts.extra_fd >= 0 && opts.extra_fd_target <= STDERR_FILENO) {
+    return absl::InvalidArgumentError("the extra descriptor's target must be above 2");
+  }
+  // Nothing may be delivered to the child between vfork and exec (it runs on our stack): every
+  // signal is blocked around vfork, as posix_spawn does, and the parent's mask restored after.
+  sigset_t all, saved;
+  sigfillset(&all);
+  ::pthread_sigmask(SIG_SETMASK, &all, &saved);
 
   pid_t pid = ::vfork();
-  if (pid < 0) return ErrnoStatus("vfork");
+  if (pid < 0) {
+    const int err = errno;
+    ::pthread_sigmask(SIG_SETMASK, &saved, nullptr);
+    return ErrnoStatus("vfork", err);
+  }
   if (pid == 0) {
+    // A failed step ends the child with its errno for the parent to report.
+    auto fail = [&child_errno]() {
+      child_errno = errno;
+      ::_exit(127);
+    };
     if (opts.new_process_group) ::setpgid(0, 0);
     if (opts.parent_death_signal != 0) {
       ::prctl(PR_SET_PDEATHSIG, opts.parent_death_signal);
       if (::getppid() != parent) ::_exit(127);  // the parent died before prctl took effect
     }
-    // The launcher blocks signals for its signalfd; workers start with the defaults. Handlers
-    // are reset before the mask is cleared so that nothing of ours runs in the child.
+    // Workers start with default dispositions, except what launch itself was started with
+    // ignored (nohup's SIGHUP), which exec keeps. SIGPIPE launch ignores itself, so it is reset.
     struct sigaction dfl {};
     dfl.sa_handler = SIG_DFL;
-    for (int s = 1; s < NSIG; ++s) ::sigaction(s, &dfl, nullptr);
+    for (int s = 1; s < NSIG; ++s) {
+      if (s == SIGKILL || s == SIGSTOP) continue;
+      struct sigaction cur {};
+      if (::sigaction(s, nullptr, &cur) == 0 && cur.sa_handler == SIG_IGN && s != SIGPIPE) continue;
+      ::sigaction(s, &dfl, nullptr);
+    }
+    // Exactly 0, 1, 2 and the extra descriptor reach the worker (torchrun's workers have 0-2).
+    // dup2 onto itself would keep FD_CLOEXEC, so that case clears the flag instead.
+    auto give = [&fail](int from, int to) {
+      if (from == to) {
+        if (::fcntl(to, F_SETFD, 0) != 0) fail();
+      } else if (::dup2(from, to) != to) {
+        fail();
+      }
+    };
+    if (opts.stdout_fd >= 0) give(opts.stdout_fd, STDOUT_FILENO);
+    if (opts.stderr_fd >= 0) give(opts.stderr_fd, STDERR_FILENO);
+    int first_closed = STDERR_FILENO + 1;
+    if (opts.extra_fd >= 0) {
+      give(opts.extra_fd, opts.extra_fd_target);
+      if (opts.extra_fd_target != first_closed) {
+        if (::close_range(first_closed, opts.extra_fd_target - 1, 0) != 0 && errno != ENOSYS) fail();
+      }
+      first_closed = opts.extra_fd_target + 1;
+    }
+    if (::close_range(first_closed, ~0U, 0) != 0) {
+      if (errno != ENOSYS) fail();
+      for (int fd = first_closed; fd < 65536; ++fd) ::close(fd);  // kernels before 5.9
+    }
+    if (cwd && ::chdir(cwd) != 0) fail();
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    if (opts.stdout_fd >= 0) ::dup2(opts.stdout_fd, STDOUT_FILENO);
-    if (opts.stderr_fd >= 0) ::dup2(opts.stderr_fd, STDERR_FILENO);
-    if (opts.extra_fd >= 0) ::dup2(opts.extra_fd, opts.extra_fd_target);
-    if (cwd && ::chdir(cwd) != 0) {
-      child_errno = errno;
-    } else {
-      ::execve(argv[0], argv.data(), envp.data());
-      child_errno = errno;
-    }
-    ::_exit(127);
+    ::execve(argv[0], argv.data(), envp.data());
+    fail();
   }
+  ::pthread_sigmask(SIG_SETMASK, &saved, nullptr);
   // The child has exec'd or exited by now.
   if (opts.new_process_group) ::setpgid(pid, pid);  // harmless if the child did it already
   if (child_errno != 0) {

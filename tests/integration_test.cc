@@ -418,6 +418,26 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"config_is_a_directory", {"--config=/tmp"}, "--config=/tmp: not a regular file"}),
     [](const auto& info) { return info.param.name; });
 
+// An fd 7 opened by the calling shell reached the worker; torchrun's workers have only 0, 1, 2.
+TEST(Launch, WorkersGetOnlyStdioAndTheProgressFd) {
+  auto r = RunCmd({"/bin/sh", "-c", "exec 7</dev/null 9>/dev/null; exec \"$0\" \"$@\"", kLaunch, "--nproc-per-node=2",
+                   kWorker, "--print-fds"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("[0]:fds 0 1 2 3\n"));  // 3: LAUNCH_PROGRESS_FD
+  EXPECT_THAT(r.out, HasSubstr("[1]:fds 0 1 2 3\n"));
+}
+
+// Signals ignored when launch was started (nohup) stay ignored in the workers, as exec keeps them;
+// launch's own handling (its blocked signals, its ignored SIGPIPE) does not reach them.
+TEST(Launch, InheritedIgnoredSignalsReachTheWorkers) {
+  auto r = RunCmd({"/bin/sh", "-c", "trap '' HUP USR2; exec \"$0\" \"$@\"", kLaunch, "--nproc-per-node=1", kWorker,
+                   "--print-ignored"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("[0]:ignored SIGHUP SIGUSR2\n"));
+  auto plain = RunCmd({kLaunch, "--nproc-per-node=1", kWorker, "--print-ignored"});
+  EXPECT_THAT(plain.out, HasSubstr("[0]:ignored\n"));
+}
+
 // spdlog reads an unknown level as "off": every later error went silent.
 TEST(Launch, BadLogLevelIsAnError) {
   auto r = RunCmd({kLaunch, "--nproc-per-node=1", kWorker}, {"LAUNCH_LOG_LEVEL=bogus"});

@@ -1,5 +1,7 @@
 // A scriptable worker for launch's integration tests and benchmarks. Actions run in argv order:
 //   --print-env K1,K2     print K=V lines
+//   --print-fds           print "fds 0 1 2 ..." (this process's open descriptors)
+//   --print-ignored       print "ignored SIGHUP ..." (signals whose disposition is SIG_IGN)
 //   --stamp FILE          append "<rank> <restart> <CLOCK_REALTIME ns>" (start-latency benches)
 //   --pid-file FILE       append this process's pid
 //   --grandchild FILE     fork a child that sleeps (same process group), append its pid
@@ -21,16 +23,19 @@
 //   --kill-self SIG       raise SIG
 //   --exit CODE           exit CODE
 //   --progress N          report steps 1..N (loss 1/step) through worker_sdk's ProgressReporter
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "launch_sdk/progress.h"
 
@@ -115,7 +120,29 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--print-env") {
+    if (a == "--print-fds") {
+      std::string fds = "fds";
+      DIR* d = opendir("/proc/self/fd");
+      std::vector<int> open_fds;
+      while (dirent* e = d ? readdir(d) : nullptr) {
+        if (e->d_name[0] == '.') continue;
+        const int fd = std::atoi(e->d_name);
+        if (fd != dirfd(d)) open_fds.push_back(fd);
+      }
+      if (d) closedir(d);
+      std::sort(open_fds.begin(), open_fds.end());
+      for (int fd : open_fds) fds += " " + std::to_string(fd);
+      std::printf("%s\n", fds.c_str());
+      std::fflush(stdout);
+    } else if (a == "--print-ignored") {
+      std::string out = "ignored";
+      for (int s = 1; s < NSIG; ++s) {
+        struct sigaction cur {};
+        if (sigaction(s, nullptr, &cur) == 0 && cur.sa_handler == SIG_IGN) out += std::string(" SIG") + sigabbrev_np(s);
+      }
+      std::printf("%s\n", out.c_str());
+      std::fflush(stdout);
+    } else if (a == "--print-env") {
       std::string keys = next();
       size_t start = 0;
       while (start <= keys.size()) {
