@@ -400,9 +400,10 @@ int Agent::Run() {
     auto outcome = group.Run(*workers);
     watch.Stop();
     if (!outcome.ok()) {
-      spdlog::error("{}", std::string(outcome.status().message()));
+      // launch's own failure (exit 1; 2 is for bad input): the workers it started are gone.
+      spdlog::error("cannot run the workers: {}", std::string(outcome.status().message()));
       cleanup();
-      return 2;
+      return 1;
     }
     if (outcome->kind == GroupOutcome::kFailed) {
       // The root cause first: the coordinator keeps the first exit of the job's first report.

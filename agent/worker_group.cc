@@ -85,10 +85,41 @@ struct Slot {
   pid_t pid = -1;
   bool reaped = false;
   bool group_gone = false;
+  bool unregistered = false;  // removed from the orphan guard
   Clock::TimePoint start{};
   UniqueFd out_read, err_read, out_file, err_file;
   std::unique_ptr<LineRelay> out, err;
   WorkerResult result;
+};
+
+// Owns the started workers for the whole of Run: on any early return (an error) each started
+// worker's group is SIGKILLed, the worker reaped and its group removed from the orphan guard, so
+// no worker, zombie or stale guard entry (which could later SIGKILL a reused group id) is left.
+class StartedWorkers {
+ public:
+  StartedWorkers(std::vector<Slot>* slots, OrphanGuard* guard) : slots_(slots), guard_(guard) {}
+  StartedWorkers(const StartedWorkers&) = delete;
+  StartedWorkers& operator=(const StartedWorkers&) = delete;
+  ~StartedWorkers() {
+    for (Slot& s : *slots_) {
+      if (s.pid <= 0) continue;
+      if (!s.reaped) {
+        ::kill(-s.pid, SIGKILL);
+        while (::waitpid(s.pid, nullptr, 0) < 0 && errno == EINTR) {
+        }
+        s.reaped = true;
+      }
+      Unregister(s);
+    }
+  }
+  void Unregister(Slot& s) {
+    if (guard_ && s.pid > 0 && !s.unregistered) guard_->Remove(s.pid);
+    s.unregistered = true;
+  }
+
+ private:
+  std::vector<Slot>* slots_;
+  OrphanGuard* guard_;
 };
 
 // What an epoll event is for: encoded in data.u64.
@@ -147,6 +178,7 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
   watch(progress_read.get(), kProgressTag);
 
   std::vector<Slot> slots(launches.size());
+  StartedWorkers started(&slots, guard_);
   GroupOutcome outcome;
   bool stopping = false;
 
@@ -175,10 +207,7 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
     if (!MakePipe(&out) || !MakePipe(&err)) return ErrnoStatus("pipe");
     auto out_file = OpenLog(l.stdout_file);
     auto err_file = OpenLog(l.stderr_file);
-    if (!out_file.ok() || !err_file.ok()) {
-      kill_now();
-      return out_file.ok() ? err_file.status() : out_file.status();
-    }
+    if (!out_file.ok() || !err_file.ok()) return out_file.ok() ? err_file.status() : out_file.status();
     s.out_file = std::move(*out_file);
     s.err_file = std::move(*err_file);
     std::string prefix =
@@ -196,12 +225,7 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
     so.extra_fd_target = kProgressFd;
     s.start = clock_->Now();
     auto pid = launcher_->Spawn(so);
-    if (!pid.ok()) {
-      kill_now();
-      for (auto& t : slots)
-        if (t.pid > 0) ::waitpid(t.pid, nullptr, 0);
-      return pid.status();
-    }
+    if (!pid.ok()) return pid.status();
     s.pid = *pid;
     s.result.pid = *pid;
     if (guard_) guard_->Add(*pid);
@@ -290,7 +314,6 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
     int n = ::epoll_wait(ep.get(), events, 32, -1);
     if (n < 0) {
       if (errno == EINTR) continue;
-      kill_now();
       return ErrnoStatus("epoll_wait");
     }
     for (int e = 0; e < n; ++e) {
@@ -347,7 +370,7 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
     drain(s, false, true);
     drain(s, true, true);
     s.result.stderr_tail = s.err->tail();
-    if (guard_) guard_->Remove(s.pid);
+    started.Unregister(s);
     outcome.workers.push_back(s.result);
   }
   if (!stopping) {

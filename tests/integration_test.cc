@@ -418,6 +418,27 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"config_is_a_directory", {"--config=/tmp"}, "--config=/tmp: not a regular file"}),
     [](const auto& info) { return info.param.name; });
 
+// Running out of descriptors part-way through starting 16 workers: the ones already started were
+// left running (and the exit was 2, "bad input"). Now they are killed and reaped, and launch
+// exits 1. The limit at which launch fails mid-way depends on what it has open, so it is searched.
+TEST(Launch, WorkersStartedBeforeAStartFailureAreStopped) {
+  bool exercised = false;
+  for (int limit = 20; limit <= 80 && !exercised; limit += 4) {
+    TempDir dir;
+    auto r = RunCmd({"/bin/sh", "-c", "ulimit -n " + std::to_string(limit) + "; exec \"$0\" \"$@\"", kLaunch,
+                     "--nproc-per-node=16", kWorker, "--pid-file", dir / "pids", "--sleep", "0"},
+                    {}, std::chrono::seconds(30));
+    ASSERT_FALSE(r.timed_out) << "limit " << limit << ": " << r.err;
+    std::vector<pid_t> pids = ReadPids(dir / "pids");
+    if (r.exit_code == 0 || pids.empty()) continue;  // failed before any worker, or never
+    exercised = true;
+    EXPECT_EQ(r.exit_code, 1) << "limit " << limit << ": " << r.err;
+    EXPECT_THAT(r.err, HasSubstr("cannot run the workers: "));
+    EXPECT_TRUE(AllDead(pids)) << "limit " << limit << ": a worker started before the failure is still running";
+  }
+  EXPECT_TRUE(exercised) << "no descriptor limit made launch fail after starting some workers";
+}
+
 // An fd 7 opened by the calling shell reached the worker; torchrun's workers have only 0, 1, 2.
 TEST(Launch, WorkersGetOnlyStdioAndTheProgressFd) {
   auto r = RunCmd({"/bin/sh", "-c", "exec 7</dev/null 9>/dev/null; exec \"$0\" \"$@\"", kLaunch, "--nproc-per-node=2",
