@@ -206,6 +206,7 @@ absl::StatusOr<SecurityOptions> SecurityFrom(const Config& c) {
   s.tls_key_file = c.tls_key;
   s.tls_ca_file = c.tls_ca;
   s.insecure = c.insecure;
+  RETURN_IF_ERROR(CheckSecurityFiles(s));
   return s;
 }
 

@@ -1,11 +1,17 @@
 #include "launcher/security.h"
 
+#include <openssl/bio.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+
 #include <fstream>
+#include <memory>
 #include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/net.h"
+#include "common/status_macros.h"
 
 namespace launch {
 
@@ -23,7 +29,58 @@ absl::StatusOr<std::string> ReadPem(const std::string& path, const char* flag) {
   return pem;
 }
 
+// gRPC sends the token as metadata, whose values must be printable ASCII (it asserts otherwise).
+absl::Status CheckTokenBytes(const std::string& token, const std::string& source) {
+  for (size_t i = 0; i < token.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(token[i]);
+    if (c < 0x21 || c > 0x7e) {
+      return absl::InvalidArgumentError(absl::StrCat(source, ": the token's byte ", i + 1,
+                                                     " is not printable ASCII; expected letters, digits and punctuation"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+using Bio = std::unique_ptr<BIO, decltype(&BIO_free)>;
+using X509Ptr = std::unique_ptr<X509, decltype(&X509_free)>;
+using KeyPtr = std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)>;
+
+Bio MemBio(const std::string& pem) { return Bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())), &BIO_free); }
+
 }  // namespace
+
+absl::Status CheckSecurityFiles(const SecurityOptions& s) {
+  if (!s.tls_key_file.empty() && s.tls_cert_file.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("--tls-key=", s.tls_key_file, ": needs --tls-cert"));
+  }
+  X509Ptr cert(nullptr, &X509_free);
+  if (!s.tls_cert_file.empty()) {
+    if (s.tls_key_file.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--tls-cert=", s.tls_cert_file, ": needs --tls-key (its private key)"));
+    }
+    ASSIGN_OR_RETURN(std::string pem, ReadPem(s.tls_cert_file, "--tls-cert"));
+    cert.reset(PEM_read_bio_X509(MemBio(pem).get(), nullptr, nullptr, nullptr));
+    if (!cert) {
+      return absl::InvalidArgumentError(absl::StrCat("--tls-cert=", s.tls_cert_file, ": expected a PEM certificate"));
+    }
+    ASSIGN_OR_RETURN(std::string key_pem, ReadPem(s.tls_key_file, "--tls-key"));
+    KeyPtr key(PEM_read_bio_PrivateKey(MemBio(key_pem).get(), nullptr, nullptr, nullptr), &EVP_PKEY_free);
+    if (!key) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--tls-key=", s.tls_key_file, ": expected an unencrypted PEM private key"));
+    }
+    if (X509_check_private_key(cert.get(), key.get()) != 1) {
+      return absl::InvalidArgumentError(absl::StrCat("--tls-key=", s.tls_key_file, ": is not the key of --tls-cert=",
+                                                     s.tls_cert_file));
+    }
+  }
+  if (!s.tls_ca_file.empty()) {
+    ASSIGN_OR_RETURN(std::string pem, ReadPem(s.tls_ca_file, "--tls-ca"));
+    X509Ptr ca(PEM_read_bio_X509(MemBio(pem).get(), nullptr, nullptr, nullptr), &X509_free);
+    if (!ca) return absl::InvalidArgumentError(absl::StrCat("--tls-ca=", s.tls_ca_file, ": expected a PEM certificate"));
+  }
+  return absl::OkStatus();
+}
 
 bool ConstantTimeEquals(const std::string& a, const std::string& b) {
   // Every byte of the longer string is looked at whatever the contents: no early exit.
@@ -48,6 +105,7 @@ absl::StatusOr<std::string> LoadToken(const std::string& token_file, const char*
       return absl::InvalidArgumentError(absl::StrCat("--rdzv-token-file=", token_file,
                                                      ": expected a token of at least 8 characters on the first line"));
     }
+    RETURN_IF_ERROR(CheckTokenBytes(token, absl::StrCat("--rdzv-token-file=", token_file)));
     return token;
   }
   if (env_value && *env_value) {
@@ -55,6 +113,7 @@ absl::StatusOr<std::string> LoadToken(const std::string& token_file, const char*
     if (token.size() < 8) {
       return absl::InvalidArgumentError("LAUNCH_RDZV_TOKEN: expected a token of at least 8 characters");
     }
+    RETURN_IF_ERROR(CheckTokenBytes(token, "LAUNCH_RDZV_TOKEN"));
     return token;
   }
   return std::string();

@@ -29,6 +29,10 @@ struct SecurityOptions {
 // The token from --rdzv-token-file (first line, trimmed) or else LAUNCH_RDZV_TOKEN.
 absl::StatusOr<std::string> LoadToken(const std::string& token_file, const char* env_value);
 
+// The TLS files, checked before anything starts: a readable PEM certificate with its matching
+// unencrypted key (one never without the other), a PEM CA. Errors name the flag and the file.
+absl::Status CheckSecurityFiles(const SecurityOptions& s);
+
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(const SecurityOptions& s);
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(const SecurityOptions& s);
 

@@ -361,6 +361,9 @@ TEST_P(BadInputTest, OneLineErrorExit2NothingStarted) {
   argv.push_back(dir / "started");
   if (p.name == "yaml_syntax") WriteFile(dir / "bad.yaml", "nproc_per_node: 2\nrdzv: [unclosed\n");
   if (p.name == "yaml_unknown_key") WriteFile(dir / "bad.yaml", "nproc_per_node: 2\n\nnproc: 3\n");
+  if (p.name == "token_not_ascii") WriteFile(dir / "token", "abcd\xc3\xa9" "fghijk\n");  // gRPC aborted on it
+  if (p.name == "tls_cert_not_pem" || p.name == "tls_cert_without_key")
+    WriteFile(dir / "cert.pem", "-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n");
   if (p.name == "not_executable") {
     WriteFile(dir / "noexec", "#!/bin/sh\n");
     chmod((dir / "noexec").c_str(), 0644);
@@ -415,7 +418,10 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"join_timeout_tiny", {"--rdzv-conf=join_timeout=1e-9"}, "join_timeout in 0.001.."},
         BadInput{"rdzv_id_too_long", {"--rdzv-id=" + std::string(129, 'x')}, "expected at most 128 characters"},
         BadInput{"nproc_huge", {"--nproc-per-node=100000"}, "--nproc-per-node=100000: expected at most 4096"},
-        BadInput{"config_is_a_directory", {"--config=/tmp"}, "--config=/tmp: not a regular file"}),
+        BadInput{"config_is_a_directory", {"--config=/tmp"}, "--config=/tmp: not a regular file"},
+        BadInput{"token_not_ascii", {"--rdzv-token-file", "@token"}, "the token's byte 5 is not printable ASCII"},
+        BadInput{"tls_cert_not_pem", {"--tls-cert", "@cert.pem", "--tls-key", "@cert.pem"}, "expected a PEM certificate"},
+        BadInput{"tls_cert_without_key", {"--tls-cert", "@cert.pem"}, "needs --tls-key"}),
     [](const auto& info) { return info.param.name; });
 
 // Running out of descriptors part-way through starting 16 workers: the ones already started were
