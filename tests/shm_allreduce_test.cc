@@ -87,6 +87,39 @@ TEST(ShmAllreduce, APeerThatNeverArrivesIsATimeoutNotAHang) {
   }
 }
 
+std::string ErrorOf(const std::shared_ptr<ShmWork>& work) {
+  try {
+    work->wait();
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// After a barrier timeout the arrival count was stale and the object stayed usable: a later
+// collective waited out its timeout again, or matched the wrong arrivals.
+TEST(ShmAllreduce, AFailedCollectiveFailsEveryLaterOneAtOnce) {
+  auto g = Group(SegmentName("poison"), 2, 4096, 200ms);
+  EXPECT_THAT(ErrorOf(g[0]->Allreduce(at::ones({4}))), HasSubstr("waited 200 ms"));
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THAT(ErrorOf(g[0]->Allreduce(at::ones({4}))), HasSubstr("unusable after an earlier failure (shm allreduce: rank 0 waited"));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 150ms);
+}
+
+// Rank 2 never comes: rank 0 gives up after 200 ms, and rank 1, whose own timeout is 60 s, learns
+// it from the segment at once instead of waiting a minute.
+TEST(ShmAllreduce, ARankThatGivesUpReleasesItsPeers) {
+  const std::string name = SegmentName("release");
+  ShmAllreduce r0(name, true, 0, 3, 200ms, 4096);
+  ShmAllreduce r1(name, false, 1, 3, 60s, 4096);
+  r0.Unlink();
+  const auto start = std::chrono::steady_clock::now();
+  auto w1 = r1.Allreduce(at::ones({4}));
+  EXPECT_THAT(ErrorOf(r0.Allreduce(at::ones({4}))), HasSubstr("rank 0 waited 200 ms"));
+  EXPECT_THAT(ErrorOf(w1), HasSubstr("rank 1: another local rank gave up on a collective"));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
+}
+
 TEST(ShmAllreduce, OpenErrorsNameTheSegmentAndNothingIsLeftInDevShm) {
   const std::string name = SegmentName("errors");
   EXPECT_THROW(

@@ -45,6 +45,9 @@ struct ShmAllreduce::Control {
   alignas(64) std::atomic<uint32_t> arrived;
   alignas(64) std::atomic<uint32_t> generation;
   std::atomic<uint32_t> waiters;
+  // Set by a rank whose barrier failed: the segment's counts are stale, so every rank gives up
+  // at once instead of waiting out its own timeout (or mismatching arrivals later).
+  std::atomic<uint32_t> poisoned;
 };
 
 void ShmWork::wait() {
@@ -137,10 +140,18 @@ void ShmAllreduce::Loop() {
       queue_.pop_front();
     }
     std::exception_ptr error;
-    try {
-      Run(item.first);
-    } catch (...) {
-      error = std::current_exception();
+    if (!broken_.empty()) {
+      error = std::make_exception_ptr(std::runtime_error("shm allreduce: unusable after an earlier failure (" + broken_ + ")"));
+    } else {
+      try {
+        Run(item.first);
+      } catch (const std::exception& e) {
+        broken_ = e.what();
+        error = std::current_exception();
+      } catch (...) {
+        broken_ = "unknown error";
+        error = std::current_exception();
+      }
     }
     ShmWork& w = *item.second;
     {
@@ -181,6 +192,11 @@ void ShmAllreduce::Run(at::Tensor& t) {
 
 void ShmAllreduce::Barrier() {
   Control& c = *ctl_;
+  auto given_up = [&] {
+    return std::runtime_error("shm allreduce: rank " + std::to_string(rank_) +
+                              ": another local rank gave up on a collective");
+  };
+  if (c.poisoned.load(std::memory_order_acquire)) throw given_up();
   const uint32_t gen = c.generation.load(std::memory_order_acquire);
   if (c.arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(size_)) {
     c.arrived.store(0, std::memory_order_relaxed);
@@ -191,14 +207,22 @@ void ShmAllreduce::Barrier() {
   // Peers usually arrive within microseconds: spin briefly, then sleep on the futex.
   for (int i = 0; i < 4000; ++i) {
     if (c.generation.load(std::memory_order_acquire) != gen) return;
+    if (c.poisoned.load(std::memory_order_relaxed)) throw given_up();
     CpuRelax();
   }
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
   c.waiters.fetch_add(1, std::memory_order_seq_cst);
   while (c.generation.load(std::memory_order_seq_cst) == gen) {
+    if (c.poisoned.load(std::memory_order_seq_cst)) {
+      c.waiters.fetch_sub(1, std::memory_order_seq_cst);
+      throw given_up();
+    }
     auto left = deadline - std::chrono::steady_clock::now();
     if (left <= std::chrono::nanoseconds::zero()) {
       c.waiters.fetch_sub(1, std::memory_order_seq_cst);
+      // Wake the others: they must not wait out their own timeouts on a barrier that cannot end.
+      c.poisoned.store(1, std::memory_order_seq_cst);
+      Futex(&c.generation, FUTEX_WAKE, INT_MAX, nullptr);
       throw std::runtime_error("shm allreduce: rank " + std::to_string(rank_) + " waited " +
                                std::to_string(timeout_.count()) + " ms for the other local ranks");
     }

@@ -74,6 +74,8 @@ class ShmAllreduce {
   std::condition_variable cv_;
   std::deque<std::pair<at::Tensor, std::shared_ptr<ShmWork>>> queue_;
   bool stop_ = false;
+  // After a failed collective the arrival count is stale: every later one fails at once with this.
+  std::string broken_;  // only the worker thread touches it
   std::thread thread_;
 };
 
