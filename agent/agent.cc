@@ -6,11 +6,13 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "agent/error_file.h"
 #include "common/limits.h"
 #include "common/net.h"
 #include "common/status_macros.h"
@@ -530,6 +532,15 @@ int Agent::Run() {
         assignment->max_restarts() > 0 ? " (restart budget exhausted)" : "",
         temp_dir ? "" : absl::StrCat("; logs in ", attempt_dir));
     std::fputs(FailureSummary(*outcome, headline).c_str(), stderr);
+    if (auto own = parent_env_.find("TORCHELASTIC_ERROR_FILE"); own != parent_env_.end() && !own->second.empty()) {
+      const std::string what = absl::StrCat("rank ", root.rank, " (local rank ", root.local_rank, ") on ",
+                                            opts_.node.hostname(), ": ", root.StatusText());
+      if (auto st = WriteLauncherErrorFile(own->second, (*workers)[outcome->root_cause].error_file, what,
+                                           static_cast<long>(::time(nullptr)));
+          !st.ok()) {
+        spdlog::warn("{}", std::string(st.message()));
+      }
+    }
     if (!verdict.ok()) {
       spdlog::error("{}", std::string(verdict.status().message()));
       cleanup();

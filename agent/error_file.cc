@@ -1,5 +1,8 @@
 #include "agent/error_file.h"
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 
@@ -54,6 +57,41 @@ absl::StatusOr<ErrorFileInfo> ParseErrorJson(const std::string& json) {
     return absl::InvalidArgumentError("\"message\" is neither text nor an object");
   }
   return info;
+}
+
+absl::Status WriteLauncherErrorFile(const std::string& path, const std::string& worker_error_file,
+                                    const std::string& what_happened, long timestamp) {
+  std::string json;
+  if (!worker_error_file.empty()) {
+    std::ifstream f(worker_error_file);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    if (f && ParseErrorJson(ss.str()).ok()) json = ss.str();
+  }
+  if (json.empty()) {
+    Struct root, message, extra;
+    (*extra.mutable_fields())["py_callstack"].set_string_value("");
+    (*extra.mutable_fields())["timestamp"].set_string_value(std::to_string(timestamp));
+    (*message.mutable_fields())["message"].set_string_value(what_happened);
+    *(*message.mutable_fields())["extraInfo"].mutable_struct_value() = extra;
+    *(*root.mutable_fields())["message"].mutable_struct_value() = message;
+    auto st = google::protobuf::util::MessageToJsonString(root, &json);
+    if (!st.ok()) return absl::InternalError(st.message().as_string());
+  }
+  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << json;
+    if (!out.flush()) {
+      ::unlink(tmp.c_str());
+      return absl::InvalidArgumentError(absl::StrCat("TORCHELASTIC_ERROR_FILE=", path, ": cannot write it"));
+    }
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    return absl::InvalidArgumentError(absl::StrCat("TORCHELASTIC_ERROR_FILE=", path, ": cannot write it"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<ErrorFileInfo> ReadErrorFile(const std::string& path) {

@@ -18,4 +18,11 @@ struct ErrorFileInfo {
 absl::StatusOr<ErrorFileInfo> ReadErrorFile(const std::string& path);
 absl::StatusOr<ErrorFileInfo> ParseErrorJson(const std::string& json);
 
+// What torchrun does with its own TORCHELASTIC_ERROR_FILE when the job fails (schedulers read
+// it): the root-cause worker's error file is copied to `path` when it wrote one in torchelastic's
+// format, else a torchelastic JSON whose message is `what_happened`. Written whole (a temporary
+// file renamed over `path`).
+absl::Status WriteLauncherErrorFile(const std::string& path, const std::string& worker_error_file,
+                                    const std::string& what_happened, long timestamp);
+
 }  // namespace launch

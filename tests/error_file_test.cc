@@ -1,5 +1,8 @@
 #include "agent/error_file.h"
 
+#include <fstream>
+#include <sstream>
+
 #include "gtest/gtest.h"
 
 namespace launch {
@@ -29,6 +32,33 @@ TEST(ErrorFile, MalformedIsAnError) {
   EXPECT_FALSE(ParseErrorJson(R"({"other": 1})").ok());
   EXPECT_FALSE(ParseErrorJson(R"({"message": 3})").ok());
   EXPECT_TRUE(absl::IsNotFound(ReadErrorFile("/nonexistent/error.json").status()));
+}
+
+std::string Slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+TEST(LauncherErrorFile, CopiesTheWorkersOrDescribesTheExit) {
+  const std::string dir = ::testing::TempDir();
+  const std::string worker = dir + "/worker_error.json", own = dir + "/launch_error.json";
+  const std::string record =
+      R"({"message": {"message": "ValueError: bad \"x\"", "extraInfo": {"py_callstack": "tb", "timestamp": "1"}}})";
+  std::ofstream(worker) << record;
+  ASSERT_TRUE(WriteLauncherErrorFile(own, worker, "unused", 5).ok());
+  EXPECT_EQ(Slurp(own), record);
+
+  // No file from the worker (or one that is not torchelastic's): a description of the exit.
+  for (const std::string& w : {std::string(dir + "/missing.json"), std::string()}) {
+    ASSERT_TRUE(WriteLauncherErrorFile(own, w, "rank 1 (local rank 1) on \"h\": exit 7", 1700000000).ok());
+    auto info = ParseErrorJson(Slurp(own));
+    ASSERT_TRUE(info.ok()) << Slurp(own);
+    EXPECT_EQ(info->message, "rank 1 (local rank 1) on \"h\": exit 7");
+    EXPECT_EQ(info->timestamp, "1700000000");
+  }
+  EXPECT_FALSE(WriteLauncherErrorFile(dir + "/no/such/dir/e.json", "", "x", 1).ok());
 }
 
 }  // namespace

@@ -465,6 +465,23 @@ TEST(Launch, InheritedIgnoredSignalsReachTheWorkers) {
   EXPECT_THAT(plain.out, HasSubstr("[0]:ignored\n"));
 }
 
+// torchrun copies the root cause's error file to its own TORCHELASTIC_ERROR_FILE (schedulers read
+// it); launch wrote nothing there.
+TEST(Launch, OwnErrorFileGetsTheRootCause) {
+  TempDir dir;
+  const std::string own = dir / "launch_error.json";
+  auto r = RunCmd({kLaunch, "--nproc-per-node=2", kWorker, "--fail-rank", "1", "7", "--sleep", "0"},
+                  {"TORCHELASTIC_ERROR_FILE=" + own});
+  EXPECT_EQ(r.exit_code, 7) << r.err;
+  EXPECT_THAT(ReadFile(own), HasSubstr("\"message\":\"rank 1 (local rank 1) on "));
+  EXPECT_THAT(ReadFile(own), HasSubstr(": exit 7\""));
+  auto with = RunCmd({kLaunch, "--nproc-per-node=2", kWorker, "--exit-if-env", "RANK", "0", "0", "--error-file",
+                      "ValueError: bad batch", "--exit", "3"},
+                     {"TORCHELASTIC_ERROR_FILE=" + own});
+  EXPECT_EQ(with.exit_code, 3) << with.err;
+  EXPECT_THAT(ReadFile(own), HasSubstr("\"message\": \"ValueError: bad batch\""));
+}
+
 // spdlog reads an unknown level as "off": every later error went silent.
 TEST(Launch, BadLogLevelIsAnError) {
   auto r = RunCmd({kLaunch, "--nproc-per-node=1", kWorker}, {"LAUNCH_LOG_LEVEL=bogus"});
