@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <grpcpp/grpcpp.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -67,8 +68,19 @@ absl::StatusOr<std::vector<std::string>> WorkerArgv(const LaunchConfig& c, const
     }
     argv.push_back(c.program);
   } else {
-    ASSIGN_OR_RETURN(std::string exe, ResolveExecutable(c.program, path));
-    argv.push_back(exe);
+    auto exe = ResolveExecutable(c.program, path);
+    struct stat st;
+    if (!exe.ok() && !c.no_python && ::stat(c.program.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+        ::access(c.program.c_str(), X_OK) != 0) {
+      // torchrun runs every program through Python unless --no-python; launch runs .py files (and
+      // -m) through it and everything else directly, so a script without .py needs one more word.
+      return absl::InvalidArgumentError(absl::StrCat(
+          "program '", c.program, "' is a file that is not executable", c.program.find('/') == std::string::npos ? " and not on PATH" : "",
+          ": launch runs only .py scripts and -m modules through Python (torchrun would run it with python); "
+          "name it ", c.program, ".py, chmod +x it, or give the interpreter: launch ... python3 -u ", c.program));
+    }
+    if (!exe.ok()) return exe.status();
+    argv.push_back(*exe);
   }
   argv.insert(argv.end(), c.args.begin(), c.args.end());
   return argv;

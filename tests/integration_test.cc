@@ -356,7 +356,9 @@ TEST_P(BadInputTest, OneLineErrorExit2NothingStarted) {
   for (const auto& a : argv) has_program |= a == "PROGRAM";
   for (auto& a : argv)
     if (a == "PROGRAM") a = kWorker;
-  if (!has_program && p.name != "missing_program" && p.name != "not_executable") argv.push_back(kWorker);
+  if (!has_program && p.name != "missing_program" && p.name != "not_executable" &&
+      p.name != "python_script_without_py")
+    argv.push_back(kWorker);
   argv.push_back("--pid-file");
   argv.push_back(dir / "started");
   if (p.name == "yaml_syntax") WriteFile(dir / "bad.yaml", "nproc_per_node: 2\nrdzv: [unclosed\n");
@@ -364,7 +366,7 @@ TEST_P(BadInputTest, OneLineErrorExit2NothingStarted) {
   if (p.name == "token_not_ascii") WriteFile(dir / "token", "abcd\xc3\xa9" "fghijk\n");  // gRPC aborted on it
   if (p.name == "tls_cert_not_pem" || p.name == "tls_cert_without_key")
     WriteFile(dir / "cert.pem", "-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n");
-  if (p.name == "not_executable") {
+  if (p.name == "not_executable" || p.name == "python_script_without_py") {
     WriteFile(dir / "noexec", "#!/bin/sh\n");
     chmod((dir / "noexec").c_str(), 0644);
   }
@@ -400,6 +402,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"nnodes_reversed", {"--nnodes", "3:2"}, "--nnodes=3:2: expected N or MIN:MAX"},
         BadInput{"missing_program", {"/nonexistent/train"}, "'/nonexistent/train' does not exist"},
         BadInput{"not_executable", {"@noexec"}, "is not executable"},
+        // torchrun runs it with python; launch said only "not executable".
+        BadInput{"python_script_without_py", {"@noexec"}, "launch runs only .py scripts and -m modules through Python"},
         BadInput{"bad_endpoint", {"--rdzv-endpoint=host:99999"}, "--rdzv-endpoint=host:99999: port"},
         BadInput{"bad_endpoint_empty_host", {"--rdzv-endpoint=:29400"}, "--rdzv-endpoint=:29400: empty host"},
         BadInput{"yaml_syntax", {"--config", "@bad.yaml"}, "bad.yaml:3"},
