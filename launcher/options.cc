@@ -490,9 +490,38 @@ absl::StatusOr<LaunchConfig> Validate(RawMap& raw, std::vector<std::string> rema
   return c;
 }
 
+// CLI11 reads `--role= PROG` as `--role PROG`: an empty `--flag=` takes the next word as its
+// value. Launch's own flags (those before the program) with `=` and nothing after are errors.
+absl::Status CheckEmptyValues(const std::vector<std::string>& argv) {
+  auto def_of = [](const std::string& name) -> const OptionDef* {
+    for (const auto& def : kOptions) {
+      for (absl::string_view n : absl::StrSplit(def.names, ',')) {
+        if (!n.empty() && n == name) return &def;
+      }
+    }
+    return nullptr;
+  };
+  for (size_t i = 1; i < argv.size(); ++i) {
+    const std::string& a = argv[i];
+    if (a == "--" || a.empty() || a[0] != '-' || a == "-") return absl::OkStatus();  // the program
+    const size_t eq = a.find('=');
+    const OptionDef* def = def_of(a.substr(0, eq));
+    if (!def) return absl::OkStatus();  // CLI11 names it
+    if (eq != std::string::npos) {
+      if (eq + 1 == a.size() && def->kind == Kind::kValue) {
+        return absl::InvalidArgumentError(absl::StrCat(a, ": expected a value after '='"));
+      }
+    } else if (def->kind == Kind::kValue) {
+      ++i;  // its value
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<ParsedArgs> ParseLaunchArgs(const std::vector<std::string>& argv) {
+  RETURN_IF_ERROR(CheckEmptyValues(argv));
   CLI::App app{"launch: start and supervise distributed training workers (torchrun's flags)", "launch"};
   app.prefix_command(true);
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);

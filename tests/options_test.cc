@@ -199,6 +199,17 @@ TEST(Options, RunIdAndWorkerCountAreBounded) {
   EXPECT_THAT(Error({"--nproc-per-node=100000", "x"}), HasSubstr("--nproc-per-node=100000: expected at most 4096"));
 }
 
+// `--role= PROG` made PROG the role (and the next word the program).
+TEST(Options, AnEmptyValueAfterEqualsIsAnError) {
+  EXPECT_THAT(Error({"--role=", "--dry-run", "./train"}), HasSubstr("--role=: expected a value after '='"));
+  EXPECT_THAT(Error({"--nproc-per-node", "2", "--log-dir=", "x"}), HasSubstr("--log-dir=: expected a value"));
+  auto c = Parse({"--nproc-per-node", "2", "./train", "--tag="});  // the program's own words are its own
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_THAT(c->args, ElementsAre("--tag="));
+  c = Parse({"--dry-run", "-r", "3", "./train"});
+  ASSERT_TRUE(c.ok()) << c.status();
+}
+
 TEST(Limits, SecondsToMsSaturates) {
   EXPECT_EQ(SecondsToMs(1.5).count(), 1500);
   EXPECT_EQ(SecondsToMs(1e10).count(), static_cast<long long>(kMaxSeconds * 1000));
