@@ -93,12 +93,13 @@ absl::StatusOr<v1::Assignment> Agent::JoinRound(long last_round, int* signal) {
     if (opts_.master_port) {
       req.set_proposed_master_port(*opts_.master_port);
     } else {
-      auto port = PickFreePort(opts_.master_addr);
+      auto port = PickFreePort(opts_.master_addr, last_picked_port_);
       if (!port.ok()) {
         return absl::UnavailableError(absl::StrCat("cannot pick a MASTER_PORT on ", opts_.master_addr, ": ",
                                                    port.status().message()));
       }
       req.set_proposed_master_port(*port);
+      last_picked_port_ = *port;
     }
     absl::StatusOr<v1::Assignment> result = absl::UnknownError("join did not run");
     BackgroundCall call;

@@ -91,6 +91,7 @@ class Agent {
   SignalFd* signals_;
   const Clock* clock_;
   Env parent_env_;
+  int last_picked_port_ = 0;  // the MASTER_PORT this node last proposed
   // The node whose agent hosts the coordinator, from the last assignment (empty: standalone).
   std::string coordinator_host_;
 };

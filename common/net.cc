@@ -11,6 +11,9 @@
 #include <cctype>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <random>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -111,8 +114,29 @@ absl::StatusOr<UniqueFd> BindTcp(const std::string& host, int port, int* bound_p
 
 }  // namespace
 
-absl::StatusOr<int> PickFreePort(const std::string& host) {
-  int port = 0;
+std::pair<int, int> FreePortRange() {
+  int eph_lo = 32768;
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  int lo = 0, hi = 0;
+  if (range >> lo >> hi && lo > 1024) eph_lo = lo;
+  return {std::min(20000, eph_lo / 2), eph_lo - 1};
+}
+
+absl::StatusOr<int> PickFreePort(const std::string& host, int avoid) {
+  // Not port 0: the kernel hands out the port it just freed again, so two launches picking at
+  // once got the same MASTER_PORT (seen in CI), and that range is also where outgoing
+  // connections take their ports. A random free port below the ephemeral range instead.
+  const auto [lo, hi] = FreePortRange();
+  std::random_device rd;
+  std::uniform_int_distribution<int> pick(lo, hi);
+  for (int i = 0; i < 64; ++i) {
+    const int port = pick(rd);
+    if (port == avoid) continue;
+    auto used = PortInUse(host, port);
+    if (!used.ok()) return used.status();
+    if (!*used) return port;
+  }
+  int port = 0;  // nearly everything below the range is taken: let the kernel choose
   ASSIGN_OR_RETURN(UniqueFd fd, BindTcp(host, 0, &port));
   return port;
 }

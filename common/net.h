@@ -3,6 +3,7 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -20,7 +21,10 @@ absl::StatusOr<HostPort> ParseHostPort(const std::string& value, const std::stri
 std::string JoinHostPort(const std::string& host, int port);
 
 // A port free for listening on `host` now (bind to port 0); the caller hosts it soon after.
-absl::StatusOr<int> PickFreePort(const std::string& host);
+// A free TCP port on host, never `avoid` (the last attempt's, so that each attempt gets a new one).
+absl::StatusOr<int> PickFreePort(const std::string& host, int avoid = 0);
+// Where PickFreePort looks: [min(20000, ephemeral low / 2), ephemeral low - 1].
+std::pair<int, int> FreePortRange();
 // Whether something already listens on host:port (bind fails with EADDRINUSE).
 absl::StatusOr<bool> PortInUse(const std::string& host, int port);
 

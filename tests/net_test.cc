@@ -1,5 +1,7 @@
 #include "common/net.h"
 
+#include <set>
+
 #include "gtest/gtest.h"
 
 namespace launch {
@@ -34,6 +36,22 @@ TEST(Ports, FreePortIsFreeAndListenedPortIsInUse) {
   auto busy = PortInUse("127.0.0.1", *port);
   ASSERT_TRUE(busy.ok());
   EXPECT_FALSE(*busy);
+}
+
+// Two launches starting together got the same MASTER_PORT from port 0 (the kernel hands the port
+// it just freed out again): ports now come at random from below the ephemeral range.
+TEST(Ports, PicksComeFromBelowTheEphemeralRangeAndDiffer) {
+  const auto [lo, hi] = FreePortRange();
+  ASSERT_LT(lo, hi);
+  std::set<int> seen;
+  for (int i = 0; i < 20; ++i) {
+    auto port = PickFreePort("127.0.0.1");
+    ASSERT_TRUE(port.ok());
+    EXPECT_GE(*port, lo);
+    EXPECT_LE(*port, hi);
+    seen.insert(*port);
+  }
+  EXPECT_GE(seen.size(), 15u) << "20 picks from thousands of ports should rarely repeat";
 }
 
 }  // namespace
