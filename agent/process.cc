@@ -88,6 +88,19 @@ absl::StatusOr<pid_t> PosixProcessLauncher::Spawn(const SpawnOptions& opts) {
       ::_exit(127);
     };
     if (opts.new_process_group) ::setpgid(0, 0);
+    if (opts.guard_fd >= 0 && opts.new_process_group) {
+      // "+<pgid>\n", formatted without allocating (this is a vfork child); one write under
+      // PIPE_BUF is atomic.
+      char line[24];
+      char digits[16];
+      int nd = 0;
+      for (unsigned long v = static_cast<unsigned long>(::getpid()); v > 0 || nd == 0; v /= 10) digits[nd++] = static_cast<char>('0' + v % 10);
+      int len = 0;
+      line[len++] = '+';
+      while (nd > 0) line[len++] = digits[--nd];
+      line[len++] = '\n';
+      if (::write(opts.guard_fd, line, static_cast<size_t>(len)) != len) fail();
+    }
     if (opts.parent_death_signal != 0) {
       ::prctl(PR_SET_PDEATHSIG, opts.parent_death_signal);
       if (::getppid() != parent) ::_exit(127);  // the parent died before prctl took effect
@@ -138,6 +151,11 @@ absl::StatusOr<pid_t> PosixProcessLauncher::Spawn(const SpawnOptions& opts) {
   if (child_errno != 0) {
     int status;
     ::waitpid(pid, &status, 0);
+    if (opts.guard_fd >= 0 && opts.new_process_group) {  // it may have registered its group
+      const std::string line = absl::StrCat("-", pid, "\n");
+      ssize_t ignored = ::write(opts.guard_fd, line.data(), line.size());
+      (void)ignored;
+    }
     return ErrnoStatus(absl::StrCat("cannot start '", opts.argv[0], "'"), child_errno);
   }
   return pid;
@@ -222,7 +240,6 @@ void OrphanGuard::Send(char op, pid_t pgid) {
   (void)ignored;
 }
 
-void OrphanGuard::Add(pid_t pgid) { Send('+', pgid); }
 void OrphanGuard::Remove(pid_t pgid) { Send('-', pgid); }
 
 void OrphanGuard::Stop() {

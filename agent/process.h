@@ -23,6 +23,9 @@ struct SpawnOptions {
   int extra_fd_target = 3;
   bool new_process_group = true;
   int parent_death_signal = SIGKILL;  // 0: none
+  // The orphan guard's pipe (OrphanGuard::fd()): the child registers its new process group there
+  // before it execs, so the group is known to the guard before any of the worker's code runs.
+  int guard_fd = -1;
 };
 
 class ProcessLauncher {
@@ -60,8 +63,9 @@ class OrphanGuard {
   OrphanGuard& operator=(const OrphanGuard&) = delete;
 
   absl::Status Start();  // call before any thread is created
-  void Add(pid_t pgid);
   void Remove(pid_t pgid);
+  // The pipe a spawned child registers itself on (SpawnOptions::guard_fd); -1 before Start.
+  int fd() const { return write_.get(); }
   // Closes the pipe and reaps the helper (with nothing registered it just exits).
   void Stop();
   pid_t pid() const { return pid_; }

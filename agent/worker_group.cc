@@ -223,12 +223,14 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
     so.stderr_fd = err.write.get();
     so.extra_fd = progress_write.get();
     so.extra_fd_target = kProgressFd;
+    // Registered by the child itself before exec: a launch killed right after a worker started
+    // (before it could register the group here) left that worker's children running.
+    so.guard_fd = guard_ ? guard_->fd() : -1;
     s.start = clock_->Now();
     auto pid = launcher_->Spawn(so);
     if (!pid.ok()) return pid.status();
     s.pid = *pid;
     s.result.pid = *pid;
-    if (guard_) guard_->Add(*pid);
     s.out_read = std::move(out.read);
     s.err_read = std::move(err.read);
     for (int fd : {s.out_read.get(), s.err_read.get()}) ::fcntl(fd, F_SETFL, O_NONBLOCK);
