@@ -51,62 +51,62 @@ void WriteAll(int fd, const char* buf, size_t n) {
   }
 }
 
-void LineRelay::EmitLines(const char* data, size_t n) {
-  if (opts_.file_fd >= 0) WriteAll(opts_.file_fd, data, n);
-  std::string out;
-  if (opts_.console_fd >= 0) out.reserve(n + 16);
-  size_t start = 0;
-  while (start < n) {
-    size_t end = start;
-    while (end < n && data[end] != '\n') ++end;
-    const size_t len = end - start;
-    if (opts_.console_fd >= 0) {
-      out.append(opts_.prefix);
-      out.append(data + start, len);
-      out.push_back('\n');
-    }
-    if (opts_.tail_lines > 0) {
-      tail_.emplace_back(data + start, len);
-      if (tail_.size() > opts_.tail_lines) tail_.pop_front();
-    }
-    start = end + 1;
+void LineRelay::Piece(const char* data, size_t n, char end, std::string* console) {
+  std::string line;
+  const std::string* text;
+  if (partial_.empty()) {
+    line.assign(data, n);
+  } else {
+    partial_.append(data, n);
+    line.swap(partial_);
+    partial_.clear();
   }
-  // One write for the whole batch of lines: lines from different workers never interleave.
-  if (opts_.console_fd >= 0) WriteAll(opts_.console_fd, out.data(), out.size());
+  text = &line;
+  if (opts_.console_fd >= 0) {
+    console->append(opts_.prefix);
+    console->append(*text);
+    console->push_back(end);
+  }
+  // A progress bar's updates are not lines: the tail keeps what ended with a newline.
+  if (end == '\n' && opts_.tail_lines > 0) {
+    tail_.push_back(std::move(line));
+    if (tail_.size() > opts_.tail_lines) tail_.pop_front();
+  }
 }
 
 void LineRelay::Feed(const char* data, size_t n) {
-  size_t last_nl = n;
-  for (size_t i = n; i > 0; --i) {
-    if (data[i - 1] == '\n') {
-      last_nl = i - 1;
-      break;
+  // The file gets the bytes as the worker wrote them.
+  if (opts_.file_fd >= 0) WriteAll(opts_.file_fd, data, n);
+  std::string console;
+  size_t start = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const char c = data[i];
+    if (c != '\n' && c != '\r') continue;
+    if (c == '\r' && i + 1 < n && data[i + 1] == '\n') {  // "\r\n" ends a line once
+      Piece(data + start, i - start, '\n', &console);
+      start = ++i + 1;
+      continue;
     }
+    Piece(data + start, i - start, c, &console);
+    start = i + 1;
   }
-  if (last_nl == n) {  // no newline: keep buffering
-    partial_.append(data, n);
-    return;
+  partial_.append(data + start, n - start);
+  // A line without end: shown in pieces of kMaxLineBytes, the buffer never grows past that.
+  while (partial_.size() >= kMaxLineBytes) {
+    std::string rest = partial_.substr(kMaxLineBytes);
+    partial_.resize(kMaxLineBytes);
+    Piece(nullptr, 0, '\n', &console);
+    partial_ = std::move(rest);
   }
-  if (partial_.empty()) {
-    EmitLines(data, last_nl + 1);
-  } else {
-    partial_.append(data, last_nl + 1);
-    EmitLines(partial_.data(), partial_.size());
-    partial_.clear();
-  }
-  partial_.append(data + last_nl + 1, n - last_nl - 1);
+  // One write for the whole batch: lines from different workers never interleave.
+  if (opts_.console_fd >= 0 && !console.empty()) WriteAll(opts_.console_fd, console.data(), console.size());
 }
 
 void LineRelay::Flush() {
   if (partial_.empty()) return;
-  partial_.push_back('\n');
-  // The file gets the bytes as the worker wrote them: no newline was there.
-  int file_fd = opts_.file_fd;
-  if (file_fd >= 0) WriteAll(file_fd, partial_.data(), partial_.size() - 1);
-  opts_.file_fd = -1;
-  EmitLines(partial_.data(), partial_.size());
-  opts_.file_fd = file_fd;
-  partial_.clear();
+  std::string console;
+  Piece(nullptr, 0, '\n', &console);
+  if (opts_.console_fd >= 0) WriteAll(opts_.console_fd, console.data(), console.size());
 }
 
 }  // namespace launch

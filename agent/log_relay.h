@@ -1,6 +1,8 @@
 // Worker output: each stream comes through a pipe, is written whole lines at a time to the console
-// with a "[<rank>]:" prefix (never split mid-line), to torchrun's log-dir files, and keeps a tail
-// for the failure summary.
+// with a "[<rank>]:" prefix, to torchrun's log-dir files (the bytes as written), and keeps a tail
+// for the failure summary. A '\r'-ended piece (a progress bar's update) goes to the console at
+// once, prefixed and ending in '\r'; a line longer than kMaxLineBytes is shown in pieces of that
+// size, so a worker that never writes a newline cannot grow launch's memory.
 #pragma once
 
 #include <deque>
@@ -30,6 +32,9 @@ absl::StatusOr<StdSpec> ParseStdSpec(const std::string& value, const std::string
 // One worker stream.
 class LineRelay {
  public:
+  static constexpr size_t kMaxLineBytes = 64 * 1024;
+
+ public:
   struct Options {
     std::string prefix;  // "[3]:"
     int console_fd = -1;  // -1: not shown on the console
@@ -42,9 +47,11 @@ class LineRelay {
   // Writes a last partial line, if any (at EOF).
   void Flush();
   const std::deque<std::string>& tail() const { return tail_; }
+  size_t buffered() const { return partial_.size(); }
 
  private:
-  void EmitLines(const char* data, size_t n);  // n bytes of whole lines
+  // One piece of output ended by `end` ('\n' or '\r'): partial_ + [data, data + n).
+  void Piece(const char* data, size_t n, char end, std::string* console);
   Options opts_;
   std::string partial_;
   std::deque<std::string> tail_;

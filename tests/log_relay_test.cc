@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <cstdio>
+
 #include "gtest/gtest.h"
 
 namespace launch {
@@ -42,6 +44,54 @@ TEST(LineRelay, EmptyLinesArePrefixedToo) {
   }
   console.write.Reset();
   EXPECT_EQ(ReadAll(console.read.get()), "[0]:\n[0]:\n[0]:x\n");
+}
+
+// tqdm's updates end in '\r': they reached the console only at the final newline. Now each one
+// is shown at once, prefixed; the file keeps the bytes; the tail keeps the finished line.
+TEST(LineRelay, CarriageReturnUpdatesAreShownAtOnce) {
+  Pipe console, file;
+  ASSERT_TRUE(MakePipe(&console) && MakePipe(&file));
+  {
+    LineRelay relay({"[1]:", console.write.get(), file.write.get(), 5});
+    relay.Feed(" 10%\r", 5);
+    const std::string rest = " 50%\r 100%\ndone\r\n";
+    relay.Feed(rest.data(), rest.size());
+    EXPECT_EQ(relay.buffered(), 0u);
+    EXPECT_EQ(relay.tail().size(), 2u);
+    EXPECT_EQ(relay.tail().front(), " 100%");
+    EXPECT_EQ(relay.tail().back(), "done");
+  }
+  console.write.Reset();
+  file.write.Reset();
+  EXPECT_EQ(ReadAll(console.read.get()), "[1]: 10%\r[1]: 50%\r[1]: 100%\n[1]:done\n");
+  EXPECT_EQ(ReadAll(file.read.get()), " 10%\r 50%\r 100%\ndone\r\n");
+}
+
+// 200 MB without a newline took launch from 15 MB to 220 MB: the partial line is bounded now.
+TEST(LineRelay, ALineWithoutEndIsShownInBoundedPieces) {
+  // A file as the console: a pipe that nobody reads while the relay writes would block it.
+  FILE* console = std::tmpfile();
+  ASSERT_NE(console, nullptr);
+  const size_t kMax = LineRelay::kMaxLineBytes;
+  const std::string chunk(10000, 'x');
+  size_t fed = 0;
+  {
+    LineRelay relay({"[0]:", ::fileno(console), -1, 1});
+    while (fed < 3 * kMax + 5) {
+      relay.Feed(chunk.data(), chunk.size());
+      fed += chunk.size();
+      EXPECT_LT(relay.buffered(), kMax);
+    }
+    relay.Flush();
+    EXPECT_EQ(relay.tail().back().size(), fed % kMax);
+  }
+  std::rewind(console);
+  std::string got;
+  char buf[65536];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, console)) > 0;) got.append(buf, n);
+  std::fclose(console);
+  const std::string piece = "[0]:" + std::string(kMax, 'x') + "\n";
+  EXPECT_EQ(got, piece + piece + piece + "[0]:" + std::string(fed % kMax, 'x') + "\n");
 }
 
 TEST(StdSpec, ParsesTorchrunValues) {
