@@ -21,19 +21,28 @@ std::string ReadAvailable(int fd) {
   return out;
 }
 
+// Spawns argv with a pipe as the orphan guard's; returns Spawn's answer and, in *lines, what the
+// child (and Spawn) wrote on the pipe by the time Spawn returned.
+absl::StatusOr<pid_t> SpawnWithGuardPipe(const std::string& program, std::string* lines) {
+  Pipe guard;
+  if (!MakePipe(&guard)) return absl::InternalError("pipe");
+  PosixProcessLauncher launcher;
+  SpawnOptions so;
+  so.argv = {program};
+  so.guard_fd = guard.write.get();
+  auto pid = launcher.Spawn(so);
+  guard.write.Reset();  // only what was written by now can be read
+  *lines = ReadAvailable(guard.read.get());
+  return pid;
+}
+
 // The group was registered with the orphan guard by launch after Spawn returned: a launch killed
 // in between left that worker's children running. The child registers itself before exec now.
 TEST(Spawn, TheChildRegistersItsGroupWithTheGuardBeforeExec) {
-  Pipe guard;
-  ASSERT_TRUE(MakePipe(&guard));
-  PosixProcessLauncher launcher;
-  SpawnOptions so;
-  so.argv = {"/bin/true"};
-  so.guard_fd = guard.write.get();
-  auto pid = launcher.Spawn(so);
+  std::string lines;
+  auto pid = SpawnWithGuardPipe("/bin/true", &lines);
   ASSERT_TRUE(pid.ok()) << pid.status();
-  guard.write.Reset();  // only the child's line can be in the pipe, and it is there already
-  EXPECT_EQ(ReadAvailable(guard.read.get()), absl::StrCat("+", *pid, "\n"));
+  EXPECT_EQ(lines, absl::StrCat("+", *pid, "\n"));
   int status = 0;
   ASSERT_EQ(::waitpid(*pid, &status, 0), *pid);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
@@ -42,16 +51,8 @@ TEST(Spawn, TheChildRegistersItsGroupWithTheGuardBeforeExec) {
 // A child that registered and then could not exec is unregistered: no stale group id is left for
 // the guard to SIGKILL later, when the id may belong to another process group.
 TEST(Spawn, AFailedStartUnregistersTheGroup) {
-  Pipe guard;
-  ASSERT_TRUE(MakePipe(&guard));
-  PosixProcessLauncher launcher;
-  SpawnOptions so;
-  so.argv = {"/nonexistent/program"};
-  so.guard_fd = guard.write.get();
-  auto pid = launcher.Spawn(so);
-  ASSERT_FALSE(pid.ok());
-  guard.write.Reset();
-  const std::string lines = ReadAvailable(guard.read.get());
+  std::string lines;
+  ASSERT_FALSE(SpawnWithGuardPipe("/nonexistent/program", &lines).ok());
   ASSERT_EQ(lines.size() % 2, 0u) << lines;
   const std::string plus = lines.substr(0, lines.size() / 2), minus = lines.substr(lines.size() / 2);
   EXPECT_EQ(plus[0], '+') << lines;

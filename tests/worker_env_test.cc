@@ -77,12 +77,16 @@ INSTANTIATE_TEST_SUITE_P(Nproc, WorkerEnvTable,
                                            EnvCase{4, 0, 4, 8, 2}, EnvCase{4, 4, 8, 2, 1},
                                            EnvCase{2, 2, 4, 3, 1}));
 
-TEST(WorkerEnv, UserThreadSettingsAndNcclHandlingAreKept) {
+// The plan for `local` workers on `cpus` usable CPUs under the parent environment `parent`.
+absl::StatusOr<WorkerEnvPlan> PlanFor(const Env& parent, int local, int cpus) {
   WorkerGroupSpec spec;
-  spec.local_world_size = 2;
-  spec.usable_cpus = 16;
-  Env parent = {{"OMP_NUM_THREADS", "3"}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "0"}};
-  auto plan = BuildWorkerEnvs(parent, spec, RoundInfo{}, ErrorFiles(2));
+  spec.local_world_size = local;
+  spec.usable_cpus = cpus;
+  return BuildWorkerEnvs(parent, spec, RoundInfo{}, ErrorFiles(local));
+}
+
+TEST(WorkerEnv, UserThreadSettingsAndNcclHandlingAreKept) {
+  auto plan = PlanFor({{"OMP_NUM_THREADS", "3"}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "0"}}, 2, 16);
   ASSERT_TRUE(plan.ok());
   EXPECT_EQ(plan->envs[0].at("OMP_NUM_THREADS"), "3");
   EXPECT_EQ(plan->envs[0].at("TORCH_NCCL_ASYNC_ERROR_HANDLING"), "0");
@@ -91,16 +95,12 @@ TEST(WorkerEnv, UserThreadSettingsAndNcclHandlingAreKept) {
 
 // The user's OMP_NUM_THREADS carries to MKL and OpenBLAS (they were forced to usable/local before).
 TEST(WorkerEnv, UsersOmpThreadsCarryToMklAndOpenblas) {
-  WorkerGroupSpec spec;
-  spec.local_world_size = 2;
-  spec.usable_cpus = 16;
-  auto plan = BuildWorkerEnvs({{"OMP_NUM_THREADS", "3"}, {"OPENBLAS_NUM_THREADS", "5"}}, spec, RoundInfo{},
-                              ErrorFiles(2));
+  auto plan = PlanFor({{"OMP_NUM_THREADS", "3"}, {"OPENBLAS_NUM_THREADS", "5"}}, 2, 16);
   ASSERT_TRUE(plan.ok());
   EXPECT_EQ(plan->envs[1].at("MKL_NUM_THREADS"), "3");
   EXPECT_EQ(plan->envs[1].at("OPENBLAS_NUM_THREADS"), "5");  // set itself: kept
   EXPECT_THAT(plan->notes[0], ::testing::HasSubstr("MKL_NUM_THREADS = 3 (the user's OMP_NUM_THREADS)"));
-  auto plain = BuildWorkerEnvs({}, spec, RoundInfo{}, ErrorFiles(2));
+  auto plain = PlanFor({}, 2, 16);
   ASSERT_TRUE(plain.ok());
   EXPECT_EQ(plain->envs[0].at("MKL_NUM_THREADS"), "8");
   EXPECT_THAT(plain->notes[0], ::testing::HasSubstr("16 usable CPUs / 2 local workers"));
@@ -109,9 +109,6 @@ TEST(WorkerEnv, UsersOmpThreadsCarryToMklAndOpenblas) {
 // torch 1.x reads NCCL_ASYNC_ERROR_HANDLING, 2.x TORCH_NCCL_ASYNC_ERROR_HANDLING: both are set, and
 // a user's value of one is given to the other.
 TEST(WorkerEnv, NcclAsyncErrorHandlingUnderBothNames) {
-  WorkerGroupSpec spec;
-  spec.local_world_size = 1;
-  spec.usable_cpus = 2;
   struct Row {
     Env parent;
     const char* torch_name;
@@ -121,7 +118,7 @@ TEST(WorkerEnv, NcclAsyncErrorHandlingUnderBothNames) {
               {{{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "0"}}, "0", "0"},
               {{{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "2"}, {"NCCL_ASYNC_ERROR_HANDLING", "0"}}, "2", "0"}};
   for (const auto& r : rows) {
-    auto plan = BuildWorkerEnvs(r.parent, spec, RoundInfo{}, ErrorFiles(1));
+    auto plan = PlanFor(r.parent, 1, 2);
     ASSERT_TRUE(plan.ok());
     EXPECT_EQ(plan->envs[0].at("TORCH_NCCL_ASYNC_ERROR_HANDLING"), r.torch_name);
     EXPECT_EQ(plan->envs[0].at("NCCL_ASYNC_ERROR_HANDLING"), r.old_name);
