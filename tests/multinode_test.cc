@@ -735,8 +735,18 @@ TEST(MultiNodeChaos, TrainingSurvivesFiveWorkerKillsAndALostAgentWithExactSteps)
   long last_kill_step = 0;  // the first disruption waits for the first checkpoint too
   int worker_kills = 0;
   bool agent_killed = false;
-  // Six disruptions, each once the round before has made progress: a new checkpoint written by
-  // a full set of workers that did not exist at the last disruption.
+  // "resumed from step" lines so far, over every agent's output.
+  auto resumes = [&] {
+    int n = 0;
+    for (auto& a : agents)
+      for (size_t pos = a->out().find("resumed from step"); pos != std::string::npos;
+           pos = a->out().find("resumed from step", pos + 1))
+        ++n;
+    return n;
+  };
+  // Six disruptions, each once the round before has made progress: a full set of workers that did
+  // not exist at the last disruption, whose rank 0 has resumed (a checkpoint newer than the last
+  // disruption alone can come from the old round's last step, before the new round printed).
   for (int disruption = 0; disruption < 6; ++disruption) {
     std::vector<pid_t> workers;
     ASSERT_TRUE(WaitUntil(
@@ -744,7 +754,7 @@ TEST(MultiNodeChaos, TrainingSurvivesFiveWorkerKillsAndALostAgentWithExactSteps)
           workers = TrainWorkers(live_agents());
           bool fresh = workers.size() == 4 &&
                        std::none_of(workers.begin(), workers.end(), [&](pid_t p) { return seen_workers.count(p); });
-          return fresh && NewestCheckpoint(dir / "chaos-ckpt") > last_kill_step;
+          return fresh && NewestCheckpoint(dir / "chaos-ckpt") > last_kill_step && resumes() >= disruption;
         },
         std::chrono::seconds(60)))
         << "disruption " << disruption << ": no new round made progress; coordinator:\n" << coord.child().err();
