@@ -242,6 +242,7 @@ absl::StatusOr<std::vector<WorkerLaunch>> Agent::PrepareAttempt(const v1::Assign
       w.stdout_file = dir + "/stdout.log";
       w.stderr_file = dir + "/stderr.log";
     }
+    w.reads_stdin = w.rank == 0;  // as torchrun users expect: pdb and input() work on rank 0
     bool shown = !opts_.console_local_ranks || opts_.console_local_ranks->count(i) > 0;
     // --redirects sends a stream to its file only; --tee to the file and the console.
     w.stdout_console = shown && (!opts_.redirects.Stdout(i) || opts_.tee.Stdout(i));
@@ -314,9 +315,9 @@ int Agent::Run() {
   // The job failed as the coordinator saw it: say where it failed first and exit with that code.
   auto job_failed = [&](const v1::ReportExitResponse& verdict, int own_code) {
     if (verdict.has_first_failure()) {
-      std::fprintf(stderr, "launch: job failed: first failure: %s\n", DescribeFailure(verdict.first_failure()).c_str());
+      ConsoleErr().Write(absl::StrCat("launch: job failed: first failure: ", DescribeFailure(verdict.first_failure()), "\n"));
     } else {
-      std::fprintf(stderr, "launch: job failed: %s\n", verdict.reason().c_str());
+      ConsoleErr().Write(absl::StrCat("launch: job failed: ", verdict.reason(), "\n"));
     }
     cleanup();
     return verdict.has_first_failure() ? FailureExitCode(verdict.first_failure()) : (own_code ? own_code : 1);
@@ -393,14 +394,20 @@ int Agent::Run() {
     WorkerGroup::Options gopts;
     gopts.stop_timeout = opts_.stop_timeout;
     gopts.stop_fd = watch.fd();
+    // Tell the coordinator at once, not after the group has stopped, so the other nodes stop
+    // now; on a thread of its own, so the call never holds up the group's supervision.
+    BackgroundCall early_report;
     gopts.on_failure = [&](const WorkerResult& w) {
-      // Tell the coordinator now, not after the group has stopped: the other nodes stop at once.
       v1::ReportExitRequest early = report;
       *early.add_exits() = ToProto(w);
-      (void)coordinator_->ReportExit(early, std::chrono::seconds(1));
+      auto st = early_report.Start([this, early](CallCanceller*) {
+        (void)coordinator_->ReportExit(early, std::chrono::seconds(1));
+      });
+      if (!st.ok()) spdlog::warn("cannot tell the coordinator of the failure early: {}", std::string(st.message()));
     };
     WorkerGroup group(gopts, launcher_, guard_, signals_, clock_);
     auto outcome = group.Run(*workers);
+    early_report.Wait();  // the early report stays the first the coordinator hears
     watch.Stop();
     if (!outcome.ok()) {
       // launch's own failure (exit 1; 2 is for bad input): the workers it started are gone.
@@ -480,7 +487,7 @@ int Agent::Run() {
         const v1::HeartbeatResponse why = watch.answer();
         if (why.job_failed() && watch.unreachable()) {  // the agent-hosted coordinator died with its node
           move(GroupEvent::kGiveUp);
-          std::fprintf(stderr, "launch: job failed: %s\n", why.reason().c_str());
+          ConsoleErr().Write(absl::StrCat("launch: job failed: ", why.reason(), "\n"));
           cleanup();
           return 1;
         }
@@ -532,7 +539,7 @@ int Agent::Run() {
         "launch: worker group failed after ", assignment->restart_count(), " restart(s)",
         assignment->max_restarts() > 0 ? " (restart budget exhausted)" : "",
         temp_dir ? "" : absl::StrCat("; logs in ", attempt_dir));
-    std::fputs(FailureSummary(*outcome, headline).c_str(), stderr);
+    ConsoleErr().Write(FailureSummary(*outcome, headline));
     if (auto own = parent_env_.find("TORCHELASTIC_ERROR_FILE"); own != parent_env_.end() && !own->second.empty()) {
       const std::string what = absl::StrCat("rank ", root.rank, " (local rank ", root.local_rank, ") on ",
                                             opts_.node.hostname(), ": ", root.StatusText());

@@ -51,62 +51,78 @@ void WriteAll(int fd, const char* buf, size_t n) {
   }
 }
 
-void LineRelay::Piece(const char* data, size_t n, char end, std::string* console) {
-  std::string line;
-  const std::string* text;
-  if (partial_.empty()) {
-    line.assign(data, n);
-  } else {
-    partial_.append(data, n);
-    line.swap(partial_);
-    partial_.clear();
-  }
-  text = &line;
-  if (opts_.console_fd >= 0) {
-    console->append(opts_.prefix);
-    console->append(*text);
-    console->push_back(end);
+void LineRelay::Piece(std::string_view text, char end, std::string* batch) {
+  if (opts_.console) {
+    if (!batch->empty()) batch->append(opts_.prefix);  // the first piece's prefix: Send's
+    batch->append(partial_);
+    batch->append(text);
+    batch->push_back(end);
   }
   // A progress bar's updates are not lines: the tail keeps what ended with a newline.
   if (end == '\n' && opts_.tail_lines > 0) {
+    std::string line = std::move(shown_);
+    line.append(partial_);
+    line.append(text.substr(0, kMaxLineBytes - std::min(kMaxLineBytes, line.size())));
     tail_.push_back(std::move(line));
     if (tail_.size() > opts_.tail_lines) tail_.pop_front();
   }
+  shown_.clear();
+  partial_.clear();
+  partial_since_.reset();
 }
 
-void LineRelay::Feed(const char* data, size_t n) {
+void LineRelay::Send(std::string* batch, bool open) {
+  if (opts_.console && !batch->empty()) opts_.console->Write(this, opts_.prefix, *batch, open);
+  batch->clear();
+}
+
+void LineRelay::Feed(const char* data, size_t n, Clock::TimePoint now) {
   // The file gets the bytes as the worker wrote them.
   if (opts_.file_fd >= 0) WriteAll(opts_.file_fd, data, n);
-  std::string console;
+  std::string batch;  // one console write for the whole read
   size_t start = 0;
   for (size_t i = 0; i < n; ++i) {
     const char c = data[i];
     if (c != '\n' && c != '\r') continue;
     if (c == '\r' && i + 1 < n && data[i + 1] == '\n') {  // "\r\n" ends a line once
-      Piece(data + start, i - start, '\n', &console);
+      Piece(std::string_view(data + start, i - start), '\n', &batch);
       start = ++i + 1;
       continue;
     }
-    Piece(data + start, i - start, c, &console);
+    Piece(std::string_view(data + start, i - start), c, &batch);
     start = i + 1;
   }
+  if (start < n) partial_since_ = now;  // the line's latest byte
   partial_.append(data + start, n - start);
   // A line without end: shown in pieces of kMaxLineBytes, the buffer never grows past that.
   while (partial_.size() >= kMaxLineBytes) {
     std::string rest = partial_.substr(kMaxLineBytes);
     partial_.resize(kMaxLineBytes);
-    Piece(nullptr, 0, '\n', &console);
+    Piece({}, '\n', &batch);
     partial_ = std::move(rest);
+    if (!partial_.empty()) partial_since_ = now;
   }
-  // One write for the whole batch: lines from different workers never interleave.
-  if (opts_.console_fd >= 0 && !console.empty()) WriteAll(opts_.console_fd, console.data(), console.size());
+  Send(&batch, false);
+}
+
+std::optional<Clock::TimePoint> LineRelay::partial_due() const {
+  if (!partial_since_) return std::nullopt;
+  return *partial_since_ + kPartialLineDelay;
+}
+
+void LineRelay::ShowPartial() {
+  if (partial_.empty()) return;
+  if (opts_.console) opts_.console->Write(this, opts_.prefix, partial_, true);
+  if (shown_.size() < kMaxLineBytes) shown_.append(partial_.substr(0, kMaxLineBytes - shown_.size()));
+  partial_.clear();
+  partial_since_.reset();
 }
 
 void LineRelay::Flush() {
-  if (partial_.empty()) return;
-  std::string console;
-  Piece(nullptr, 0, '\n', &console);
-  if (opts_.console_fd >= 0) WriteAll(opts_.console_fd, console.data(), console.size());
+  if (partial_.empty() && shown_.empty()) return;
+  std::string batch;
+  Piece({}, '\n', &batch);
+  Send(&batch, false);
 }
 
 }  // namespace launch

@@ -2,15 +2,21 @@
 // with a "[<rank>]:" prefix, to torchrun's log-dir files (the bytes as written), and keeps a tail
 // for the failure summary. A '\r'-ended piece (a progress bar's update) goes to the console at
 // once, prefixed and ending in '\r'; a line longer than kMaxLineBytes is shown in pieces of that
-// size, so a worker that never writes a newline cannot grow launch's memory.
+// size, so a worker that never writes a newline cannot grow launch's memory; a line that stays
+// unfinished and quiet for kPartialLineDelay (a prompt) is shown as far as it goes.
 #pragma once
 
+#include <chrono>
 #include <deque>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
+#include "agent/console.h"
+#include "common/clock.h"
 #include "common/unique_fd.h"
 
 namespace launch {
@@ -33,27 +39,38 @@ absl::StatusOr<StdSpec> ParseStdSpec(const std::string& value, const std::string
 class LineRelay {
  public:
   static constexpr size_t kMaxLineBytes = 64 * 1024;
+  // A line without end is shown once the worker has written nothing more for this long (a prompt
+  // such as pdb's "(Pdb) " or input()'s), and left open on the console for the rest of the line.
+  // A line written slowly in pieces stays whole as long as its pieces keep coming.
+  static constexpr std::chrono::milliseconds kPartialLineDelay{200};
 
  public:
   struct Options {
-    std::string prefix;  // "[3]:"
-    int console_fd = -1;  // -1: not shown on the console
-    int file_fd = -1;     // -1: no log file
+    std::string prefix;               // "[3]:"
+    ConsoleStream* console = nullptr;  // nullptr: not shown on the console
+    int file_fd = -1;                 // -1: no log file
     size_t tail_lines = 0;
   };
   explicit LineRelay(Options opts) : opts_(std::move(opts)) {}
 
-  void Feed(const char* data, size_t n);
-  // Writes a last partial line, if any (at EOF).
+  void Feed(const char* data, size_t n, Clock::TimePoint now);
+  // When the line not yet shown is due (nullopt: nothing waits); ShowPartial shows it, open.
+  std::optional<Clock::TimePoint> partial_due() const;
+  void ShowPartial();
+  // Writes a last partial line, if any, ended (at EOF).
   void Flush();
   const std::deque<std::string>& tail() const { return tail_; }
   size_t buffered() const { return partial_.size(); }
 
  private:
-  // One piece of output ended by `end` ('\n' or '\r'): partial_ + [data, data + n).
-  void Piece(const char* data, size_t n, char end, std::string* console);
+  // Ends the current line with `end` ('\n' or '\r'): the bytes not yet shown plus `text`,
+  // appended to `batch` (the first piece's prefix is the console's to add).
+  void Piece(std::string_view text, char end, std::string* batch);
+  void Send(std::string* batch, bool open);
   Options opts_;
-  std::string partial_;
+  std::string partial_;  // the current line's bytes not yet shown
+  std::string shown_;    // the current line's bytes already shown (open), for the tail; bounded
+  std::optional<Clock::TimePoint> partial_since_;
   std::deque<std::string> tail_;
 };
 

@@ -106,13 +106,14 @@ absl::StatusOr<pid_t> PosixProcessLauncher::Spawn(const SpawnOptions& opts) {
       if (::getppid() != parent) ::_exit(127);  // the parent died before prctl took effect
     }
     // Workers start with default dispositions, except what launch itself was started with
-    // ignored (nohup's SIGHUP), which exec keeps. SIGPIPE launch ignores itself, so it is reset.
+    // ignored (nohup's SIGHUP), which exec keeps. SIGPIPE and SIGTTIN launch ignores itself
+    // (BlockLauncherSignals), so they are reset.
     struct sigaction dfl {};
     dfl.sa_handler = SIG_DFL;
     for (int s = 1; s < NSIG; ++s) {
       if (s == SIGKILL || s == SIGSTOP) continue;
       struct sigaction cur {};
-      if (::sigaction(s, nullptr, &cur) == 0 && cur.sa_handler == SIG_IGN && s != SIGPIPE) continue;
+      if (::sigaction(s, nullptr, &cur) == 0 && cur.sa_handler == SIG_IGN && s != SIGPIPE && s != SIGTTIN) continue;
       ::sigaction(s, &dfl, nullptr);
     }
     // Exactly 0, 1, 2 and the extra descriptor reach the worker (torchrun's workers have 0-2).
@@ -124,6 +125,7 @@ absl::StatusOr<pid_t> PosixProcessLauncher::Spawn(const SpawnOptions& opts) {
         fail();
       }
     };
+    if (opts.stdin_fd >= 0) give(opts.stdin_fd, STDIN_FILENO);
     if (opts.stdout_fd >= 0) give(opts.stdout_fd, STDOUT_FILENO);
     if (opts.stderr_fd >= 0) give(opts.stderr_fd, STDERR_FILENO);
     int first_closed = STDERR_FILENO + 1;

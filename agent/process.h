@@ -17,6 +17,7 @@ struct SpawnOptions {
   std::vector<std::string> argv;  // argv[0] must be a path (see ResolveExecutable)
   std::vector<std::string> env;   // KEY=VALUE
   std::string cwd;                // empty: inherit
+  int stdin_fd = -1;              // child's stdin; -1: inherit
   int stdout_fd = -1;             // child's stdout; -1: inherit
   int stderr_fd = -1;
   int extra_fd = -1;          // given to the child as fd `extra_fd_target` (e.g. progress socket)

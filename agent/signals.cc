@@ -24,6 +24,9 @@ void BlockLauncherSignals() {
   sigset_t set = LauncherSignals();
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   signal(SIGPIPE, SIG_IGN);  // a closed console or socket is an error code, not a crash
+  // Reading a terminal launch is no longer in the foreground of (Ctrl-Z, then bg) fails with EIO
+  // instead of stopping launch, which relays the terminal to rank 0.
+  signal(SIGTTIN, SIG_IGN);
 }
 
 absl::StatusOr<SignalFd> SignalFd::Create() {

@@ -1,5 +1,6 @@
 // The launcher's signals as events: SIGCHLD, SIGINT, SIGTERM, SIGHUP and SIGQUIT are blocked in
 // every thread (call BlockLauncherSignals first thing in main) and read from one signalfd.
+// SIGPIPE and SIGTTIN launch ignores (workers start with them at their defaults).
 #pragma once
 
 #include "absl/status/statusor.h"

@@ -89,6 +89,9 @@ struct Slot {
   Clock::TimePoint start{};
   UniqueFd out_read, err_read, out_file, err_file;
   std::unique_ptr<LineRelay> out, err;
+  ConsoleStream* out_console = nullptr;  // where each stream is shown (nullptr: not shown)
+  ConsoleStream* err_console = nullptr;
+  bool out_reading = true, err_reading = true;  // in the epoll set for reading
   WorkerResult result;
 };
 
@@ -127,6 +130,9 @@ constexpr uint64_t kSignalTag = 1ull << 40;
 constexpr uint64_t kStopTimerTag = 2ull << 40;
 constexpr uint64_t kCoordinatorTag = 3ull << 40;
 constexpr uint64_t kProgressTag = 4ull << 40;
+constexpr uint64_t kConsoleTag = 5ull << 40;
+constexpr uint64_t kStdinTag = 6ull << 40;
+constexpr uint64_t kStdinPipeTag = 7ull << 40;
 constexpr uint64_t kStderrBit = 1ull << 32;
 
 absl::StatusOr<UniqueFd> OpenLog(const std::string& path) {
@@ -150,6 +156,53 @@ void DrainTimer(int fd) {
   uint64_t expirations;
   ssize_t n = ::read(fd, &expirations, sizeof expirations);
   (void)n;
+}
+
+// A terminal on launch's stdin, relayed to the worker that reads stdin through a pipe: launch is
+// in the terminal's foreground group, the workers are not (each leads its own group).
+struct StdinRelay {
+  UniqueFd tty;        // a description of our own (non-blocking without touching the shell's)
+  UniqueFd to_worker;  // the pipe's write end, non-blocking
+  std::string pending;  // read from the terminal, not yet taken by the worker
+  bool reading = false;  // the terminal is in the epoll set
+  bool writing = false;  // the pipe is in the epoll set (the worker has not taken everything)
+  bool done = false;     // EOF, or the worker closed its end
+};
+
+// Hands the worker what the terminal gave, as far as its pipe takes it.
+void FlushStdinRelay(StdinRelay* r) {
+  while (r->to_worker.valid() && !r->pending.empty()) {
+    ssize_t w = ::write(r->to_worker.get(), r->pending.data(), r->pending.size());
+    if (w > 0) {
+      r->pending.erase(0, static_cast<size_t>(w));
+      continue;
+    }
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && errno == EAGAIN) return;  // the worker reads later: wait for EPOLLOUT
+    r->pending.clear();  // EPIPE: the worker closed its stdin or is gone
+    r->done = true;
+  }
+  if (r->done && r->pending.empty()) r->to_worker.Reset();  // the worker reads EOF
+}
+
+// The terminal is read while the worker's pipe is open and not backed up; the pipe is watched
+// while it holds back what the worker has not read.
+void UpdateStdinRelay(int ep, StdinRelay* r) {
+  if (!r->tty.valid()) return;
+  auto set = [ep](int fd, uint32_t events, uint64_t tag, bool want, bool* in_set) {
+    if (want == *in_set) return;
+    epoll_event ev{};
+    ev.events = events;
+    ev.data.u64 = tag;
+    ::epoll_ctl(ep, want ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, fd, &ev);
+    *in_set = want;
+  };
+  if (!r->to_worker.valid()) r->writing = false;  // closing it took it out of the set
+  set(r->tty.get(), EPOLLIN, kStdinTag, r->to_worker.valid() && !r->done && r->pending.size() < 65536,
+      &r->reading);
+  if (r->to_worker.valid()) {
+    set(r->to_worker.get(), EPOLLOUT, kStdinPipeTag, !r->pending.empty(), &r->writing);
+  }
 }
 
 }  // namespace
@@ -176,6 +229,20 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
   }
   UniqueFd progress_read(sv[0]), progress_write(sv[1]);
   watch(progress_read.get(), kProgressTag);
+
+  ConsoleStream* console_out = opts_.console_out ? opts_.console_out : &ConsoleOut();
+  ConsoleStream* console_err = opts_.console_err ? opts_.console_err : &ConsoleErr();
+  watch(console_out->ready_fd(), kConsoleTag);
+  if (console_err != console_out) watch(console_err->ready_fd(), kConsoleTag);
+
+  UniqueFd dev_null(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  if (!dev_null.valid()) return ErrnoStatus("cannot open /dev/null");
+  StdinRelay stdin_relay;
+  if (::isatty(opts_.stdin_fd)) {
+    const std::string self = absl::StrCat("/proc/self/fd/", opts_.stdin_fd);
+    stdin_relay.tty.Reset(::open(self.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
+    if (!stdin_relay.tty.valid()) spdlog::warn("cannot reopen the terminal on stdin: workers read /dev/null");
+  }
 
   std::vector<Slot> slots(launches.size());
   StartedWorkers started(&slots, guard_);
@@ -212,11 +279,20 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
     s.err_file = std::move(*err_file);
     std::string prefix =
         absl::StrReplaceAll(opts_.console_prefix_format, {{"{rank}", std::to_string(l.rank)}});
-    s.out = std::make_unique<LineRelay>(LineRelay::Options{
-        prefix, l.stdout_console ? STDOUT_FILENO : -1, s.out_file.get(), 0});
-    s.err = std::make_unique<LineRelay>(LineRelay::Options{
-        prefix, l.stderr_console ? STDERR_FILENO : -1, s.err_file.get(), opts_.stderr_tail_lines});
+    s.out_console = l.stdout_console ? console_out : nullptr;
+    s.err_console = l.stderr_console ? console_err : nullptr;
+    s.out = std::make_unique<LineRelay>(LineRelay::Options{prefix, s.out_console, s.out_file.get(), 0});
+    s.err = std::make_unique<LineRelay>(
+        LineRelay::Options{prefix, s.err_console, s.err_file.get(), opts_.stderr_tail_lines});
     SpawnOptions so;
+    Pipe in;
+    so.stdin_fd = dev_null.get();
+    if (l.reads_stdin && stdin_relay.tty.valid()) {
+      if (!MakePipe(&in)) return ErrnoStatus("pipe");
+      so.stdin_fd = in.read.get();
+    } else if (l.reads_stdin) {
+      so.stdin_fd = opts_.stdin_fd;
+    }
     so.argv = l.argv;
     so.env = l.env;
     so.stdout_fd = out.write.get();
@@ -231,6 +307,10 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
     if (!pid.ok()) return pid.status();
     s.pid = *pid;
     s.result.pid = *pid;
+    if (in.write.valid()) {
+      ::fcntl(in.write.get(), F_SETFL, O_NONBLOCK);
+      stdin_relay.to_worker = std::move(in.write);
+    }
     s.out_read = std::move(out.read);
     s.err_read = std::move(err.read);
     for (int fd : {s.out_read.get(), s.err_read.get()}) ::fcntl(fd, F_SETFL, O_NONBLOCK);
@@ -245,7 +325,7 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
     while (fd.valid()) {
       ssize_t n = ::read(fd.get(), buf, sizeof buf);
       if (n > 0) {
-        relay.Feed(buf, static_cast<size_t>(n));
+        relay.Feed(buf, static_cast<size_t>(n), clock_->Now());
         if (!final) return;  // level-triggered: come back for more, let others speak too
         continue;
       }
@@ -312,8 +392,40 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
       }
     }
 
+    // Workers shown on a backlogged console are not read (they wait in their writes) until it
+    // drains: supervision goes on whatever the console does.
+    auto set_reading = [&](UniqueFd& fd, bool* reading, uint64_t tag, bool want) {
+      if (!fd.valid() || *reading == want) return;
+      epoll_event ev{};
+      ev.events = want ? EPOLLIN : 0;
+      ev.data.u64 = tag;
+      ::epoll_ctl(ep.get(), EPOLL_CTL_MOD, fd.get(), &ev);
+      *reading = want;
+    };
+    for (size_t i = 0; i < slots.size(); ++i) {
+      Slot& s = slots[i];
+      set_reading(s.out_read, &s.out_reading, i, !(s.out_console && s.out_console->backlogged()));
+      set_reading(s.err_read, &s.err_reading, i | kStderrBit, !(s.err_console && s.err_console->backlogged()));
+    }
+    UpdateStdinRelay(ep.get(), &stdin_relay);
+    // A line left unfinished for a moment (a prompt) is shown as far as it goes.
+    int timeout_ms = -1;
+    const Clock::TimePoint now = clock_->Now();
+    for (auto& s : slots) {
+      for (LineRelay* r : {s.out.get(), s.err.get()}) {
+        auto due = r ? r->partial_due() : std::nullopt;
+        if (!due) continue;
+        if (*due <= now) {
+          r->ShowPartial();
+          continue;
+        }
+        const int ms = static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(*due - now).count());
+        timeout_ms = timeout_ms < 0 ? ms : std::min(timeout_ms, ms);
+      }
+    }
+
     epoll_event events[32];
-    int n = ::epoll_wait(ep.get(), events, 32, -1);
+    int n = ::epoll_wait(ep.get(), events, 32, timeout_ms);
     if (n < 0) {
       if (errno == EINTR) continue;
       return ErrnoStatus("epoll_wait");
@@ -358,6 +470,24 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
             s.result.last_step_seconds = rec.step_seconds;
           }
         }
+      } else if (tag == kConsoleTag) {
+        DrainTimer(console_out->ready_fd());  // eventfds: a read clears them
+        DrainTimer(console_err->ready_fd());
+      } else if (tag == kStdinTag) {
+        char in[4096];
+        ssize_t got = ::read(stdin_relay.tty.get(), in, sizeof in);
+        if (got > 0) {
+          stdin_relay.pending.append(in, static_cast<size_t>(got));
+          // The terminal echoed the line: the prompt's line is over on the screen.
+          console_out->LineEndedElsewhere();
+          console_err->LineEndedElsewhere();
+        } else if (got == 0 || (errno != EAGAIN && errno != EINTR)) {
+          // EOF (Ctrl-D) reaches the worker as EOF; EIO: launch was put in the background.
+          stdin_relay.done = true;
+        }
+        FlushStdinRelay(&stdin_relay);
+      } else if (tag == kStdinPipeTag) {
+        FlushStdinRelay(&stdin_relay);
       } else if (tag == kCoordinatorTag) {
         // Level-triggered and never drained: seen once, then out of the set.
         ::epoll_ctl(ep.get(), EPOLL_CTL_DEL, opts_.stop_fd, nullptr);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "agent/console.h"
 #include "agent/process.h"
 #include "agent/signals.h"
 #include "common/clock.h"
@@ -43,6 +44,8 @@ struct WorkerLaunch {
   std::string stdout_file, stderr_file;  // empty: no file
   bool stdout_console = true, stderr_console = true;
   std::string error_file;
+  // This worker reads launch's stdin (global rank 0); the others read /dev/null.
+  bool reads_stdin = false;
 };
 
 struct WorkerResult {
@@ -85,6 +88,13 @@ class WorkerGroup {
     std::function<void(const WorkerResult&)> on_failure;
     std::string console_prefix_format = "[{rank}]:";
     size_t stderr_tail_lines = 5;
+    // Where shown output goes (nullptr: launch's ConsoleOut() / ConsoleErr()).
+    ConsoleStream* console_out = nullptr;
+    ConsoleStream* console_err = nullptr;
+    // launch's stdin. A terminal is relayed to the worker that reads it through a pipe, while
+    // launch is in the terminal's foreground (a worker leads its own process group, so reading
+    // the terminal itself would stop it with SIGTTIN); anything else it inherits.
+    int stdin_fd = 0;
   };
   WorkerGroup(Options opts, ProcessLauncher* launcher, OrphanGuard* guard, SignalFd* signals,
               const Clock* clock)

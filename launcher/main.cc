@@ -1,16 +1,22 @@
 // launch: a torchrun-compatible launcher. main only orders start-up: signals blocked before any
 // thread exists, the orphan guard forked before gRPC starts its threads.
+#include <fcntl.h>
 #include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "agent/console.h"
 #include "agent/process.h"
 #include "agent/signals.h"
 #include "launcher/options.h"
 #include "launcher/run.h"
+#include "spdlog/details/os.h"
+#include "spdlog/sinks/ansicolor_sink.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
@@ -19,7 +25,18 @@ namespace {
 // False (after one line naming the value) when LAUNCH_LOG_LEVEL is not a level: spdlog would
 // read an unknown name as "off" and silence every later error.
 bool SetUpLogging() {
-  auto logger = spdlog::stderr_color_st("launch");
+  // Through launch's console thread (a slow terminal never blocks supervision), coloured where
+  // stderr is a colour terminal; the in-process coordinator logs from gRPC threads too.
+  FILE* err = launch::ConsoleErrFile();
+  std::shared_ptr<spdlog::logger> logger;
+  if (err) {
+    const bool colour = ::isatty(STDERR_FILENO) && spdlog::details::os::is_color_terminal();
+    auto sink = std::make_shared<spdlog::sinks::ansicolor_sink<spdlog::details::console_mutex>>(
+        err, colour ? spdlog::color_mode::always : spdlog::color_mode::never);
+    logger = std::make_shared<spdlog::logger>("launch", std::move(sink));
+  } else {
+    logger = spdlog::stderr_color_mt("launch");
+  }
   logger->set_pattern("[launch %H:%M:%S.%e %^%L%$] %v");
   spdlog::set_default_logger(logger);
   const char* level = std::getenv("LAUNCH_LOG_LEVEL");
@@ -35,12 +52,45 @@ bool SetUpLogging() {
   return false;
 }
 
+// Descriptors 0-2 closed by whoever started launch would be reused by its own pipes and handed
+// on as a worker's stdin: they point at /dev/null instead.
+void OpenStandardDescriptors() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) >= 0) continue;
+    int null = ::open("/dev/null", O_RDWR);
+    if (null >= 0 && null != fd) {
+      ::dup2(null, fd);
+      ::close(null);
+    }
+  }
+}
+
+// Everything shown is written before launch exits, however slowly the console reads; a
+// terminating signal gives up on the rest.
+struct DrainConsoleAtExit {
+  ~DrainConsoleAtExit() {
+    spdlog::default_logger()->flush();
+    auto signals = launch::SignalFd::Create();
+    if (!signals.ok()) return;
+    launch::DrainConsole(signals->fd(), [&] {
+      while (int sig = signals->Read()) {
+        if (sig != SIGCHLD) return true;
+        while (::waitpid(-1, nullptr, WNOHANG) > 0) {  // late orphans reparented to launch
+        }
+      }
+      return false;
+    });
+  }
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
   // Debian builds abseil with mutex deadlock detection on; it shows in every gRPC lock.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  OpenStandardDescriptors();
   launch::BlockLauncherSignals();
+  DrainConsoleAtExit drain_console;
   if (!SetUpLogging()) return 2;
   std::vector<std::string> args(argv, argv + argc);
   if (args.size() > 1 && args[1] == "coordinator") {

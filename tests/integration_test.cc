@@ -1,8 +1,11 @@
 // Integration tests: the real `launch` binary with test_worker (and one Python script).
 #include <netinet/in.h>
+#include <poll.h>
+#include <pty.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -12,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/unique_fd.h"
 #include "tests/test_util.h"
 
 namespace launch::testing {
@@ -218,6 +222,84 @@ TEST(Launch, LinesAreNeverSplit) {
   auto lines = Lines(r.out);
   ASSERT_EQ(lines.size(), 4u) << r.out;
   for (const auto& l : lines) EXPECT_TRUE(l == "[0]:" + text || l == "[1]:" + text) << l;
+}
+
+// A console that stops reading (a full pipe, a paused terminal) blocked launch's supervision
+// loop in its writes: a failed worker was never reaped and the restart never came. Now rank 1's
+// failure is seen and the group restarts and gives up on schedule while stdout is not read; rank
+// 0, whose output waits, is stopped like any worker, and launch still writes all it was given.
+TEST(Launch, AConsoleThatStopsReadingDoesNotDelayARestart) {
+  Child c(Cmd({"--nproc-per-node=2", "--max-restarts=1", "--stop-timeout=5"},
+              {"--fail-rank", "1", "3", "--spew", "0"}));
+  c.PauseStdout(true);
+  const bool ended = WaitUntil([&] {
+    c.Pump(20);
+    return absl::StrContains(c.err(), "worker group failed after 1 restart");
+  }, std::chrono::seconds(60));
+  EXPECT_TRUE(ended) << c.err();
+  EXPECT_THAT(c.err(), HasSubstr("restarting the group (1 of 1 restarts)"));
+  c.PauseStdout(false);
+  auto r = c.Wait();
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("[0]:" + std::string(99, 'x') + "\n"));
+}
+
+// With pdb.set_trace() or input(), a worker read the terminal from its own process group and was
+// stopped by SIGTTIN: launch hung. Rank 0 now reads the terminal through launch (the prompt is
+// shown though it has no newline), the other ranks read /dev/null.
+TEST(Launch, RankZeroReadsTheTerminal) {
+  int master = -1;
+  std::vector<std::string> argv = Cmd({"--nproc-per-node=2"}, {"--read-line", "name? "});
+  std::vector<char*> cargv;
+  for (auto& a : argv) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+  const pid_t pid = ::forkpty(&master, nullptr, nullptr, nullptr);
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    execv(cargv[0], cargv.data());
+    _exit(127);
+  }
+  std::string out;
+  auto read_until = [&](const std::string& needle) {
+    return WaitUntil([&] {
+      pollfd p{master, POLLIN, 0};
+      char buf[4096];
+      while (::poll(&p, 1, 10) == 1) {
+        ssize_t n = ::read(master, buf, sizeof buf);
+        if (n <= 0) break;
+        out.append(buf, static_cast<size_t>(n));
+      }
+      return absl::StrContains(out, needle);
+    }, std::chrono::seconds(30));
+  };
+  EXPECT_TRUE(read_until("[0]:name? ")) << out;
+  EXPECT_TRUE(read_until("got EOF")) << out;  // rank 1, on its prompt's line or its own
+  ASSERT_EQ(::write(master, "hello\n", 6), 6);
+  EXPECT_TRUE(read_until("[0]:got hello")) << out;
+  int status = 0;
+  const bool exited = WaitUntil([&] { return ::waitpid(pid, &status, WNOHANG) == pid; });
+  if (!exited) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+  }
+  EXPECT_TRUE(exited && WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  ::close(master);
+}
+
+// stdin that is not a terminal (a pipe, a file) goes to rank 0 as it is; the others read EOF.
+TEST(Launch, RankZeroReadsAPipedStdin) {
+  Pipe in;
+  ASSERT_TRUE(MakePipe(&in));
+  ASSERT_EQ(::write(in.write.get(), "abc\n", 4), 4);
+  in.write.Reset();
+  Child c(Cmd({"--nproc-per-node=2"}, {"--read-line", ""}), {}, in.read.get());
+  auto r = c.Wait();
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("[0]:got abc\n"));
+  EXPECT_THAT(r.out, HasSubstr("[1]:got EOF\n"));
 }
 
 TEST(Launch, LogDirLayoutRedirectsAndTee) {

@@ -1,8 +1,11 @@
 #include "agent/log_relay.h"
 
+#include <poll.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <memory>
+#include <thread>
 
 #include "gtest/gtest.h"
 
@@ -17,81 +20,182 @@ std::string ReadAll(int fd) {
   return out;
 }
 
+// A console on a pipe, read back whole once the relays are done with it.
+class PipeConsole {
+ public:
+  PipeConsole() {
+    EXPECT_TRUE(MakePipe(&pipe_));
+    stream_ = std::make_unique<ConsoleStream>(pipe_.write.get());
+  }
+  ConsoleStream* stream() { return stream_.get(); }
+  // Everything written so far, once the stream has drained (the pipe is then closed).
+  std::string Finish() {
+    std::string out;
+    std::thread reader([&] { out = ReadAll(pipe_.read.get()); });
+    stream_.reset();
+    pipe_.write.Reset();
+    reader.join();
+    return out;
+  }
+
+ private:
+  Pipe pipe_;
+  std::unique_ptr<ConsoleStream> stream_;
+};
+
+const Clock::TimePoint kT0{};
+
 TEST(LineRelay, PrefixesWholeLinesOnlyAndKeepsFileRaw) {
-  Pipe console, file;
-  ASSERT_TRUE(MakePipe(&console) && MakePipe(&file));
+  PipeConsole console;
+  Pipe file;
+  ASSERT_TRUE(MakePipe(&file));
   {
-    LineRelay relay({"[3]:", console.write.get(), file.write.get(), 2});
-    relay.Feed("hel", 3);
-    relay.Feed("lo\nwor", 6);
-    relay.Feed("ld\nline3\nno newline", 19);
+    LineRelay relay({"[3]:", console.stream(), file.write.get(), 2});
+    relay.Feed("hel", 3, kT0);
+    relay.Feed("lo\nwor", 6, kT0);
+    relay.Feed("ld\nline3\nno newline", 19, kT0);
     relay.Flush();
     EXPECT_EQ(relay.tail().size(), 2u);
     EXPECT_EQ(relay.tail().back(), "no newline");
   }
-  console.write.Reset();
   file.write.Reset();
-  EXPECT_EQ(ReadAll(console.read.get()), "[3]:hello\n[3]:world\n[3]:line3\n[3]:no newline\n");
+  EXPECT_EQ(console.Finish(), "[3]:hello\n[3]:world\n[3]:line3\n[3]:no newline\n");
   EXPECT_EQ(ReadAll(file.read.get()), "hello\nworld\nline3\nno newline");
 }
 
 TEST(LineRelay, EmptyLinesArePrefixedToo) {
-  Pipe console;
-  ASSERT_TRUE(MakePipe(&console));
+  PipeConsole console;
   {
-    LineRelay relay({"[0]:", console.write.get(), -1, 0});
-    relay.Feed("\n\nx\n", 4);
+    LineRelay relay({"[0]:", console.stream(), -1, 0});
+    relay.Feed("\n\nx\n", 4, kT0);
   }
-  console.write.Reset();
-  EXPECT_EQ(ReadAll(console.read.get()), "[0]:\n[0]:\n[0]:x\n");
+  EXPECT_EQ(console.Finish(), "[0]:\n[0]:\n[0]:x\n");
 }
 
 // tqdm's updates end in '\r': they reached the console only at the final newline. Now each one
 // is shown at once, prefixed; the file keeps the bytes; the tail keeps the finished line.
 TEST(LineRelay, CarriageReturnUpdatesAreShownAtOnce) {
-  Pipe console, file;
-  ASSERT_TRUE(MakePipe(&console) && MakePipe(&file));
+  PipeConsole console;
+  Pipe file;
+  ASSERT_TRUE(MakePipe(&file));
   {
-    LineRelay relay({"[1]:", console.write.get(), file.write.get(), 5});
-    relay.Feed(" 10%\r", 5);
+    LineRelay relay({"[1]:", console.stream(), file.write.get(), 5});
+    relay.Feed(" 10%\r", 5, kT0);
     const std::string rest = " 50%\r 100%\ndone\r\n";
-    relay.Feed(rest.data(), rest.size());
+    relay.Feed(rest.data(), rest.size(), kT0);
     EXPECT_EQ(relay.buffered(), 0u);
     EXPECT_EQ(relay.tail().size(), 2u);
     EXPECT_EQ(relay.tail().front(), " 100%");
     EXPECT_EQ(relay.tail().back(), "done");
   }
-  console.write.Reset();
   file.write.Reset();
-  EXPECT_EQ(ReadAll(console.read.get()), "[1]: 10%\r[1]: 50%\r[1]: 100%\n[1]:done\n");
+  EXPECT_EQ(console.Finish(), "[1]: 10%\r[1]: 50%\r[1]: 100%\n[1]:done\n");
   EXPECT_EQ(ReadAll(file.read.get()), " 10%\r 50%\r 100%\ndone\r\n");
 }
 
 // 200 MB without a newline took launch from 15 MB to 220 MB: the partial line is bounded now.
 TEST(LineRelay, ALineWithoutEndIsShownInBoundedPieces) {
-  // A file as the console: a pipe that nobody reads while the relay writes would block it.
-  FILE* console = std::tmpfile();
-  ASSERT_NE(console, nullptr);
+  PipeConsole console;
   const size_t kMax = LineRelay::kMaxLineBytes;
   const std::string chunk(10000, 'x');
   size_t fed = 0;
+  std::string got;
+  std::thread reader;
   {
-    LineRelay relay({"[0]:", ::fileno(console), -1, 1});
+    LineRelay relay({"[0]:", console.stream(), -1, 1});
     while (fed < 3 * kMax + 5) {
-      relay.Feed(chunk.data(), chunk.size());
+      relay.Feed(chunk.data(), chunk.size(), kT0);
       fed += chunk.size();
       EXPECT_LT(relay.buffered(), kMax);
     }
     relay.Flush();
     EXPECT_EQ(relay.tail().back().size(), fed % kMax);
   }
-  std::rewind(console);
+  const std::string piece = "[0]:" + std::string(kMax, 'x') + "\n";
+  EXPECT_EQ(console.Finish(), piece + piece + piece + "[0]:" + std::string(fed % kMax, 'x') + "\n");
+}
+
+// A prompt ("(Pdb) ", input()'s) has no newline: it was never shown, so an interactive worker
+// looked hung. Once the worker is quiet for kPartialLineDelay it is shown, left open, and the rest of the line follows
+// without a second prefix; another writer's line in between ends it first.
+TEST(LineRelay, AnUnfinishedLineIsShownAfterADelay) {
+  PipeConsole console;
+  {
+    LineRelay relay({"[0]:", console.stream(), -1, 3});
+    relay.Feed("(Pd", 3, kT0);
+    relay.Feed("b) ", 3, kT0 + std::chrono::milliseconds(50));
+    ASSERT_TRUE(relay.partial_due().has_value());  // quiet since the last piece
+    EXPECT_EQ(*relay.partial_due(), kT0 + std::chrono::milliseconds(50) + LineRelay::kPartialLineDelay);
+    relay.ShowPartial();
+    EXPECT_FALSE(relay.partial_due().has_value());
+    relay.Feed("p x\n", 4, kT0);
+    relay.Feed("(Pdb) ", 6, kT0);
+    relay.ShowPartial();
+    console.stream()->Write("[launch] a line of launch's own\n");
+    relay.Feed("c\n", 2, kT0);
+    EXPECT_EQ(relay.tail().size(), 2u);
+    EXPECT_EQ(relay.tail().front(), "(Pdb) p x");
+    EXPECT_EQ(relay.tail().back(), "(Pdb) c");
+  }
+  EXPECT_EQ(console.Finish(),
+            "[0]:(Pdb) p x\n[0]:(Pdb) \n[launch] a line of launch's own\n[0]:c\n");
+}
+
+// Console writes blocked the supervision loop: a terminal or pipe that stopped reading stalled
+// reaping, signals and the kill timer. Writes now queue and return; past the high-water mark the
+// stream says it is backlogged (the group stops reading workers), and once the reader catches up
+// the ready descriptor wakes the group and nothing was lost.
+TEST(ConsoleStream, AConsoleThatStopsReadingNeverBlocksTheWriter) {
+  Pipe pipe;
+  ASSERT_TRUE(MakePipe(&pipe));
+  ConsoleStream stream(pipe.write.get());
+  const std::string line(1000, 'y');
+  size_t written = 0;
+  while (!stream.backlogged()) {  // nobody reads the pipe: this would block without the queue
+    stream.Write(line);
+    written += line.size();
+    ASSERT_LT(written, 2 * ConsoleStream::kHighWater);
+  }
+  EXPECT_GT(stream.queued(), ConsoleStream::kLowWater);
   std::string got;
   char buf[65536];
-  for (size_t n; (n = std::fread(buf, 1, sizeof buf, console)) > 0;) got.append(buf, n);
-  std::fclose(console);
-  const std::string piece = "[0]:" + std::string(kMax, 'x') + "\n";
-  EXPECT_EQ(got, piece + piece + piece + "[0]:" + std::string(fed % kMax, 'x') + "\n");
+  while (stream.backlogged()) {
+    ssize_t n = ::read(pipe.read.get(), buf, sizeof buf);
+    ASSERT_GT(n, 0);
+    got.append(buf, static_cast<size_t>(n));
+  }
+  pollfd ready{stream.ready_fd(), POLLIN, 0};
+  EXPECT_EQ(::poll(&ready, 1, 0), 1);  // the group's epoll wakes on it
+  std::thread reader([&] {
+    for (ssize_t n; (n = ::read(pipe.read.get(), buf, sizeof buf)) > 0;) got.append(buf, static_cast<size_t>(n));
+  });
+  EXPECT_TRUE(stream.Drain());
+  pipe.write.Reset();
+  reader.join();
+  EXPECT_EQ(got.size(), written);
+}
+
+// A console whose reader is gone (a closed pipe): its output is dropped, nothing blocks or dies.
+TEST(ConsoleStream, AClosedConsoleDropsOutput) {
+  Pipe pipe;
+  ASSERT_TRUE(MakePipe(&pipe));
+  pipe.read.Reset();
+  ConsoleStream stream(pipe.write.get());
+  stream.Write("lost\n");
+  EXPECT_FALSE(stream.Drain());
+  stream.Write("lost too\n");
+  EXPECT_EQ(stream.queued(), 0u);
+}
+
+// Drain waits for a slow console, but gives up when told to (launch's signal fd at exit).
+TEST(ConsoleStream, DrainGivesUpOnAnInterrupt) {
+  Pipe pipe, interrupt;
+  ASSERT_TRUE(MakePipe(&pipe) && MakePipe(&interrupt));
+  ConsoleStream stream(pipe.write.get());
+  stream.Write(std::string(ConsoleStream::kHighWater, 'z'));  // more than the pipe holds
+  ASSERT_EQ(::write(interrupt.write.get(), "x", 1), 1);
+  EXPECT_FALSE(stream.Drain(interrupt.read.get(), [] { return true; }));
+  pipe.read.Reset();  // lets the writer thread finish (EPIPE) so the stream can be destroyed
 }
 
 TEST(StdSpec, ParsesTorchrunValues) {

@@ -18,7 +18,7 @@ extern char** environ;
 
 namespace launch::testing {
 
-Child::Child(const std::vector<std::string>& argv, const std::vector<std::string>& extra_env) {
+Child::Child(const std::vector<std::string>& argv, const std::vector<std::string>& extra_env, int stdin_fd) {
   int out[2], err[2];
   if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) std::abort();
   std::vector<std::string> env;
@@ -38,6 +38,7 @@ Child::Child(const std::vector<std::string>& argv, const std::vector<std::string
   pid_ = fork();
   if (pid_ == 0) {
     setpgid(0, 0);
+    if (stdin_fd >= 0) dup2(stdin_fd, 0);
     dup2(out[1], 1);
     dup2(err[1], 2);
     sigset_t none;
@@ -65,7 +66,7 @@ Child::~Child() {
 }
 
 void Child::Pump(int for_ms) {
-  pollfd fds[2] = {{out_fd_, POLLIN, 0}, {err_fd_, POLLIN, 0}};
+  pollfd fds[2] = {{stdout_paused_ ? -1 : out_fd_, POLLIN, 0}, {err_fd_, POLLIN, 0}};
   int n = poll(fds, 2, for_ms);
   if (n <= 0) return;
   char buf[65536];

@@ -21,13 +21,17 @@ struct RunResult {
 // A running `launch` (or any program) whose output is collected in the background of Wait().
 class Child {
  public:
-  Child(const std::vector<std::string>& argv, const std::vector<std::string>& extra_env = {});
+  // stdin_fd >= 0: the child's stdin (else it inherits the test's).
+  Child(const std::vector<std::string>& argv, const std::vector<std::string>& extra_env = {},
+        int stdin_fd = -1);
   ~Child();
   pid_t pid() const { return pid_; }
   // Reads output until exit or the deadline; on the deadline kills the child's process group.
   RunResult Wait(std::chrono::milliseconds timeout = std::chrono::seconds(60));
   // Reads whatever output is available for up to `for_ms` (so a pipe never fills).
   void Pump(int for_ms);
+  // While paused, the child's stdout is not read (a console that stops reading).
+  void PauseStdout(bool paused) { stdout_paused_ = paused; }
   const std::string& out() const { return out_; }
   const std::string& err() const { return err_; }
 
@@ -36,6 +40,7 @@ class Child {
   int out_fd_ = -1, err_fd_ = -1;
   std::string out_, err_;
   bool reaped_ = false;
+  bool stdout_paused_ = false;
   int status_ = 0;
 };
 

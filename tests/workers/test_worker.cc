@@ -9,6 +9,9 @@
 //   --ignore SIG          signal SIG (a number) does nothing
 //   --stderr TEXT         write TEXT and a newline to stderr
 //   --partial TEXT        write TEXT to stdout in one-byte writes, then a newline
+//   --spew BYTES          write 100-byte lines to stdout, BYTES in all (0: for ever)
+//   --read-line PROMPT    write PROMPT (no newline), read a line from stdin, print "got LINE"
+//                         ("got EOF" at its end)
 //   --error-file MSG      write TORCHELASTIC_ERROR_FILE in torchelastic's JSON format
 //   --sleep SECONDS       sleep (0 = forever)
 //   --sleep-below-restart K SECONDS  sleep while TORCHELASTIC_RESTART_COUNT < K
@@ -195,6 +198,24 @@ int main(int argc, char** argv) {
       }
       ssize_t n = write(1, "\n", 1);
       (void)n;
+    } else if (a == "--spew") {
+      const long long total = std::atoll(next());
+      const std::string line = std::string(99, 'x') + "\n";
+      for (long long done = 0; total == 0 || done < total; done += static_cast<long long>(line.size())) {
+        if (write(1, line.data(), line.size()) < 0) break;
+      }
+    } else if (a == "--read-line") {
+      const char* prompt = next();
+      ssize_t n = write(1, prompt, std::strlen(prompt));
+      (void)n;
+      char buf[256];
+      if (std::fgets(buf, sizeof buf, stdin)) {
+        buf[std::strcspn(buf, "\n")] = 0;
+        std::printf("got %s\n", buf);
+      } else {
+        std::printf("got EOF\n");
+      }
+      std::fflush(stdout);
     } else if (a == "--error-file") {
       const char* msg = next();
       const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
