@@ -4,6 +4,7 @@
 #include <pty.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -26,6 +27,7 @@ using ::testing::Not;
 
 const std::string kLaunch = LAUNCH_BIN;
 const std::string kWorker = TEST_WORKER_BIN;
+constexpr long long LineRelayPiece = 64 * 1024;  // LineRelay::kMaxLineBytes
 
 std::vector<std::string> Cmd(std::vector<std::string> launch_args, std::vector<std::string> worker_args) {
   std::vector<std::string> argv = {kLaunch};
@@ -242,6 +244,19 @@ TEST(Launch, AConsoleThatStopsReadingDoesNotDelayARestart) {
   auto r = c.Wait();
   EXPECT_EQ(r.exit_code, 3) << r.err;
   EXPECT_THAT(r.out, HasSubstr("[0]:" + std::string(99, 'x') + "\n"));
+}
+
+// 200 MB without a newline took launch from 15 MB to 220 MB. Now its peak stays under 64 MiB
+// (ru_maxrss of this test's largest child: launch, or its small worker), and all of it is shown.
+TEST(Launch, TwoHundredMegabytesWithoutANewlineKeepLaunchSmall) {
+  const long long kBytes = 200ll << 20;
+  auto r = RunCmd(Cmd({"--nproc-per-node=1"}, {"--spew-unended", std::to_string(kBytes)}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  rusage usage{};
+  ASSERT_EQ(::getrusage(RUSAGE_CHILDREN, &usage), 0);
+  EXPECT_LT(usage.ru_maxrss, 64 << 10) << "KiB";
+  const size_t pieces = (kBytes + LineRelayPiece - 1) / LineRelayPiece;
+  EXPECT_EQ(r.out.size(), static_cast<size_t>(kBytes) + pieces * std::string("[0]:\n").size());
 }
 
 // With pdb.set_trace() or input(), a worker read the terminal from its own process group and was

@@ -10,6 +10,7 @@
 //   --stderr TEXT         write TEXT and a newline to stderr
 //   --partial TEXT        write TEXT to stdout in one-byte writes, then a newline
 //   --spew BYTES          write 100-byte lines to stdout, BYTES in all (0: for ever)
+//   --spew-unended BYTES  write BYTES of 'x' to stdout with no newline at all
 //   --read-line PROMPT    write PROMPT (no newline), read a line from stdin, print "got LINE"
 //                         ("got EOF" at its end)
 //   --error-file MSG      write TORCHELASTIC_ERROR_FILE in torchelastic's JSON format
@@ -203,6 +204,14 @@ int main(int argc, char** argv) {
       const std::string line = std::string(99, 'x') + "\n";
       for (long long done = 0; total == 0 || done < total; done += static_cast<long long>(line.size())) {
         if (write(1, line.data(), line.size()) < 0) break;
+      }
+    } else if (a == "--spew-unended") {
+      long long left = std::atoll(next());
+      const std::string block(1 << 16, 'x');
+      while (left > 0) {
+        ssize_t n = write(1, block.data(), static_cast<size_t>(std::min<long long>(left, block.size())));
+        if (n <= 0) break;
+        left -= n;
       }
     } else if (a == "--read-line") {
       const char* prompt = next();
