@@ -30,6 +30,21 @@ absl::Status MakeDirs(const std::string& dir) {
   return absl::OkStatus();
 }
 
+}  // namespace
+
+absl::StatusOr<std::string> MakeRunLogDir(const std::string& log_dir, const std::string& run_id) {
+  constexpr int kMaxRuns = 10000;
+  for (int n = 0; n < kMaxRuns; ++n) {
+    const std::string dir = n == 0 ? absl::StrCat(log_dir, "/", run_id) : absl::StrCat(log_dir, "/", run_id, ".", n);
+    if (::mkdir(dir.c_str(), 0755) == 0) return dir;  // made now: no other run writes here
+    if (errno != EEXIST) return ErrnoStatus(absl::StrCat("cannot create the log directory ", dir));
+  }
+  return absl::ResourceExhaustedError(absl::StrCat("--log-dir=", log_dir, ": ", kMaxRuns, " runs named '", run_id,
+                                                   "' are there already; expected a new --rdzv-id or a clean --log-dir"));
+}
+
+namespace {
+
 v1::WorkerExit ToProto(const WorkerResult& w) {
   v1::WorkerExit e;
   e.set_rank(w.rank);
@@ -200,16 +215,7 @@ absl::StatusOr<std::vector<WorkerLaunch>> Agent::PrepareAttempt(const v1::Assign
   std::vector<WorkerPaths> paths;
   for (int i = 0; i < n; ++i) {
     std::string dir = absl::StrCat(attempt_dir, "/", i);
-    if (!opts_.dry_run) {
-      RETURN_IF_ERROR(MakeDirs(dir));
-      std::string stale = dir + "/error.json";
-      if (::access(stale.c_str(), F_OK) == 0) {
-        // A previous run with this run id left it; keep it, but out of the new worker's way.
-        std::string kept = stale + ".previous";
-        std::rename(stale.c_str(), kept.c_str());
-        spdlog::warn("moved an earlier error file to {}", kept);
-      }
-    }
+    if (!opts_.dry_run) RETURN_IF_ERROR(MakeDirs(dir));
     paths.push_back({dir + "/error.json", opts_.log_dir.empty() ? "" : dir});
   }
   RoundInfo round;
@@ -303,8 +309,16 @@ int Agent::Run() {
       return 1;
     }
     base = tmpl;
-  } else {
+  } else if (opts_.dry_run) {
     base = absl::StrCat(opts_.log_dir, "/", opts_.spec.run_id);
+  } else {
+    auto dir = MakeRunLogDir(opts_.log_dir, opts_.spec.run_id);
+    if (!dir.ok()) {
+      spdlog::error("{}", std::string(dir.status().message()));
+      return 1;
+    }
+    base = *dir;
+    spdlog::info("run {}: logs in {}", opts_.spec.run_id, base);
   }
   auto cleanup = [&] {
     if (temp_dir) {

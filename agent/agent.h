@@ -53,6 +53,10 @@ struct AgentOptions {
   v1::NodeIdentity node;
 };
 
+// A directory of its own for one run's logs: <log_dir>/<run_id>, or <run_id>.1, .2, ... when
+// earlier runs with this id left theirs (made with mkdir, so two runs never share files).
+absl::StatusOr<std::string> MakeRunLogDir(const std::string& log_dir, const std::string& run_id);
+
 class Agent {
  public:
   Agent(AgentOptions opts, CoordinatorClient* coordinator, ProcessLauncher* launcher,

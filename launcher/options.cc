@@ -381,6 +381,9 @@ absl::StatusOr<LaunchConfig> Validate(RawMap& raw, std::vector<std::string> rema
       return Bad(raw["rdzv_id"], "letters, digits, '-', '_' or '.' (it names a log directory)");
     }
   }
+  if (c.rdzv_id == "." || c.rdzv_id == "..") {
+    return Bad(raw["rdzv_id"], "a name, not '.' or '..' (it names a log directory under --log-dir)");
+  }
   if (is("rdzv_conf")) RETURN_IF_ERROR(ParseRdzvConf(raw["rdzv_conf"], &c));
   c.standalone = flag("standalone");
   if (is("max_restarts")) {

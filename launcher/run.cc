@@ -369,9 +369,6 @@ int RunLaunch(const LaunchConfig& c, OrphanGuard* guard, SignalFd* signals) {
   opts.node.set_node_id(absl::StrCat(opts.node.hostname(), ":", ::getpid(), ":", RandomHex(4)));
   opts.node.set_host_address(node_addr);
   opts.node.set_local_world_size(nproc);
-  if (!opts.log_dir.empty() && !c.dry_run) {
-    spdlog::info("run {}: logs in {}/{}", opts.spec.run_id, opts.log_dir, opts.spec.run_id);
-  }
   RendezvousConfig rcfg = RendezvousSettings(c, multi);
   opts.run_spec = rcfg.ToSpec();
   opts.heartbeat_interval = SecondsToMs(c.rdzv.heartbeat_interval);

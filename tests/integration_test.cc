@@ -347,6 +347,20 @@ TEST(Launch, LogDirKeepsErrorFileAndAttempts) {
   EXPECT_THAT(r.err, HasSubstr("logs in " + dir.path() + "/j/attempt_1"));
 }
 
+// A rerun with the same --rdzv-id and --log-dir appended to the old files: the old run's
+// unfinished line was glued to the new run's first. Each run now gets a directory of its own.
+TEST(Launch, ARerunNeverWritesIntoAnEarlierRunsFiles) {
+  TempDir dir;
+  for (const char* word : {"first", "second", "third"}) {
+    auto r = RunCmd(Cmd({"--nproc-per-node=1", "--log-dir", dir.path(), "--rdzv-id", "same", "--redirects=1"},
+                        {"--partial", word, "--spew-unended", "3"}));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+  EXPECT_EQ(ReadFile(dir / "same/attempt_0/0/stdout.log"), "first\nxxx");
+  EXPECT_EQ(ReadFile(dir / "same.1/attempt_0/0/stdout.log"), "second\nxxx");
+  EXPECT_EQ(ReadFile(dir / "same.2/attempt_0/0/stdout.log"), "third\nxxx");
+}
+
 TEST(Launch, LocalRanksFilterLimitsTheConsoleOnly) {
   TempDir dir;
   auto r = RunCmd(Cmd({"--nproc-per-node=2", "--local-ranks-filter=1", "--log-dir", dir.path(), "--rdzv-id", "f"},
@@ -518,6 +532,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"restart_backoff_huge", {"--restart-backoff=1e10"}, "--restart-backoff=1e10"},
         BadInput{"join_timeout_tiny", {"--rdzv-conf=join_timeout=1e-9"}, "join_timeout in 0.001.."},
         BadInput{"rdzv_id_too_long", {"--rdzv-id=" + std::string(129, 'x')}, "expected at most 128 characters"},
+        // With --log-dir X/inner, logs went to X/ itself.
+        BadInput{"rdzv_id_dot_dot", {"--rdzv-id=..", "--log-dir=@inner"}, "--rdzv-id=..: expected a name"},
         BadInput{"nproc_huge", {"--nproc-per-node=100000"}, "--nproc-per-node=100000: expected at most 4096"},
         BadInput{"config_is_a_directory", {"--config=/tmp"}, "--config=/tmp: not a regular file"},
         BadInput{"token_not_ascii", {"--rdzv-token-file", "@token"}, "the token's byte 5 is not printable ASCII"},
