@@ -2,6 +2,7 @@
 // thread exists, the orphan guard forked before gRPC starts its threads.
 #include <fcntl.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -65,6 +66,17 @@ void OpenStandardDescriptors() {
   }
 }
 
+// As many open files as the hard limit allows (the soft limit is often 1024): a node's workers
+// each hold launch's ends of their pipes and log files; the coordinator holds a connection per
+// node.
+void RaiseOpenFileLimit() {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
+    lim.rlim_cur = lim.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &lim);
+  }
+}
+
 // Everything shown is written before launch exits, however slowly the console reads; a
 // terminating signal gives up on the rest.
 struct DrainConsoleAtExit {
@@ -89,6 +101,7 @@ int main(int argc, char** argv) {
   // Debian builds abseil with mutex deadlock detection on; it shows in every gRPC lock.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   OpenStandardDescriptors();
+  RaiseOpenFileLimit();
   launch::BlockLauncherSignals();
   DrainConsoleAtExit drain_console;
   if (!SetUpLogging()) return 2;

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <grpcpp/grpcpp.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -30,6 +31,27 @@ constexpr int kUsageError = 2;
 int UsageError(const std::string& message) {
   std::fprintf(stderr, "launch: %s\n", message.c_str());
   return kUsageError;
+}
+
+// What launch holds open per worker while it runs: the read ends of its stdout and stderr
+// pipes, and its two log files when there are any; plus a margin for launch itself (gRPC, epoll,
+// the signal and console descriptors) and for one spawn's pipes in flight.
+constexpr long kOwnDescriptors = 64;
+long DescriptorsNeeded(int nproc, bool log_files) { return kOwnDescriptors + nproc * (log_files ? 4L : 2L); }
+
+// A plan that cannot have its descriptors started about 10,000 workers of 12,000 before it failed
+// (and said "nothing started"): it is refused before anything starts.
+absl::Status CheckDescriptorBudget(int nproc, bool log_files) {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return absl::OkStatus();
+  const long need = DescriptorsNeeded(nproc, log_files);
+  if (need <= static_cast<long>(lim.rlim_cur)) return absl::OkStatus();
+  const long fit = std::max(0L, (static_cast<long>(lim.rlim_cur) - kOwnDescriptors) / (log_files ? 4 : 2));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--nproc-per-node=", nproc, ": ", nproc, " workers", log_files ? " with log files" : "", " need about ", need,
+      " open files, and the limit is ", lim.rlim_cur, " (ulimit -n; the hard limit is ",
+      lim.rlim_max == RLIM_INFINITY ? std::string("unlimited") : std::to_string(lim.rlim_max), "); expected at most ",
+      fit, " workers, or a higher limit"));
 }
 
 std::string RandomHex(int bytes) {
@@ -296,6 +318,13 @@ int RunLaunch(const LaunchConfig& c, OrphanGuard* guard, SignalFd* signals) {
 
   auto argv = WorkerArgv(c, env);
   if (!argv.ok()) return UsageError(std::string(argv.status().message()));
+  const bool redirecting_files = c.redirects.all || !c.redirects.per_rank.empty() || c.tee.all ||
+                                 !c.tee.per_rank.empty();
+  if (!c.dry_run) {
+    if (auto st = CheckDescriptorBudget(nproc, !c.log_dir.empty() || redirecting_files); !st.ok()) {
+      return UsageError(std::string(st.message()));
+    }
+  }
 
   // Topology: one node with its coordinator in-process, a multi-node rendezvous, or static ranks.
   const bool is_static = c.rdzv_backend == "static" && c.max_nodes > 1;

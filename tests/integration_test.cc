@@ -361,6 +361,21 @@ TEST(Launch, ARerunNeverWritesIntoAnEarlierRunsFiles) {
   EXPECT_EQ(ReadFile(dir / "same.2/attempt_0/0/stdout.log"), "third\nxxx");
 }
 
+// --nproc-per-node=12000 started about 10,000 workers before it ran out of descriptors and
+// said "nothing started". What a plan needs is checked against the open-file limit first.
+TEST(Launch, APlanBeyondTheOpenFileLimitIsRefusedBeforeAnythingStarts) {
+  TempDir dir;
+  auto r = RunCmd({"/usr/bin/prlimit", "--nofile=100:100", kLaunch, "--nproc-per-node=40", kWorker, "--pid-file",
+                   dir / "started"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_EQ(Lines(r.err).size(), 1u) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--nproc-per-node=40: 40 workers need about 144 open files, and the limit is 100"));
+  EXPECT_FALSE(std::filesystem::exists(dir / "started"));
+  // Within the limit, the same plan runs.
+  auto ok = RunCmd({"/usr/bin/prlimit", "--nofile=100:100", kLaunch, "--nproc-per-node=16", kWorker, "--exit", "0"});
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+}
+
 TEST(Launch, LocalRanksFilterLimitsTheConsoleOnly) {
   TempDir dir;
   auto r = RunCmd(Cmd({"--nproc-per-node=2", "--local-ranks-filter=1", "--log-dir", dir.path(), "--rdzv-id", "f"},
