@@ -85,9 +85,14 @@ std::string NewLeaseKey() {
   return key;
 }
 
+std::string NodeLeaseKey(const std::string& run_key, const std::string& node_id) {
+  return Mac(absl::StrCat("launch lease key of node ", node_id), run_key);
+}
+
 absl::StatusOr<std::string> EncodeLeaseBeat(const LeaseBeat& beat, const std::string& key) {
-  if (beat.run_id.size() > 255 || beat.node_id.size() > 255) {
-    return absl::InvalidArgumentError("run or node id longer than 255 bytes");
+  if (beat.run_id.size() > kMaxRunIdLength || beat.node_id.size() > kMaxNodeIdLength) {
+    return absl::InvalidArgumentError(absl::StrCat("run id over ", kMaxRunIdLength, " or node id over ",
+                                                   kMaxNodeIdLength, " bytes"));
   }
   std::string out(kMagic, sizeof kMagic);
   out.push_back(static_cast<char>(beat.run_id.size()));
@@ -100,9 +105,9 @@ absl::StatusOr<std::string> EncodeLeaseBeat(const LeaseBeat& beat, const std::st
   return out;
 }
 
-std::optional<LeaseBeat> DecodeLeaseBeat(std::string_view d,
-                                         const std::function<const std::string*(const std::string&)>& key_for) {
-  if (d.size() < sizeof kMagic + 2 + 16 + kMacBytes || std::memcmp(d.data(), kMagic, sizeof kMagic) != 0) {
+std::optional<LeaseBeat> DecodeLeaseBeat(std::string_view d, const LeaseKeyLookup& key_for) {
+  if (d.size() < LeaseDatagramBytes(0, 0) || d.size() > kMaxLeaseDatagram ||
+      std::memcmp(d.data(), kMagic, sizeof kMagic) != 0) {
     return std::nullopt;
   }
   size_t pos = sizeof kMagic;
@@ -118,7 +123,7 @@ std::optional<LeaseBeat> DecodeLeaseBeat(std::string_view d,
   b.round = static_cast<int64_t>(GetU64(d.substr(pos, 8)));
   b.seq = GetU64(d.substr(pos + 8, 8));
   pos += 16;
-  const std::string* key = key_for(b.run_id);
+  const std::string* key = key_for(b.run_id, b.node_id);
   if (key == nullptr) return std::nullopt;
   const std::string mac = Mac(d.substr(0, pos), *key);
   if (mac.size() != kMacBytes || CRYPTO_memcmp(mac.data(), d.data() + pos, kMacBytes) != 0) return std::nullopt;

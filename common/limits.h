@@ -25,5 +25,11 @@ inline std::chrono::milliseconds SecondsToMs(double s) {
 inline constexpr size_t kMaxRunIdLength = 128;
 // Workers on one node (--nproc-per-node, and a node's local world size on the wire).
 inline constexpr int kMaxWorkersPerNode = 4096;
+// Nodes in one run (--nnodes MAX, and every node count on the wire).
+inline constexpr int kMaxNodes = 16384;
+// A node id (the agent makes "<host>:<pid>:<hex>", its host part cut to fit) and a host name or
+// address (a DNS name is at most 253 bytes), as they travel in RPCs and lease datagrams.
+inline constexpr size_t kMaxNodeIdLength = 255;
+inline constexpr size_t kMaxHostLength = 255;
 
 }  // namespace launch

@@ -18,20 +18,46 @@ grpc::Status ToGrpc(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
+// A string from the wire as a log line shows it: at most 64 bytes (an id may be the attack).
+std::string Shown(const std::string& s) { return s.size() <= 64 ? s : absl::StrCat(s.substr(0, 64), "...(", s.size(), " bytes)"); }
+
 bool ValidId(const std::string& s, size_t max) {
   if (s.empty() || s.size() > max) return false;
   return std::all_of(s.begin(), s.end(), [](char c) { return c > ' ' && c < 127; });
 }
 
+absl::Status ValidateIds(const std::string& run_id, const std::string& node_id) {
+  if (!ValidId(run_id, kMaxRunIdLength)) {
+    return absl::InvalidArgumentError(absl::StrCat("run id missing, over ", kMaxRunIdLength, " bytes or not printable"));
+  }
+  if (!ValidId(node_id, kMaxNodeIdLength)) {
+    return absl::InvalidArgumentError(absl::StrCat("node id missing, over ", kMaxNodeIdLength, " bytes or not printable"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateNode(const std::string& run_id, const v1::NodeIdentity& n) {
-  if (!ValidId(run_id, kMaxRunIdLength)) return absl::InvalidArgumentError("run id missing, too long or not printable");
-  if (!ValidId(n.node_id(), 256)) return absl::InvalidArgumentError("node id missing, too long or not printable");
+  if (absl::Status st = ValidateIds(run_id, n.node_id()); !st.ok()) return st;
   if (n.local_world_size() < 1 || n.local_world_size() > kMaxWorkersPerNode) {
     return absl::InvalidArgumentError(absl::StrCat("node ", n.node_id(), ": local_world_size ",
                                                    n.local_world_size(), " is not 1-", kMaxWorkersPerNode));
   }
-  if (n.host_address().size() > 256 || n.hostname().size() > 256) {
-    return absl::InvalidArgumentError("host name or address longer than 256 bytes");
+  if (n.host_address().size() > kMaxHostLength || n.hostname().size() > kMaxHostLength) {
+    return absl::InvalidArgumentError(absl::StrCat("host name or address over ", kMaxHostLength, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+// What a joining node offers as MASTER_ADDR/MASTER_PORT reaches every worker of the job.
+absl::Status ValidateJoin(const v1::JoinRequest& req) {
+  if (absl::Status st = ValidateNode(req.run_id(), req.node()); !st.ok()) return st;
+  if (!ValidId(req.proposed_master_addr(), kMaxHostLength)) {
+    return absl::InvalidArgumentError(absl::StrCat("proposed master address missing, over ", kMaxHostLength,
+                                                   " bytes or not printable"));
+  }
+  if (req.proposed_master_port() < 1 || req.proposed_master_port() > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("proposed master port ", req.proposed_master_port(), ": expected 1-65535"));
   }
   return absl::OkStatus();
 }
@@ -224,12 +250,17 @@ grpc::Status CoordinatorService::CheckToken(grpc::CallbackServerContext* ctx, co
                                      : "wrong rendezvous token");
 }
 
-CoordinatorService::Run CoordinatorService::NewRun(const std::string& run_id, const RendezvousConfig& cfg,
-                                                   std::string lease_key) {
+CoordinatorService::Run CoordinatorService::NewRun(const std::string& run_id, const RendezvousConfig& cfg) {
   Run run;
   run.rdzv = std::make_unique<Rendezvous>(run_id, cfg, clock_);
-  run.lease_key = lease_key.size() == kLeaseKeyBytes ? std::move(lease_key) : NewLeaseKey();
+  run.lease_key = NewLeaseKey();
   return run;
+}
+
+const std::string& CoordinatorService::NodeKey(const Run& run, const std::string& node_id, std::string* scratch) {
+  if (auto it = run.node_keys.find(node_id); it != run.node_keys.end()) return it->second;
+  *scratch = NodeLeaseKey(run.lease_key, node_id);
+  return *scratch;
 }
 
 void CoordinatorService::set_lease_port(int port) {
@@ -240,10 +271,11 @@ void CoordinatorService::set_lease_port(int port) {
 void CoordinatorService::OnLeaseBatch(const std::vector<std::string>& datagrams) {
   std::lock_guard<std::mutex> lock(mu_);
   Run* run = nullptr;  // the run of the datagram being decoded
-  auto key_for = [&](const std::string& run_id) -> const std::string* {
+  std::string derived;
+  auto key_for = [&](const std::string& run_id, const std::string& node_id) -> const std::string* {
     auto it = runs_.find(run_id);
     run = it == runs_.end() ? nullptr : &it->second;
-    return run ? &run->lease_key : nullptr;
+    return run ? &NodeKey(*run, node_id, &derived) : nullptr;
   };
   for (const auto& d : datagrams) {
     auto beat = DecodeLeaseBeat(d, key_for);
@@ -257,7 +289,8 @@ bool CoordinatorService::AnswerIfReady(Run& run, HeldCall* c, Finishes* out) {
   const std::string& id = c->join_req->node().node_id();
   if (auto a = r.AssignmentFor(id, c->join_req->last_round())) {
     *c->join_resp->mutable_assignment() = *a;
-    c->join_resp->mutable_assignment()->set_lease_key(run.lease_key);
+    std::string derived;
+    c->join_resp->mutable_assignment()->set_lease_key(NodeKey(run, id, &derived));
     c->join_resp->mutable_assignment()->set_lease_port(lease_port_);
     out->emplace_back(c, grpc::Status::OK);
     return true;
@@ -311,12 +344,12 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
     return call;
   }
   auto reject = [&](const absl::Status& st) {
-    spdlog::warn("rejected join of node {} to run '{}' from {}: {}", req->node().node_id(), req->run_id(),
-                 ctx->peer(), std::string(st.message()));
+    spdlog::warn("rejected join of node {} to run '{}' from {}: {}", Shown(req->node().node_id()),
+                 Shown(req->run_id()), ctx->peer(), std::string(st.message()));
     call->Finish(ToGrpc(st));
     return call;
   };
-  if (absl::Status st = ValidateNode(req->run_id(), req->node()); !st.ok()) return reject(st);
+  if (absl::Status st = ValidateJoin(*req); !st.ok()) return reject(st);
   Finishes f;
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -370,6 +403,10 @@ absl::StatusOr<CoordinatorService::Run*> CoordinatorService::HeartbeatLocked(con
                                                                              const v1::HeartbeatRequest& req,
                                                                              v1::HeartbeatResponse* ans,
                                                                              Finishes* f) {
+  if (absl::Status st = ValidateIds(req.run_id(), req.node_id()); !st.ok()) {
+    spdlog::warn("rejected heartbeat from {}: {}", peer, std::string(st.message()));
+    return st;
+  }
   auto it = runs_.find(req.run_id());
   if (it == runs_.end()) {
     if (!req.has_assignment()) {
@@ -382,13 +419,17 @@ absl::StatusOr<CoordinatorService::Run*> CoordinatorService::HeartbeatLocked(con
       spdlog::warn("rejected re-registration of node {} from {}: {}", req.node_id(), peer, std::string(valid.message()));
       return valid;
     }
-    // A restarted coordinator keeps the run's lease key: the agents' datagrams stay valid.
-    it = runs_.emplace(req.run_id(), NewRun(req.run_id(), *cfg, req.assignment().lease_key())).first;
+    it = runs_.emplace(req.run_id(), NewRun(req.run_id(), *cfg)).first;
   }
   Run& run = it->second;
   const bool known_before = run.rdzv->Knows(req.node_id());
   uint64_t v = run.rdzv->version();
   *ans = run.rdzv->Heartbeat(req);
+  if (!known_before && run.rdzv->IsMember(req.node_id()) &&
+      req.assignment().lease_key().size() == kLeaseKeyBytes) {
+    // A restarted coordinator keeps each re-registered node's lease key: its datagrams stay valid.
+    run.node_keys[req.node_id()] = req.assignment().lease_key();
+  }
   if (!known_before && req.has_assignment() && !ans->unknown_node()) {
     spdlog::info("run '{}': node {} ({}) re-registered in round {} from {}", req.run_id(), req.node().hostname(),
                  req.node_id(), req.round(), peer);
@@ -433,6 +474,11 @@ grpc::ServerUnaryReactor* CoordinatorService::ReportExit(grpc::CallbackServerCon
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   if (grpc::Status st = Admit(ctx, *req, "ReportExit"); !st.ok()) {
     reactor->Finish(st);
+    return reactor;
+  }
+  if (absl::Status st = ValidateIds(req->run_id(), req->node_id()); !st.ok()) {
+    spdlog::warn("rejected exit report from {}: {}", ctx->peer(), std::string(st.message()));
+    reactor->Finish(ToGrpc(st));
     return reactor;
   }
   Finishes f;

@@ -70,10 +70,14 @@ class CoordinatorService final : public v1::Rendezvous::CallbackService {
     // When the run's Tick is due (its last answer); nullopt: no timer. Heartbeats only push
     // leases later, so they need not tick the run.
     std::optional<Clock::TimePoint> next_tick;
-    std::string lease_key;  // HMAC key of the run's lease datagrams
+    std::string lease_key;  // the run's key: each node's datagram key is derived from it
+    // Nodes that re-registered with a restarted coordinator keep the key they were given.
+    std::map<std::string, std::string> node_keys;
     std::set<std::string> udp_seen;  // nodes whose lease datagrams arrive
   };
-  Run NewRun(const std::string& run_id, const RendezvousConfig& cfg, std::string lease_key = "");
+  Run NewRun(const std::string& run_id, const RendezvousConfig& cfg);
+  // The key of `node_id`'s lease datagrams; `scratch` holds a derived one.
+  static const std::string& NodeKey(const Run& run, const std::string& node_id, std::string* scratch);
   using Finishes = std::vector<std::pair<HeldCall*, grpc::Status>>;
 
   grpc::Status CheckToken(grpc::CallbackServerContext* ctx, const char* rpc);

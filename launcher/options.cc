@@ -355,6 +355,7 @@ absl::StatusOr<LaunchConfig> Validate(RawMap& raw, std::vector<std::string> rema
     } else {
       return Bad(v, "N or MIN:MAX with 1 <= MIN <= MAX");
     }
+    if (c.max_nodes > kMaxNodes) return Bad(v, absl::StrCat("at most ", kMaxNodes, " nodes"));
   }
   if (is("node_rank")) {
     ASSIGN_OR_RETURN(c.node_rank, ParseInt(raw["node_rank"], 0, "an integer >= 0"));

@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/limits.h"
+#include "common/status_macros.h"
 
 namespace launch {
 
@@ -51,6 +52,10 @@ absl::StatusOr<RendezvousConfig> RendezvousConfig::FromSpec(const v1::RunSpec& s
   if (s.min_nodes() < 1 || s.max_nodes() < s.min_nodes()) {
     return absl::InvalidArgumentError(
         absl::StrCat("nnodes ", s.min_nodes(), ":", s.max_nodes(), ": expected 1 <= MIN <= MAX"));
+  }
+  if (s.max_nodes() > kMaxNodes) {
+    return absl::InvalidArgumentError(absl::StrCat("nnodes ", s.min_nodes(), ":", s.max_nodes(), ": at most ",
+                                                   kMaxNodes, " nodes"));
   }
   if (s.max_restarts() < 0) {
     return absl::InvalidArgumentError(absl::StrCat("max_restarts=", s.max_restarts(), ": expected >= 0"));
@@ -520,7 +525,19 @@ absl::StatusOr<RendezvousConfig> Rendezvous::ConfigForReattach(const v1::Heartbe
   if (!req.has_spec() || !req.has_assignment() || !req.has_node()) {
     return absl::InvalidArgumentError("re-registration without node, assignment and run spec");
   }
-  return RendezvousConfig::FromSpec(req.spec());
+  ASSIGN_OR_RETURN(RendezvousConfig c, RendezvousConfig::FromSpec(req.spec()));
+  // Everything that sizes the rebuilt run is bounded by the run's own spec.
+  const v1::Assignment& a = req.assignment();
+  if (a.group_world_size() < 1 || a.group_world_size() > c.max_nodes || a.group_rank() < 0 ||
+      a.group_rank() >= a.group_world_size() || a.round() < 1 || a.restart_count() < 0 ||
+      a.restart_count() > c.max_restarts || a.world_size() < a.group_world_size() ||
+      a.world_size() > static_cast<int64_t>(c.max_nodes) * kMaxWorkersPerNode) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "re-registration with round ", a.round(), ", node ", a.group_rank(), " of ", a.group_world_size(),
+        ", world size ", a.world_size(), ", restart ", a.restart_count(), ": expected a round >= 1 of 1-",
+        c.max_nodes, " nodes (the run's --nnodes max), a restart count of 0-", c.max_restarts));
+  }
+  return c;
 }
 
 }  // namespace launch

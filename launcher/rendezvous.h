@@ -66,6 +66,8 @@ class Rendezvous {
   v1::HeartbeatResponse HeartbeatAnswer(const v1::HeartbeatRequest& req) const;
   // Whether the node has ever joined or re-registered (else a heartbeat is answered unknown_node).
   bool Knows(const std::string& node_id) const { return identities_.contains(node_id); }
+  // Whether the node holds a place in the current (or last) round.
+  bool IsMember(const std::string& node_id) const { return FindMember(node_id) != nullptr; }
   // Whether the node must act on the answer now (a Watch stream writes only such an answer).
   static bool Urgent(const v1::HeartbeatResponse& r) {
     return r.stop_workers() || r.unknown_node() || r.job_succeeded() || r.job_failed();

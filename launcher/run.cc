@@ -395,7 +395,9 @@ int RunLaunch(const LaunchConfig& c, OrphanGuard* guard, SignalFd* signals) {
   opts.master_addr = master_addr;
   opts.master_port = c.master_port;
   opts.node.set_hostname(Hostname());
-  opts.node.set_node_id(absl::StrCat(opts.node.hostname(), ":", ::getpid(), ":", RandomHex(4)));
+  // "<host>:<pid>:<hex>", its host part cut so that the id fits kMaxNodeIdLength.
+  opts.node.set_node_id(
+      absl::StrCat(opts.node.hostname().substr(0, kMaxNodeIdLength - 32), ":", ::getpid(), ":", RandomHex(4)));
   opts.node.set_host_address(node_addr);
   opts.node.set_local_world_size(nproc);
   RendezvousConfig rcfg = RendezvousSettings(c, multi);

@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "common/lease.h"
+#include "common/limits.h"
 #include "launcher/coordinator.h"
 #include "spdlog/sinks/ostream_sink.h"
 #include "spdlog/spdlog.h"
@@ -47,6 +48,8 @@ class CoordinatorRpc : public ::testing::Test {
     j.set_run_id(run);
     j.mutable_node()->set_node_id(node);
     j.mutable_node()->set_local_world_size(1);
+    j.set_proposed_master_addr("127.0.0.1");
+    j.set_proposed_master_port(29500);
     j.mutable_spec()->set_min_nodes(1);
     j.mutable_spec()->set_max_nodes(1);
     j.mutable_spec()->set_join_timeout_s(60);
@@ -67,11 +70,29 @@ TEST_F(CoordinatorRpc, MalformedJoinsAreInvalidArgument) {
   zero.mutable_node()->set_local_world_size(0);
   v1::JoinRequest bad_spec = Join("job", "a");
   bad_spec.mutable_spec()->set_max_nodes(0);
+  // Nothing that comes over the wire was unbounded or unchecked: node counts, ids, the master
+  // address and port a node proposes (they reach every worker of the job).
+  v1::JoinRequest huge_spec = Join("job", "a");
+  huge_spec.mutable_spec()->set_max_nodes(5000000);
+  v1::JoinRequest no_master = Join("job", "a");
+  no_master.set_proposed_master_addr("");
+  v1::JoinRequest odd_master = Join("job", "a");
+  odd_master.set_proposed_master_addr("host name");
+  v1::JoinRequest port_zero = Join("job", "a");
+  port_zero.set_proposed_master_port(0);
+  v1::JoinRequest port_big = Join("job", "a");
+  port_big.set_proposed_master_port(70000);
   const std::vector<std::pair<v1::JoinRequest, std::string>> cases = {
       {Join("job", ""), "node id"},
       {zero, "local_world_size 0"},
       {Join("job\n1", "a"), "run id"},
       {bad_spec, "expected 1 <= MIN <= MAX"},
+      {huge_spec, "at most 16384 nodes"},
+      {Join("job", std::string(kMaxNodeIdLength + 1, 'n')), "node id missing, over 255 bytes"},
+      {no_master, "proposed master address missing"},
+      {odd_master, "proposed master address"},
+      {port_zero, "proposed master port 0: expected 1-65535"},
+      {port_big, "proposed master port 70000"},
   };
   for (const auto& [req, why] : cases) {
     v1::JoinResponse resp;
@@ -79,6 +100,41 @@ TEST_F(CoordinatorRpc, MalformedJoinsAreInvalidArgument) {
     EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << why;
     EXPECT_THAT(st.error_message(), HasSubstr(why));
   }
+}
+
+// One 88-byte Heartbeat re-registering with group_world_size 5,000,000 took a coordinator from
+// 12 MiB to 2.9 GiB (20,000,000 aborted it). A re-registration is bounded by the run's spec now,
+// and a heartbeat's node id is checked like a join's.
+TEST_F(CoordinatorRpc, ReRegistrationIsBoundedByTheRunsSpec) {
+  Start();
+  v1::HeartbeatRequest hb;
+  hb.set_run_id("job");
+  hb.set_node_id("a");
+  hb.set_round(1);
+  *hb.mutable_node() = Join("job", "a").node();
+  *hb.mutable_spec() = Join("job", "a").spec();
+  hb.mutable_assignment()->set_round(1);
+  hb.mutable_assignment()->set_group_rank(0);
+  hb.mutable_assignment()->set_group_world_size(5000000);
+  hb.mutable_assignment()->set_world_size(5000000);
+  v1::HeartbeatResponse resp;
+  grpc::Status st = stub_->Heartbeat(Ctx().get(), hb, &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(), HasSubstr("node 0 of 5000000"));
+  EXPECT_THAT(st.error_message(), HasSubstr("expected a round >= 1 of 1-1 nodes"));
+  EXPECT_EQ(server_->service()->runs_for_test(), 0);
+  hb.mutable_assignment()->set_group_world_size(1);
+  hb.mutable_assignment()->set_world_size(1);
+  hb.set_node_id(std::string(kMaxNodeIdLength + 1, 'n'));
+  st = stub_->Heartbeat(Ctx().get(), hb, &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(), HasSubstr("node id missing, over 255 bytes"));
+  // Within the spec, a restarted coordinator takes the node back.
+  hb.set_node_id("a");
+  st = stub_->Heartbeat(Ctx().get(), hb, &resp);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  EXPECT_FALSE(resp.unknown_node());
+  EXPECT_EQ(server_->service()->runs_for_test(), 1);
 }
 
 TEST_F(CoordinatorRpc, OversizedMessagesAreRefusedAndLoggedWithThePeer) {
@@ -223,7 +279,7 @@ TEST_F(CoordinatorRpc, LeaseDatagramsRenewTheLeaseAndForgeriesAndReplaysDoNot) {
   const v1::Assignment& a = ra.assignment();
   ASSERT_EQ(a.lease_port(), server_->port());
   ASSERT_EQ(a.lease_key().size(), kLeaseKeyBytes);
-  ASSERT_EQ(rb.assignment().lease_key(), a.lease_key());  // one key per run
+  ASSERT_NE(rb.assignment().lease_key(), a.lease_key());  // one key per node
   LeaseSender udp;
   ASSERT_TRUE(udp.Connect("127.0.0.1", a.lease_port()).ok());
   auto send = [&](const std::string& node, uint64_t seq, const std::string& key) {
@@ -239,7 +295,8 @@ TEST_F(CoordinatorRpc, LeaseDatagramsRenewTheLeaseAndForgeriesAndReplaysDoNot) {
   ASSERT_TRUE(Eventually([&] { return SecondsSinceLease(stub_.get(), "a") >= 0.2; }));
   send("a", 2, std::string(kLeaseKeyBytes, 'k'));
   send("a", 1, a.lease_key());
-  send("b", 1, a.lease_key());
+  send("a", 99, rb.assignment().lease_key());  // b's key signs nothing for a
+  send("b", 1, rb.assignment().lease_key());
   ASSERT_TRUE(Eventually([&] { return SecondsSinceLease(stub_.get(), "b") < 0.1; }));
   EXPECT_GE(SecondsSinceLease(stub_.get(), "a"), 0.2);
   // The next genuine one for a renews it.

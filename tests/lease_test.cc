@@ -14,7 +14,9 @@ TEST(LeaseDatagram, RoundTripsUnderItsKeyOnly) {
   auto d = EncodeLeaseBeat(beat, key);
   ASSERT_TRUE(d.ok());
   EXPECT_LE(d->size(), kMaxLeaseDatagram);
-  auto key_for = [&](const std::string& run) -> const std::string* { return run == "job7" ? &key : nullptr; };
+  auto key_for = [&](const std::string& run, const std::string&) -> const std::string* {
+    return run == "job7" ? &key : nullptr;
+  };
   auto back = DecodeLeaseBeat(*d, key_for);
   ASSERT_TRUE(back.has_value());
   EXPECT_EQ(back->run_id, "job7");
@@ -23,7 +25,7 @@ TEST(LeaseDatagram, RoundTripsUnderItsKeyOnly) {
   EXPECT_EQ(back->seq, 99u);
   // Another key, a flipped bit anywhere, a cut datagram, an unknown run: nothing.
   const std::string other = NewLeaseKey();
-  EXPECT_FALSE(DecodeLeaseBeat(*d, [&](const std::string&) { return &other; }).has_value());
+  EXPECT_FALSE(DecodeLeaseBeat(*d, [&](const std::string&, const std::string&) { return &other; }).has_value());
   for (size_t i = 0; i < d->size(); ++i) {
     std::string bad = *d;
     bad[i] ^= 0x01;
@@ -33,6 +35,37 @@ TEST(LeaseDatagram, RoundTripsUnderItsKeyOnly) {
   auto unknown = EncodeLeaseBeat({"job8", "n", 1, 1}, key);
   EXPECT_FALSE(DecodeLeaseBeat(*unknown, key_for).has_value());
   EXPECT_FALSE(EncodeLeaseBeat({std::string(256, 'r'), "n", 1, 1}, key).ok());
+}
+
+// The codec allowed 255-byte ids, whose 563-byte datagram broke its own 512-byte maximum, and
+// the coordinator accepted 256-byte node ids the codec refused (the agent then silently fell
+// back to stream heartbeats). One limit each now: the longest ids fit, one byte more does not.
+TEST(LeaseDatagram, TheLongestIdsTheRendezvousAcceptsFitOneDatagram) {
+  const std::string key = NewLeaseKey();
+  auto longest = EncodeLeaseBeat({std::string(kMaxRunIdLength, 'r'), std::string(kMaxNodeIdLength, 'n'), 1, 1}, key);
+  ASSERT_TRUE(longest.ok());
+  EXPECT_LE(longest->size(), kMaxLeaseDatagram);
+  auto key_for = [&](const std::string&, const std::string&) { return &key; };
+  EXPECT_TRUE(DecodeLeaseBeat(*longest, key_for).has_value());
+  EXPECT_FALSE(EncodeLeaseBeat({std::string(kMaxRunIdLength + 1, 'r'), "n", 1, 1}, key).ok());
+  EXPECT_FALSE(EncodeLeaseBeat({"r", std::string(kMaxNodeIdLength + 1, 'n'), 1, 1}, key).ok());
+}
+
+// Per-node keys: one node's key signs nothing for another node.
+TEST(LeaseDatagram, ANodesKeySignsOnlyItsOwnDatagrams) {
+  const std::string run_key = NewLeaseKey();
+  const std::string a = NodeLeaseKey(run_key, "a"), b = NodeLeaseKey(run_key, "b");
+  EXPECT_EQ(a.size(), kLeaseKeyBytes);
+  EXPECT_NE(a, b);
+  EXPECT_EQ(a, NodeLeaseKey(run_key, "a"));
+  EXPECT_NE(a, NodeLeaseKey(NewLeaseKey(), "a"));
+  std::string scratch;
+  auto key_for = [&](const std::string&, const std::string& node) {
+    scratch = NodeLeaseKey(run_key, node);
+    return &scratch;
+  };
+  EXPECT_TRUE(DecodeLeaseBeat(*EncodeLeaseBeat({"job", "a", 1, 7}, a), key_for).has_value());
+  EXPECT_FALSE(DecodeLeaseBeat(*EncodeLeaseBeat({"job", "b", 1, 7}, a), key_for).has_value());
 }
 
 TEST(LeaseDatagram, RenewsOnlyAMemberOfTheRoundWithANewerSequence) {
