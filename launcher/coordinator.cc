@@ -528,8 +528,18 @@ grpc::ServerUnaryReactor* CoordinatorService::Status(grpc::CallbackServerContext
 
 void CoordinatorService::TimerLoop() {
   std::unique_lock<std::mutex> lock(mu_);
+  Clock::TimePoint last_awake = clock_->Now();
   while (!stopping_) {
     const auto now = clock_->Now();
+    // Woken this late, the coordinator was not running (SIGSTOP, a paused VM): the agents' leases
+    // were not renewed for a reason that is not theirs.
+    if (const auto gap = now - last_awake; gap > kAwakePeriod + kPauseTolerance) {
+      const auto paused = gap - kAwakePeriod;
+      spdlog::warn("the coordinator did not run for {:.1f} s (stopped or paused): every lease is extended by that",
+                   std::chrono::duration<double>(paused).count());
+      for (auto& [id, run] : runs_) run.rdzv->ForgivePause(paused);
+    }
+    last_awake = now;
     auto next = now + std::chrono::seconds(3600);
     Finishes f;
     for (auto it = runs_.begin(); it != runs_.end();) {
@@ -562,6 +572,7 @@ void CoordinatorService::TimerLoop() {
       lock.lock();
       continue;
     }
+    next = std::min(next, now + kAwakePeriod);
     wake_.wait_for(lock, std::max(next - clock_->Now(), Clock::TimePoint::duration(0)));
   }
 }

@@ -97,6 +97,10 @@ class CoordinatorService final : public v1::Rendezvous::CallbackService {
   // Ticks the run now and notes when it is due again; mu_ held.
   void TickNow(Run& run);
   void TimerLoop();
+  // How often the timer thread wakes at least, and how much later than that it may wake before
+  // the coordinator counts the gap as time it was not running (forgiven to every lease).
+  static constexpr std::chrono::milliseconds kAwakePeriod{250};
+  static constexpr std::chrono::milliseconds kPauseTolerance{1000};
   static void FinishAll(Finishes& f);
 
   CoordinatorOptions opts_;

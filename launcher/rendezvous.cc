@@ -436,6 +436,10 @@ v1::HeartbeatResponse Rendezvous::Heartbeat(const v1::HeartbeatRequest& req) {
   return HeartbeatAnswer(req);
 }
 
+void Rendezvous::ForgivePause(Clock::TimePoint::duration d) {
+  for (Member& m : members_) m.last_seen += d;
+}
+
 bool Rendezvous::RenewLease(const std::string& node_id, long round, uint64_t seq) {
   Member* m = FindMember(node_id);
   if (m == nullptr || round != round_ || seq <= m->lease_seq) return false;

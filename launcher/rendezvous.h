@@ -76,6 +76,9 @@ class Rendezvous {
   // A lease datagram: renews the node's lease when it is a member of `round` and `seq` is newer
   // than any before (a replay renews nothing).
   bool RenewLease(const std::string& node_id, long round, uint64_t seq);
+  // The coordinator itself did not run for `d` (stopped, a paused VM): that time does not count
+  // against anyone's lease, so every member's lease is extended by it.
+  void ForgivePause(Clock::TimePoint::duration d);
   v1::StatusResponse Status() const;
 
   Phase phase() const { return phase_; }

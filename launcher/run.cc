@@ -156,7 +156,9 @@ RendezvousConfig RendezvousSettings(const LaunchConfig& c, bool multi) {
   r.join_timeout = ms(c.rdzv.join_timeout);
   r.last_call_timeout = ms(c.rdzv.last_call_timeout);
   r.close_timeout = ms(c.rdzv.close_timeout);
-  r.heartbeat_timeout = ms(c.rdzv.heartbeat_timeout);
+  // A single node's coordinator lives in its agent: the agent cannot be lost while it runs, so
+  // its lease never expires (SIGSTOP/SIGCONT of launch, or a paused VM, restarted healthy workers).
+  r.heartbeat_timeout = multi ? ms(c.rdzv.heartbeat_timeout) : ms(kMaxSeconds);
   return r;
 }
 
@@ -186,12 +188,17 @@ absl::StatusOr<std::unique_ptr<GrpcCoordinatorClient>> MakeClient(const std::str
   return std::make_unique<GrpcCoordinatorClient>(channel, target, security.token, rcfg.join_timeout);
 }
 
+// A single node's coordinator serves its own agent only: on loopback any local user could reach
+// it (one forged heartbeat took a training job's launch to 3 GB and restarted its workers), so
+// every call needs a random token that only this process knows.
 absl::StatusOr<RendezvousLink> ConnectInProcess(const RendezvousConfig& rcfg, const Clock* clock) {
   RendezvousLink link;
   CoordinatorOptions copts;
   copts.defaults = rcfg;
-  ASSIGN_OR_RETURN(link.server, CoordinatorServer::Start("127.0.0.1:0", copts, SecurityOptions{}, clock));
-  ASSIGN_OR_RETURN(link.client, MakeClient(link.server->address(), SecurityOptions{}, rcfg));
+  SecurityOptions own;
+  own.token = RandomHex(32);
+  ASSIGN_OR_RETURN(link.server, CoordinatorServer::Start("127.0.0.1:0", copts, own, clock));
+  ASSIGN_OR_RETURN(link.client, MakeClient(link.server->address(), own, rcfg));
   return link;
 }
 

@@ -17,6 +17,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "common/unique_fd.h"
+#include "launch.grpc.pb.h"
+#include <grpcpp/grpcpp.h>
 #include "tests/test_util.h"
 
 namespace launch::testing {
@@ -45,6 +47,24 @@ int CountLines(const std::string& s, const std::string& needle) {
   int n = 0;
   for (const auto& l : Lines(s)) n += absl::StrContains(l, needle);
   return n;
+}
+
+// The TCP ports process `pid` listens on (its socket inodes matched in /proc/net/tcp{,6}).
+std::vector<int> ListeningTcpPorts(pid_t pid) {
+  std::set<std::string> inodes;
+  const std::string fd_dir = "/proc/" + std::to_string(pid) + "/fd";
+  for (const auto& e : std::filesystem::directory_iterator(fd_dir)) {
+    std::error_code ec;
+    const std::string target = std::filesystem::read_symlink(e.path(), ec).string();
+    if (!ec && absl::StartsWith(target, "socket:[")) inodes.insert(target.substr(8, target.size() - 9));
+  }
+  std::vector<int> ports;
+  for (const auto& line : Lines(ReadFile("/proc/net/tcp") + ReadFile("/proc/net/tcp6"))) {
+    std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (f.size() < 10 || f[3] != "0A" || !inodes.count(f[9])) continue;  // 0A: LISTEN
+    ports.push_back(std::stoi(f[1].substr(f[1].find(':') + 1), nullptr, 16));
+  }
+  return ports;
 }
 
 bool AllDead(const std::vector<pid_t>& pids) {
@@ -345,6 +365,59 @@ TEST(Launch, LogDirKeepsErrorFileAndAttempts) {
     EXPECT_EQ(ReadFile(attempt + "/stdout.log"), "TORCHELASTIC_RESTART_COUNT=" + std::to_string(k) + "\n");
   }
   EXPECT_THAT(r.err, HasSubstr("logs in " + dir.path() + "/j/attempt_1"));
+}
+
+// SIGSTOP/SIGCONT of launch (or a paused VM) for longer than the heartbeat timeout restarted
+// healthy workers: the in-process coordinator expired its own agent's lease. A single node needs
+// no lease to itself, and the coordinator forgives time it did not run.
+TEST(Launch, StoppingLaunchForAWhileDoesNotRestartItsWorkers) {
+  TempDir dir;
+  Child c(Cmd({"--nproc-per-node=1", "--rdzv-conf=heartbeat_timeout=1,heartbeat_interval=0.2"},
+              {"--pid-file", dir / "pids", "--wait-lines", dir / "go", "1", "--exit", "0"}));
+  ASSERT_TRUE(WaitUntil([&] {
+    c.Pump(1);
+    return ReadPids(dir / "pids").size() == 1;
+  }));
+  ::kill(c.pid(), SIGSTOP);
+  for (int i = 0; i < 300; ++i) c.Pump(10);  // the stimulus: stopped for 3 s
+  ::kill(c.pid(), SIGCONT);
+  EXPECT_TRUE(WaitUntil([&] {
+    c.Pump(5);
+    return absl::StrContains(c.err(), "did not run for");
+  })) << c.err();
+  WriteFile(dir / "go", "go\n");
+  auto r = c.Wait();
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(ReadPids(dir / "pids").size(), 1u) << "the worker was restarted: " << r.err;
+  EXPECT_THAT(r.err, Not(HasSubstr("lost node")));
+}
+
+// A single node's coordinator listened on loopback with no token: any local user could send it
+// a forged heartbeat. Every call now needs a token only launch knows.
+TEST(Launch, TheSingleNodeCoordinatorRefusesCallsWithoutItsToken) {
+  TempDir dir;
+  Child c(Cmd({"--nproc-per-node=1"}, {"--pid-file", dir / "pids", "--wait-lines", dir / "go", "1", "--exit", "0"}));
+  ASSERT_TRUE(WaitUntil([&] {
+    c.Pump(1);
+    return ReadPids(dir / "pids").size() == 1;
+  }));
+  const std::vector<int> ports = ListeningTcpPorts(c.pid());
+  ASSERT_FALSE(ports.empty());
+  for (int port : ports) {
+    auto stub = v1::Rendezvous::NewStub(
+        grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::HeartbeatRequest hb;
+    hb.set_run_id("any");
+    hb.set_node_id("intruder");
+    v1::HeartbeatResponse resp;
+    grpc::Status st = stub->Heartbeat(&ctx, hb, &resp);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED) << port << ": " << st.error_message();
+  }
+  WriteFile(dir / "go", "go\n");
+  auto r = c.Wait();
+  EXPECT_EQ(r.exit_code, 0) << r.err;
 }
 
 // A rerun with the same --rdzv-id and --log-dir appended to the old files: the old run's

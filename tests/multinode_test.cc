@@ -242,6 +242,44 @@ TEST(MultiNode, LostAgentIsDetectedAndTheSurvivorGoesOn) {
   for (pid_t p : workers) EXPECT_FALSE(ProcessAlive(p)) << "worker " << p << " survived";
 }
 
+// SIGSTOP/SIGCONT of the coordinator (or a paused VM) expired healthy nodes' leases: the time
+// it did not run no longer counts against them. Stopped for 3 s with heartbeat_timeout=1, it
+// says so when it runs again, and the job ends in its first round.
+TEST(MultiNode, AStoppedCoordinatorDoesNotLoseHealthyNodes) {
+  Coordinator coord;
+  ASSERT_TRUE(coord.ready());
+  TempDir dir;
+  const std::vector<std::string> flags = {"--nnodes=2", "--nproc-per-node=1", "--rdzv-conf",
+                                          "heartbeat_timeout=1,heartbeat_interval=0.2"};
+  std::vector<std::unique_ptr<Child>> agents;
+  for (int i = 0; i < 2; ++i) {
+    agents.push_back(std::make_unique<Child>(
+        Agent(coord.endpoint(), flags, {"--pid-file", dir / "pids", "--wait-lines", dir / "go", "1", "--exit", "0"})));
+  }
+  ASSERT_TRUE(WaitUntil([&] {
+    for (auto& a : agents) a->Pump(1);
+    return ReadPids(dir / "pids").size() == 2;
+  }));
+  ::kill(coord.child().pid(), SIGSTOP);
+  // The pause is the stimulus: three heartbeat timeouts without the coordinator running.
+  for (int i = 0; i < 300; ++i) {
+    for (auto& a : agents) a->Pump(10);
+  }
+  ::kill(coord.child().pid(), SIGCONT);
+  EXPECT_TRUE(WaitUntil([&] {
+    coord.child().Pump(5);
+    for (auto& a : agents) a->Pump(1);
+    return absl::StrContains(coord.child().err(), "did not run for");
+  })) << coord.child().err();
+  WriteFile(dir / "go", "go\n");
+  for (auto& r : WaitAll(agents)) {
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_THAT(r.err, Not(HasSubstr("lost node")));
+    EXPECT_THAT(r.err, Not(HasSubstr("new round")));
+  }
+  EXPECT_THAT(coord.child().err(), Not(HasSubstr("lost node")));
+}
+
 TEST(MultiNode, CoordinatorKilledAndRestartedMidJobTheJobCompletesWithoutARestart) {
   const int port = FreePort();
   auto coord = std::make_unique<Coordinator>(std::vector<std::string>{}, port);

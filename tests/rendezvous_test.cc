@@ -201,6 +201,26 @@ TEST(Rendezvous, LostNodeOpensANewRoundWithoutSpendingTheBudget) {
   EXPECT_EQ(a->master_port(), 8);
 }
 
+// SIGSTOP/SIGCONT of the coordinator (or a paused VM) expired the leases of healthy nodes: the
+// time it did not run is forgiven to every lease.
+TEST(Rendezvous, TimeTheCoordinatorDidNotRunDoesNotCountAgainstLeases) {
+  FakeClock clock;
+  Rendezvous r("job", Elastic(2, 2), &clock);
+  for (auto id : {"a", "b"}) ASSERT_TRUE(r.Join(JoinOf(id, 1, 1)).ok());
+  ASSERT_EQ(r.phase(), Rendezvous::Phase::kRunning);
+  clock.Advance(std::chrono::seconds(2));
+  r.Heartbeat(Beat("a", 1));
+  clock.Advance(std::chrono::seconds(6));  // stopped for 6 s: nobody could be heard
+  r.ForgivePause(std::chrono::seconds(6));
+  r.Tick();
+  EXPECT_EQ(r.phase(), Rendezvous::Phase::kRunning) << r.reason();
+  // Once running again, silence counts as before: b (last heard at 0) is lost 3 s after.
+  clock.Advance(std::chrono::milliseconds(1100));
+  r.Tick();
+  EXPECT_EQ(r.phase(), Rendezvous::Phase::kWaiting);
+  EXPECT_NE(r.reason().find("lost node b"), std::string::npos) << r.reason();
+}
+
 TEST(Rendezvous, BelowMinAfterALossFailsAtTheJoinTimeoutNamingTheLostNode) {
   FakeClock clock;
   Rendezvous r("job", Elastic(2, 2), &clock);
