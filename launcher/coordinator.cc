@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/limits.h"
 #include "common/net.h"
 #include "spdlog/spdlog.h"
@@ -64,10 +65,12 @@ absl::Status ValidateJoin(const v1::JoinRequest& req) {
 
 // A message over the rendezvous limit is refused with a log line naming the peer. (gRPC itself
 // refuses those over kGrpcReceiveLimitBytes before they are parsed.)
-grpc::Status CheckSize(const std::string& peer, const google::protobuf::Message& m, const char* rpc) {
+grpc::Status CheckSize(const std::string& peer, const google::protobuf::Message& m, const char* rpc,
+                       std::string* log_line) {
   const size_t n = m.ByteSizeLong();
   if (n <= static_cast<size_t>(kMaxRendezvousMessageBytes)) return grpc::Status::OK;
-  spdlog::warn("rejected {} from {}: a message of {} bytes (limit {})", rpc, peer, n, kMaxRendezvousMessageBytes);
+  *log_line = absl::StrCat("rejected ", rpc, " from ", peer, ": a message of ", n, " bytes (limit ",
+                           kMaxRendezvousMessageBytes, ")");
   return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                       absl::StrCat("a message of ", n, " bytes is over the rendezvous limit of ",
                                    kMaxRendezvousMessageBytes, " bytes"));
@@ -92,13 +95,13 @@ class CoordinatorService::HeldCall final : public grpc::ServerUnaryReactor {
 
 // One agent's Watch stream: every message it reads renews the node's lease; it writes once, when
 // the node must act (stop its workers, the run ended, the node is unknown), and finishes with it.
-// Every decision to finish is taken under the service's mu_, so exactly one Finish happens.
+// Every decision to finish is taken under the service's mu_, so exactly one Finish happens; the
+// Finish itself comes after mu_ is released (Finishes).
 class CoordinatorService::WatchReactor final : public grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse> {
  public:
   WatchReactor(CoordinatorService* svc, grpc::CallbackServerContext* ctx) : svc_(svc), peer_(ctx->peer()) {
     if (grpc::Status st = svc_->CheckToken(ctx, "Watch"); !st.ok()) {
-      std::lock_guard<std::mutex> lock(svc_->mu_);
-      finished_ = true;
+      finished_ = true;  // not yet known to anyone else: no lock needed
       Finish(st);
       return;
     }
@@ -116,15 +119,22 @@ class CoordinatorService::WatchReactor final : public grpc::ServerBidiReactor<v1
   }
 
   // mu_ held: a change in the run may be this node's business.
-  void PumpLocked() {
+  void PumpLocked(Finishes* f) {
     if (finished_) return;
     v1::HeartbeatResponse ans = run_->rdzv->HeartbeatAnswer(last_);
     if (!Rendezvous::Urgent(ans)) return;
     if (ans.job_succeeded() || ans.job_failed()) run_->rdzv->NoteToldEnd(last_.node_id());
-    AnswerLocked(ans);
+    AnswerLocked(ans, f);
   }
   // mu_ held: the service shuts down.
-  void ShutdownLocked() { FinishLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down")); }
+  void ShutdownLocked(Finishes* f) {
+    FinishLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down"), f);
+  }
+  // mu_ not held: carries out the decision (once; only the decider's Finishes holds this stream).
+  void FinishAsDecided() {
+    if (answer_) StartWriteAndFinish(&out_, grpc::WriteOptions(), grpc::Status::OK);
+    else Finish(final_);
+  }
 
   void OnDone() override {
     {
@@ -137,43 +147,52 @@ class CoordinatorService::WatchReactor final : public grpc::ServerBidiReactor<v1
  private:
   // One message read (or the reading ended); mu_ held. Each path ends the stream or reads on.
   void ReadDoneLocked(bool ok, Finishes* f) {
-    if (!ok) return FinishLocked(grpc::Status::OK);  // the agent closed the stream, or the call broke
-    if (svc_->stopping_) return FinishLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down"));
-    if (grpc::Status big = CheckSize(peer_, in_, "Watch"); !big.ok()) return FinishLocked(big);
+    if (!ok) return FinishLocked(grpc::Status::OK, f);  // the agent closed the stream, or the call broke
+    if (svc_->stopping_) {
+      return FinishLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down"), f);
+    }
+    std::string why;
+    if (grpc::Status big = CheckSize(peer_, in_, "Watch", &why); !big.ok()) {
+      f->Warn(why);
+      return FinishLocked(big, f);
+    }
     if (run_ == nullptr) run_id_ = in_.run_id();
     if (in_.run_id() != run_id_) {
-      return FinishLocked(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "one Watch stream watches one run"));
+      return FinishLocked(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "one Watch stream watches one run"), f);
     }
     last_ = in_;
     v1::HeartbeatResponse ans;
     auto run = svc_->HeartbeatLocked(peer_, last_, &ans, f);
     if (finished_) return;  // answered already: the change this heartbeat made was this node's business
-    if (!run.ok()) return FinishLocked(ToGrpc(run.status()));
-    if (*run == nullptr || Rendezvous::Urgent(ans)) return AnswerLocked(ans);
+    if (!run.ok()) return FinishLocked(ToGrpc(run.status()), f);
+    if (*run == nullptr || Rendezvous::Urgent(ans)) return AnswerLocked(ans, f);
     if (run_ == nullptr) {
       run_ = *run;
       run_->watchers.insert(this);
     }
     if (last_.lease_by_udp() && ++messages_ >= 3 && !run_->udp_seen.count(last_.node_id())) {
       // Its datagrams do not get here (a firewall, another port): the stream must do.
-      spdlog::warn("run '{}': no lease datagram from node {} ({}) has arrived; it heartbeats on its stream", run_id_,
-                   last_.node_id(), peer_);
+      f->Warn(absl::StrCat("run '", run_id_, "': no lease datagram from node ", last_.node_id(), " (", peer_,
+                           ") has arrived; it heartbeats on its stream"));
       ans.set_lease_by_stream(true);
-      return AnswerLocked(ans);
+      return AnswerLocked(ans, f);
     }
+    // Under mu_, unlike a finish: OnDone (which takes mu_) cannot run while a read is started.
     StartRead(&in_);
   }
 
-  void AnswerLocked(const v1::HeartbeatResponse& ans) {
+  void AnswerLocked(const v1::HeartbeatResponse& ans, Finishes* f) {
     if (finished_) return;
     finished_ = true;
     out_ = ans;
-    StartWriteAndFinish(&out_, grpc::WriteOptions(), grpc::Status::OK);
+    answer_ = true;
+    f->streams.push_back(this);
   }
-  void FinishLocked(grpc::Status st) {
+  void FinishLocked(grpc::Status st, Finishes* f) {
     if (finished_) return;
     finished_ = true;
-    Finish(std::move(st));
+    final_ = std::move(st);
+    f->streams.push_back(this);
   }
 
   CoordinatorService* svc_;
@@ -181,6 +200,8 @@ class CoordinatorService::WatchReactor final : public grpc::ServerBidiReactor<v1
   std::string run_id_;
   Run* run_ = nullptr;  // set once the node is known; a run with watchers is never removed
   bool finished_ = false;  // under svc_->mu_
+  bool answer_ = false;    // the decision: write out_ and finish OK, or finish with final_
+  grpc::Status final_;
   int messages_ = 0;       // read with lease_by_udp
   v1::HeartbeatRequest in_, last_;
   v1::HeartbeatResponse out_;
@@ -205,7 +226,7 @@ void CoordinatorService::Shutdown() {
     for (auto& [id, run] : runs_) {
       for (HeldCall* c : run.held) f.emplace_back(c, grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down"));
       run.held.clear();
-      for (WatchReactor* w : run.watchers) w->ShutdownLocked();
+      for (WatchReactor* w : run.watchers) w->ShutdownLocked(&f);
     }
     wake_.notify_all();
   }
@@ -228,14 +249,23 @@ int CoordinatorService::runs_for_test() {
 }
 
 void CoordinatorService::FinishAll(Finishes& f) {
-  for (auto& [call, status] : f) call->Finish(status);
-  f.clear();
+  for (const auto& [warning, line] : f.logs) {
+    if (warning) spdlog::warn("{}", line);
+    else spdlog::info("{}", line);
+  }
+  for (auto& [call, status] : f.calls) call->Finish(status);
+  for (WatchReactor* w : f.streams) w->FinishAsDecided();
+  f = Finishes();
 }
 
 grpc::Status CoordinatorService::Admit(grpc::CallbackServerContext* ctx, const google::protobuf::Message& req,
                                        const char* rpc) {
   grpc::Status st = CheckToken(ctx, rpc);
-  return st.ok() ? CheckSize(ctx->peer(), req, rpc) : st;
+  if (!st.ok()) return st;
+  std::string why;
+  st = CheckSize(ctx->peer(), req, rpc, &why);
+  if (!st.ok()) spdlog::warn("{}", why);  // not under mu_
+  return st;
 }
 
 grpc::Status CoordinatorService::CheckToken(grpc::CallbackServerContext* ctx, const char* rpc) {
@@ -296,8 +326,8 @@ bool CoordinatorService::AnswerIfReady(Run& run, HeldCall* c, Finishes* out) {
     return true;
   }
   if (auto refused = r.TakeJoinRefusal(id)) {
-    spdlog::warn("run '{}': gave up on spare node {} from {}: {}", c->run_id, id, c->peer,
-                 std::string(refused->message()));
+    out->Warn(absl::StrCat("run '", c->run_id, "': gave up on spare node ", id, " from ", c->peer, ": ",
+                           refused->message()));
     out->emplace_back(c, ToGrpc(*refused));
     return true;
   }
@@ -311,7 +341,7 @@ bool CoordinatorService::AnswerIfReady(Run& run, HeldCall* c, Finishes* out) {
 }
 
 void CoordinatorService::Pump(Run& run, Finishes* out) {
-  for (auto it = run.watchers.begin(); it != run.watchers.end();) (*it++)->PumpLocked();
+  for (auto it = run.watchers.begin(); it != run.watchers.end();) (*it++)->PumpLocked(out);
   for (auto it = run.held.begin(); it != run.held.end();) {
     it = AnswerIfReady(run, *it, out) ? run.held.erase(it) : std::next(it);
   }
@@ -370,22 +400,22 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
         cfg = *c;
       }
       it = runs_.emplace(req->run_id(), NewRun(req->run_id(), cfg)).first;
-      spdlog::info("run '{}': first node {} ({}) from {}", req->run_id(), req->node().hostname(),
-                   req->node().node_id(), ctx->peer());
+      f.Info(absl::StrCat("run '", req->run_id(), "': first node ", req->node().hostname(), " (",
+                          req->node().node_id(), ") from ", ctx->peer()));
     }
     Run& run = it->second;
     const uint64_t version = run.rdzv->version();
     absl::Status st = run.rdzv->Join(*req);
     if (!st.ok()) {
       lock.unlock();
+      FinishAll(f);
       return reject(st);
     }
     TickNow(run);
     if (run.rdzv->IsSpare(req->node().node_id())) {
-      spdlog::info("run '{}': node {} ({}) from {} waits as a spare: the round runs with its {} node(s) "
-                   "(--nnodes max)",
-                   req->run_id(), req->node().hostname(), req->node().node_id(), ctx->peer(),
-                   run.rdzv->config().max_nodes);
+      f.Info(absl::StrCat("run '", req->run_id(), "': node ", req->node().hostname(), " (", req->node().node_id(),
+                          ") from ", ctx->peer(), " waits as a spare: the round runs with its ",
+                          run.rdzv->config().max_nodes, " node(s) (--nnodes max)"));
     }
     if (run.rdzv->version() != version) {  // a round formed or opened: every held call may be ready
       run.held.insert(call);
@@ -404,7 +434,7 @@ absl::StatusOr<CoordinatorService::Run*> CoordinatorService::HeartbeatLocked(con
                                                                              v1::HeartbeatResponse* ans,
                                                                              Finishes* f) {
   if (absl::Status st = ValidateIds(req.run_id(), req.node_id()); !st.ok()) {
-    spdlog::warn("rejected heartbeat from {}: {}", peer, std::string(st.message()));
+    f->Warn(absl::StrCat("rejected heartbeat from ", peer, ": ", st.message()));
     return st;
   }
   auto it = runs_.find(req.run_id());
@@ -416,7 +446,7 @@ absl::StatusOr<CoordinatorService::Run*> CoordinatorService::HeartbeatLocked(con
     auto cfg = Rendezvous::ConfigForReattach(req);
     absl::Status valid = cfg.ok() ? ValidateNode(req.run_id(), req.node()) : cfg.status();
     if (!valid.ok()) {
-      spdlog::warn("rejected re-registration of node {} from {}: {}", req.node_id(), peer, std::string(valid.message()));
+      f->Warn(absl::StrCat("rejected re-registration of node ", req.node_id(), " from ", peer, ": ", valid.message()));
       return valid;
     }
     it = runs_.emplace(req.run_id(), NewRun(req.run_id(), *cfg)).first;
@@ -431,8 +461,8 @@ absl::StatusOr<CoordinatorService::Run*> CoordinatorService::HeartbeatLocked(con
     run.node_keys[req.node_id()] = req.assignment().lease_key();
   }
   if (!known_before && req.has_assignment() && !ans->unknown_node()) {
-    spdlog::info("run '{}': node {} ({}) re-registered in round {} from {}", req.run_id(), req.node().hostname(),
-                 req.node_id(), req.round(), peer);
+    f->Info(absl::StrCat("run '", req.run_id(), "': node ", req.node().hostname(), " (", req.node_id(),
+                         ") re-registered in round ", req.round(), " from ", peer));
   }
   if (run.rdzv->version() != v || !known_before) {
     TickNow(run);  // a re-registration rebuilds the run: its timers start now
@@ -487,7 +517,8 @@ grpc::ServerUnaryReactor* CoordinatorService::ReportExit(grpc::CallbackServerCon
     std::lock_guard<std::mutex> lock(mu_);
     auto it = runs_.find(req->run_id());
     if (it == runs_.end()) {
-      spdlog::warn("rejected exit report of node {} from {}: no run '{}'", req->node_id(), ctx->peer(), req->run_id());
+      f.Warn(absl::StrCat("rejected exit report of node ", req->node_id(), " from ", ctx->peer(), ": no run '",
+                          req->run_id(), "'"));
       status = grpc::Status(grpc::StatusCode::NOT_FOUND,
                             absl::StrCat("no run '", req->run_id(), "' on this coordinator (unknown, or closed)"));
     } else {
@@ -497,7 +528,7 @@ grpc::ServerUnaryReactor* CoordinatorService::ReportExit(grpc::CallbackServerCon
       if (resp->job_succeeded() || resp->job_failed()) run.rdzv->NoteToldEnd(req->node_id());
       TickNow(run);
       if (run.rdzv->version() != v) {
-        if (!run.rdzv->reason().empty()) spdlog::info("run '{}': {}", req->run_id(), run.rdzv->reason());
+        if (!run.rdzv->reason().empty()) f.Info(absl::StrCat("run '", req->run_id(), "': ", run.rdzv->reason()));
         Pump(run, &f);
       }
       wake_.notify_one();
@@ -531,17 +562,17 @@ void CoordinatorService::TimerLoop() {
   Clock::TimePoint last_awake = clock_->Now();
   while (!stopping_) {
     const auto now = clock_->Now();
+    Finishes f;
     // Woken this late, the coordinator was not running (SIGSTOP, a paused VM): the agents' leases
     // were not renewed for a reason that is not theirs.
     if (const auto gap = now - last_awake; gap > kAwakePeriod + kPauseTolerance) {
       const auto paused = gap - kAwakePeriod;
-      spdlog::warn("the coordinator did not run for {:.1f} s (stopped or paused): every lease is extended by that",
-                   std::chrono::duration<double>(paused).count());
+      f.Warn(absl::StrFormat("the coordinator did not run for %.1f s (stopped or paused): every lease is extended by that",
+                             std::chrono::duration<double>(paused).count()));
       for (auto& [id, run] : runs_) run.rdzv->ForgivePause(paused);
     }
     last_awake = now;
     auto next = now + std::chrono::seconds(3600);
-    Finishes f;
     for (auto it = runs_.begin(); it != runs_.end();) {
       Rendezvous& r = *it->second.rdzv;
       std::optional<Clock::TimePoint>& due = it->second.next_tick;
@@ -549,7 +580,7 @@ void CoordinatorService::TimerLoop() {
         uint64_t v = r.version();
         TickNow(it->second);
         if (r.version() != v) {
-          if (!r.reason().empty()) spdlog::warn("run '{}': {}", it->first, r.reason());
+          if (!r.reason().empty()) f.Warn(absl::StrCat("run '", it->first, "': ", r.reason()));
           Pump(it->second, &f);
         }
       }
@@ -557,7 +588,7 @@ void CoordinatorService::TimerLoop() {
       if (r.ended()) {
         auto close = r.ended_at() + r.config().close_timeout;
         if (now >= close && it->second.held.empty() && it->second.watchers.empty()) {
-          spdlog::info("run '{}' closed ({})", it->first, PhaseName(r.phase()));
+          f.Info(absl::StrCat("run '", it->first, "' closed (", PhaseName(r.phase()), ")"));
           it = runs_.erase(it);
           continue;
         }

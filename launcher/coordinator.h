@@ -78,7 +78,18 @@ class CoordinatorService final : public v1::Rendezvous::CallbackService {
   Run NewRun(const std::string& run_id, const RendezvousConfig& cfg);
   // The key of `node_id`'s lease datagrams; `scratch` holds a derived one.
   static const std::string& NodeKey(const Run& run, const std::string& node_id, std::string* scratch);
-  using Finishes = std::vector<std::pair<HeldCall*, grpc::Status>>;
+  // What a section under mu_ decided, done once mu_ is released: the one locking rule is decide
+  // under mu_, then finish calls and streams and write log lines unlocked (gRPC may run a
+  // reactor's OnDone, which takes mu_, inside Finish; a log line may wait on a slow console).
+  struct Finishes {
+    std::vector<std::pair<HeldCall*, grpc::Status>> calls;
+    std::vector<WatchReactor*> streams;  // each finishes as it decided (answer or status)
+    std::vector<std::pair<bool, std::string>> logs;  // (warning?, line)
+    void emplace_back(HeldCall* c, grpc::Status st) { calls.emplace_back(c, std::move(st)); }
+    void Info(std::string line) { logs.emplace_back(false, std::move(line)); }
+    void Warn(std::string line) { logs.emplace_back(true, std::move(line)); }
+    bool empty() const { return calls.empty() && streams.empty() && logs.empty(); }
+  };
 
   grpc::Status CheckToken(grpc::CallbackServerContext* ctx, const char* rpc);
   // The token, then the message size: the first refusal, logged with the peer.

@@ -105,7 +105,9 @@ class AgentTest : public ::testing::Test {
 TEST_F(AgentTest, TheEarlyFailureReportDoesNotHoldUpTheGroup) {
   TempDir dir;
   const std::string pids = dir / "pids";
-  AgentOptions o = Options(2, {"--pid-file", pids, "--fail-rank", "1", "3", "--ignore-sigterm", "--sleep", "0"});
+  // Both ignore SIGTERM and are running before rank 1 fails.
+  AgentOptions o = Options(2, {"--ignore-sigterm", "--pid-file", pids, "--wait-lines", pids, "2", "--fail-rank", "1",
+                               "3", "--sleep", "0"});
   o.stop_timeout = std::chrono::milliseconds(200);
   FakeCoordinator coord;
   std::atomic<bool> survivor_died_while_report_waited{false};

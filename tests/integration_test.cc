@@ -13,6 +13,7 @@
 #include <set>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -65,6 +66,20 @@ std::vector<int> ListeningTcpPorts(pid_t pid) {
     ports.push_back(std::stoi(f[1].substr(f[1].find(':') + 1), nullptr, 16));
   }
   return ports;
+}
+
+// Live processes (zombies excluded) with `arg` among their arguments.
+std::vector<pid_t> ProcessesWithArg(const std::string& arg) {
+  std::vector<pid_t> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    pid_t pid = 0;
+    if (!absl::SimpleAtoi(e.path().filename().string(), &pid)) continue;
+    const std::string cmdline = ReadFile(e.path().string() + "/cmdline");
+    for (absl::string_view a : absl::StrSplit(cmdline, '\0')) {
+      if (a == arg && ProcessAlive(pid)) out.push_back(pid);
+    }
+  }
+  return out;
 }
 
 bool AllDead(const std::vector<pid_t>& pids) {
@@ -629,25 +644,22 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"tls_cert_without_key", {"--tls-cert", "@cert.pem"}, "needs --tls-key"}),
     [](const auto& info) { return info.param.name; });
 
-// Running out of descriptors part-way through starting 16 workers: the ones already started were
-// left running (and the exit was 2, "bad input"). Now they are killed and reaped, and launch
-// exits 1. The limit at which launch fails mid-way depends on what it has open, so it is searched.
+// A start failure part-way through (it was running out of descriptors, which launch now checks
+// before it starts anything) left the workers already started running, and exited 2, "bad input".
+// Here local rank 3's program does not exist ("${local_rank}" in the program's path): ranks 0-2
+// are killed and reaped, and launch exits 1.
 TEST(Launch, WorkersStartedBeforeAStartFailureAreStopped) {
-  bool exercised = false;
-  for (int limit = 20; limit <= 80 && !exercised; limit += 4) {
-    TempDir dir;
-    auto r = RunCmd({"/bin/sh", "-c", "ulimit -n " + std::to_string(limit) + "; exec \"$0\" \"$@\"", kLaunch,
-                     "--nproc-per-node=16", kWorker, "--pid-file", dir / "pids", "--sleep", "0"},
-                    {}, std::chrono::seconds(30));
-    ASSERT_FALSE(r.timed_out) << "limit " << limit << ": " << r.err;
-    std::vector<pid_t> pids = ReadPids(dir / "pids");
-    if (r.exit_code == 0 || pids.empty()) continue;  // failed before any worker, or never
-    exercised = true;
-    EXPECT_EQ(r.exit_code, 1) << "limit " << limit << ": " << r.err;
-    EXPECT_THAT(r.err, HasSubstr("cannot run the workers: "));
-    EXPECT_TRUE(AllDead(pids)) << "limit " << limit << ": a worker started before the failure is still running";
+  TempDir dir;
+  for (const std::string name : {"w${local_rank}", "w0", "w1", "w2"}) {
+    ASSERT_EQ(::symlink(kWorker.c_str(), (dir / name).c_str()), 0) << name;
   }
-  EXPECT_TRUE(exercised) << "no descriptor limit made launch fail after starting some workers";
+  auto r = RunCmd({kLaunch, "--nproc-per-node=4", dir / "w${local_rank}", "--pid-file", dir / "pids", "--sleep", "0"},
+                  {}, std::chrono::seconds(30));
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("cannot run the workers: cannot start '" + dir / "w3" + "'"));
+  // No process of the three started workers is left (found by their command lines).
+  EXPECT_EQ(ProcessesWithArg(dir / "pids"), std::vector<pid_t>{});
 }
 
 // An fd 7 opened by the calling shell reached the worker; torchrun's workers have only 0, 1, 2.
