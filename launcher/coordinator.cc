@@ -663,6 +663,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
   return s;
 }
 
+std::shared_ptr<grpc::Channel> CoordinatorServer::InProcessChannel() {
+  return server_->InProcessChannel(grpc::ChannelArguments());
+}
+
 CoordinatorServer::~CoordinatorServer() {
   if (leases_) leases_->Stop();
   if (service_) service_->Shutdown();

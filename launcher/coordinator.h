@@ -138,6 +138,8 @@ class CoordinatorServer {
   int port() const { return port_; }
   std::string address() const { return address_; }
   CoordinatorService* service() { return service_.get(); }
+  // A channel to this server inside the process (no socket): for fuzzing the RPC handlers.
+  std::shared_ptr<grpc::Channel> InProcessChannel();
 
  private:
   CoordinatorServer() = default;

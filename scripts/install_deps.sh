@@ -13,4 +13,5 @@ apt-get install -y -q --no-install-recommends \
   libyaml-cpp-dev libspdlog-dev libcli11-dev libabsl-dev \
   libgtest-dev libgmock-dev \
   libtorch-dev libgloo-dev libopenblas0-pthread python3-torch \
-  libssl-dev iproute2 procps openssl
+  libssl-dev iproute2 procps openssl \
+  clang-14 libclang-rt-14-dev

@@ -2,8 +2,10 @@
 # Installs the dependencies, builds everything and runs every test (the README's test command):
 # the whole suite against Debian 12's LibTorch 1.13 (build/), then against Debian 13's LibTorch 2.6
 # in a cached Debian 13 root (build-torch2/, scripts/test_torch2.sh), then the CUDA LibTorch 2.6
-# compile-and-link check (build-cuda/, scripts/build_cuda.sh). Each part runs whatever the others
-# did; the script fails, naming the parts that failed, if any did.
+# compile-and-link check (build-cuda/, scripts/build_cuda.sh), then the sanitizer builds
+# (build-asan/, build-tsan/: scripts/test_sanitizers.sh) and the fuzz targets (build-fuzz/:
+# scripts/test_fuzz.sh). Each part runs whatever the others did; the script fails, naming the parts
+# that failed, if any did.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
@@ -31,9 +33,15 @@ took "LibTorch 2.6" $start
 start=$SECONDS
 bash scripts/build_cuda.sh || failed+=("CUDA LibTorch 2.6 compile and link")
 took "the CUDA build" $start
+start=$SECONDS
+bash scripts/test_sanitizers.sh || failed+=("sanitizers (ASan+UBSan, TSan)")
+took "the sanitizer runs" $start
+start=$SECONDS
+bash scripts/test_fuzz.sh || failed+=("fuzz targets")
+took "the fuzz runs" $start
 
 if [ ${#failed[@]} -gt 0 ]; then
   printf 'test.sh: FAILED: %s\n' "${failed[@]}" >&2
   exit 1
 fi
-echo "test.sh: all passed (LibTorch $torch1, LibTorch 2.6, CUDA LibTorch 2.6 build)"
+echo "test.sh: all passed (LibTorch $torch1, LibTorch 2.6, CUDA LibTorch 2.6 build, sanitizers, fuzzers)"
