@@ -2,6 +2,7 @@
 // fake clock and no sleeps.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 
 namespace launch {
@@ -18,13 +19,14 @@ class SystemClock : public Clock {
   TimePoint Now() const override { return std::chrono::steady_clock::now(); }
 };
 
+// Moved only by Advance; safe to read from other threads (a coordinator's gRPC threads).
 class FakeClock : public Clock {
  public:
-  TimePoint Now() const override { return now_; }
-  void Advance(std::chrono::nanoseconds d) { now_ += d; }
+  TimePoint Now() const override { return TimePoint(TimePoint::duration(now_.load())); }
+  void Advance(std::chrono::nanoseconds d) { now_ += std::chrono::duration_cast<TimePoint::duration>(d).count(); }
 
  private:
-  TimePoint now_{};
+  std::atomic<TimePoint::rep> now_{0};
 };
 
 // Seconds as a double, for durations in logs and summaries.

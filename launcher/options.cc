@@ -132,7 +132,9 @@ absl::Status FlattenYaml(const std::string& file, const YAML::Node& map, const s
   for (auto it = map.begin(); it != map.end(); ++it) {
     std::string name = it->first.as<std::string>();
     std::string key = absl::StrReplaceAll(absl::StrCat(prefix, name), {{"-", "_"}});
-    const YAML::Node& value = it->second;
+    // A copy (a YAML::Node is a handle): `it->second` is a member of a temporary (AddressSanitizer
+    // found the reference to it used after its scope).
+    const YAML::Node value = it->second;
     const std::string origin = YamlOrigin(file, it->first, key);
     const OptionDef* def = FindOption(key);
     if (value.IsMap() && !def) {

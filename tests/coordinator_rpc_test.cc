@@ -26,10 +26,10 @@ using ::testing::HasSubstr;
 
 class CoordinatorRpc : public ::testing::Test {
  protected:
-  void Start(const std::string& token = "") {
+  void Start(const std::string& token = "", const Clock* clock = nullptr) {
     SecurityOptions security;
     security.token = token;
-    auto server = CoordinatorServer::Start("127.0.0.1:0", CoordinatorOptions{}, security, &clock_);
+    auto server = CoordinatorServer::Start("127.0.0.1:0", CoordinatorOptions{}, security, clock ? clock : &clock_);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
     grpc::ChannelArguments args;
@@ -60,6 +60,7 @@ class CoordinatorRpc : public ::testing::Test {
   }
 
   SystemClock clock_;
+  FakeClock fake_;  // for timing tests: moved only by the test
   std::unique_ptr<CoordinatorServer> server_;
   std::unique_ptr<v1::Rendezvous::Stub> stub_;
 };
@@ -262,7 +263,7 @@ bool Eventually(const std::function<bool()>& cond) {
 }
 
 TEST_F(CoordinatorRpc, LeaseDatagramsRenewTheLeaseAndForgeriesAndReplaysDoNot) {
-  Start();
+  Start("", &fake_);  // lease ages move only when the test says
   // A two-node run: node b's datagrams mark how far the coordinator has read.
   v1::JoinResponse ra, rb;
   auto join2 = [&](const std::string& node, v1::JoinResponse* r) {
@@ -285,23 +286,25 @@ TEST_F(CoordinatorRpc, LeaseDatagramsRenewTheLeaseAndForgeriesAndReplaysDoNot) {
   auto send = [&](const std::string& node, uint64_t seq, const std::string& key) {
     udp.Send(*EncodeLeaseBeat(LeaseBeat{"job", node, a.round(), seq}, key));
   };
-  // Let both leases age, then renew a's: it is fresh again, b's is not.
-  ASSERT_TRUE(Eventually([&] { return SecondsSinceLease(stub_.get(), "b") >= 0.2; }));
+  // Both leases age 0.3 s; a datagram renews a's: a is fresh again (age 0 on the fake clock), b
+  // is not.
+  fake_.Advance(std::chrono::milliseconds(300));
   send("a", 1, a.lease_key());
-  ASSERT_TRUE(Eventually([&] { return SecondsSinceLease(stub_.get(), "a") < 0.1; }));
-  EXPECT_GE(SecondsSinceLease(stub_.get(), "b"), 0.2);
-  // A forged datagram (another key) and a replayed one for a, then a genuine one for b: once b
-  // is renewed, the two before it have been read, and a's lease must not have moved.
-  ASSERT_TRUE(Eventually([&] { return SecondsSinceLease(stub_.get(), "a") >= 0.2; }));
+  ASSERT_TRUE(Eventually([&] { return SecondsSinceLease(stub_.get(), "a") == 0; }));
+  EXPECT_DOUBLE_EQ(SecondsSinceLease(stub_.get(), "b"), 0.3);
+  // A forged datagram (another key), a replayed one, and one signed with b's key, all for a; then
+  // a genuine one for b: once b is renewed, the three before it have been read, and a's lease
+  // must not have moved.
+  fake_.Advance(std::chrono::milliseconds(300));
   send("a", 2, std::string(kLeaseKeyBytes, 'k'));
   send("a", 1, a.lease_key());
   send("a", 99, rb.assignment().lease_key());  // b's key signs nothing for a
   send("b", 1, rb.assignment().lease_key());
-  ASSERT_TRUE(Eventually([&] { return SecondsSinceLease(stub_.get(), "b") < 0.1; }));
-  EXPECT_GE(SecondsSinceLease(stub_.get(), "a"), 0.2);
+  ASSERT_TRUE(Eventually([&] { return SecondsSinceLease(stub_.get(), "b") == 0; }));
+  EXPECT_DOUBLE_EQ(SecondsSinceLease(stub_.get(), "a"), 0.3);
   // The next genuine one for a renews it.
   send("a", 2, a.lease_key());
-  ASSERT_TRUE(Eventually([&] { return SecondsSinceLease(stub_.get(), "a") < 0.1; }));
+  ASSERT_TRUE(Eventually([&] { return SecondsSinceLease(stub_.get(), "a") == 0; }));
 }
 
 TEST_F(CoordinatorRpc, NoDatagramsByTheThirdHeartbeatMeansHeartbeatOnTheStream) {

@@ -9,8 +9,14 @@ trap 'rm -rf "$tmp"' EXIT
 cmake --install "$build_dir" --prefix "$tmp/prefix" > "$tmp/install.log"
 test -f "$tmp/prefix/lib/cmake/LaunchSDK/LaunchSDKConfig.cmake"
 test -f "$tmp/prefix/include/launch_sdk/ddp.h"
-cmake -S "$src_dir/examples/external_project" -B "$tmp/ext" -G Ninja -DCMAKE_PREFIX_PATH="$tmp/prefix" > "$tmp/configure.log"
-cmake --build "$tmp/ext" > "$tmp/build.log"
+# A step that fails shows its log.
+run_logged() {
+  local log=$1
+  shift
+  "$@" > "$log" 2>&1 || { cat "$log" >&2; echo "sdk_install_test.sh: failed: $*" >&2; exit 1; }
+}
+run_logged "$tmp/configure.log" cmake -S "$src_dir/examples/external_project" -B "$tmp/ext" -G Ninja -DCMAKE_PREFIX_PATH="$tmp/prefix"
+run_logged "$tmp/build.log" cmake --build "$tmp/ext"
 out=$("$build_dir/bin/launch" --nproc-per-node=2 "$tmp/ext/allreduce_hello")
 echo "$out"
 grep -q '^\[0\]:rank 0 of 2 on gloo: allreduce=3$' <<<"$out"
