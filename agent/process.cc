@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -59,16 +60,25 @@ absl::StatusOr<std::string> ResolveExecutable(const std::string& program,
 absl::StatusOr<pid_t> PosixProcessLauncher::Spawn(const SpawnOptions& opts) {
   if (opts.argv.empty()) return absl::InvalidArgumentError("empty argv");
   // Everything the child touches is prepared before vfork: the child shares our memory until it
-  // execs, so it makes only system calls and reports a failed exec through `child_errno`.
+  // execs, so it makes only system calls. A failed step is reported as its errno on a
+  // close-on-exec pipe: EOF means the exec happened. (Not through shared memory: where vfork is a
+  // fork, as under ThreadSanitizer, a failed exec looked like a started worker.)
   // (vfork, not fork: copying the page tables of a large threaded process cost ~2 ms per worker.)
   std::vector<char*> argv = CStrings(opts.argv);
   std::vector<char*> envp = CStrings(opts.env);
   const char* cwd = opts.cwd.empty() ? nullptr : opts.cwd.c_str();
   const pid_t parent = ::getpid();
-  volatile int child_errno = 0;
   if (opts.extra_fd >= 0 && opts.extra_fd_target <= STDERR_FILENO) {
     return absl::InvalidArgumentError("the extra descriptor's target must be above 2");
   }
+  Pipe status;
+  if (!MakePipe(&status)) return ErrnoStatus("pipe");
+  // The write end above every number the child gives a descriptor, so no dup2 lands on it.
+  const int above = std::max(STDERR_FILENO, opts.extra_fd >= 0 ? opts.extra_fd_target : 0) + 1;
+  UniqueFd status_write(::fcntl(status.write.get(), F_DUPFD_CLOEXEC, above));
+  if (!status_write.valid()) return ErrnoStatus("fcntl(F_DUPFD_CLOEXEC)");
+  status.write.Reset();
+  const int status_fd = status_write.get();
   // Nothing may be delivered to the child between vfork and exec (it runs on our stack): every
   // signal is blocked around vfork, as posix_spawn does, and the parent's mask restored after.
   sigset_t all, saved;
@@ -82,9 +92,11 @@ absl::StatusOr<pid_t> PosixProcessLauncher::Spawn(const SpawnOptions& opts) {
     return ErrnoStatus("vfork", err);
   }
   if (pid == 0) {
-    // A failed step ends the child with its errno for the parent to report.
-    auto fail = [&child_errno]() {
-      child_errno = errno;
+    // A failed step ends the child with its errno on the status pipe for the parent to report.
+    auto fail = [status_fd]() {
+      const int err = errno;
+      ssize_t n = ::write(status_fd, &err, sizeof err);
+      (void)n;
       ::_exit(127);
     };
     if (opts.new_process_group) ::setpgid(0, 0);
@@ -128,18 +140,23 @@ absl::StatusOr<pid_t> PosixProcessLauncher::Spawn(const SpawnOptions& opts) {
     if (opts.stdin_fd >= 0) give(opts.stdin_fd, STDIN_FILENO);
     if (opts.stdout_fd >= 0) give(opts.stdout_fd, STDOUT_FILENO);
     if (opts.stderr_fd >= 0) give(opts.stderr_fd, STDERR_FILENO);
-    int first_closed = STDERR_FILENO + 1;
-    if (opts.extra_fd >= 0) {
-      give(opts.extra_fd, opts.extra_fd_target);
-      if (opts.extra_fd_target != first_closed) {
-        if (::close_range(first_closed, opts.extra_fd_target - 1, 0) != 0 && errno != ENOSYS) fail();
+    if (opts.extra_fd >= 0) give(opts.extra_fd, opts.extra_fd_target);
+    // Everything else is closed: the gaps around the extra descriptor and the status pipe (which
+    // closes itself at exec).
+    auto close_from_to = [&fail](int lo, int hi) {
+      if (lo > hi) return;
+      if (::close_range(static_cast<unsigned>(lo), static_cast<unsigned>(hi), 0) != 0) {
+        if (errno != ENOSYS) fail();
+        for (int fd = lo; fd <= hi && fd < 65536; ++fd) ::close(fd);  // kernels before 5.9
       }
-      first_closed = opts.extra_fd_target + 1;
+    };
+    int next = STDERR_FILENO + 1;
+    if (opts.extra_fd >= 0) {
+      close_from_to(next, opts.extra_fd_target - 1);
+      next = opts.extra_fd_target + 1;
     }
-    if (::close_range(first_closed, ~0U, 0) != 0) {
-      if (errno != ENOSYS) fail();
-      for (int fd = first_closed; fd < 65536; ++fd) ::close(fd);  // kernels before 5.9
-    }
+    close_from_to(next, status_fd - 1);
+    close_from_to(status_fd + 1, ~0U >> 1);
     if (cwd && ::chdir(cwd) != 0) fail();
     sigset_t none;
     sigemptyset(&none);
@@ -148,8 +165,16 @@ absl::StatusOr<pid_t> PosixProcessLauncher::Spawn(const SpawnOptions& opts) {
     fail();
   }
   ::pthread_sigmask(SIG_SETMASK, &saved, nullptr);
-  // The child has exec'd or exited by now.
   if (opts.new_process_group) ::setpgid(pid, pid);  // harmless if the child did it already
+  // EOF: the exec closed the pipe. An errno: the step that failed.
+  status_write.Reset();
+  int child_errno = 0;
+  for (;;) {
+    ssize_t n = ::read(status.read.get(), &child_errno, sizeof child_errno);
+    if (n < 0 && errno == EINTR) continue;
+    if (n != static_cast<ssize_t>(sizeof child_errno)) child_errno = 0;
+    break;
+  }
   if (child_errno != 0) {
     int status;
     ::waitpid(pid, &status, 0);
