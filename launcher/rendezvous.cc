@@ -137,6 +137,13 @@ absl::Status Rendezvous::Join(const v1::JoinRequest& req) {
       if (w.join.node().node_id() == id) w.join = req;
     return absl::OkStatus();
   }
+  // Every place of the round being formed is taken (a spare took the place of a node that left or
+  // was lost, and that node is back): it waits as a spare, a member of the last round too. (The
+  // fuzzer found a member exempt here: the round formed with more than MAX nodes.)
+  if (static_cast<int>(waiting_.size()) >= config_.max_nodes) {
+    AddSpare(req);
+    return absl::OkStatus();
+  }
   // A newcomer does not take the place of a live node of the last round that has yet to re-join.
   if (!member && static_cast<int>(waiting_.size()) + LiveMembersNotWaiting() >= config_.max_nodes) {
     AddSpare(req);

@@ -221,6 +221,31 @@ TEST(Rendezvous, TimeTheCoordinatorDidNotRunDoesNotCountAgainstLeases) {
   EXPECT_NE(r.reason().find("lost node b"), std::string::npos) << r.reason();
 }
 
+// Found by fuzz_rendezvous (kept in its corpus as rendezvous/regression-member-beyond-max): with
+// --nnodes 1, a leaves, the spare b takes its place, and a joins again before the round formed. a
+// was let in as a member of the last round and the round formed with 2 nodes. Now a waits as a
+// spare and the round has b alone.
+TEST(Rendezvous, ANodeBackAfterASpareTookItsPlaceWaitsAsASpare) {
+  FakeClock clock;
+  Rendezvous r("job", Elastic(1, 1, 2), &clock);
+  ASSERT_TRUE(r.Join(JoinOf("a", 1, 1)).ok());
+  ASSERT_TRUE(r.Join(JoinOf("b", 1, 2)).ok());
+  EXPECT_TRUE(r.IsSpare("b"));
+  v1::ReportExitRequest leave = Report("a", 1, true);
+  leave.set_group_succeeded(false);
+  leave.set_leaving(true);
+  r.ReportExit(leave);
+  ASSERT_EQ(r.phase(), Rendezvous::Phase::kWaiting);
+  ASSERT_TRUE(r.Join(JoinOf("a", 1, 1, 1)).ok());
+  EXPECT_TRUE(r.IsSpare("a"));
+  r.Tick();
+  ASSERT_EQ(r.phase(), Rendezvous::Phase::kRunning);
+  auto b = r.AssignmentFor("b", 1);
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->group_world_size(), 1);
+  EXPECT_FALSE(r.AssignmentFor("a", 1).has_value());
+}
+
 TEST(Rendezvous, BelowMinAfterALossFailsAtTheJoinTimeoutNamingTheLostNode) {
   FakeClock clock;
   Rendezvous r("job", Elastic(2, 2), &clock);

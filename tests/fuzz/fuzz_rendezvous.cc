@@ -4,6 +4,7 @@
 // node count within MIN:MAX, rank offsets the sum of the nodes before, one world size, one master,
 // a restart count within the budget. A broken invariant aborts (a finding).
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <string>
@@ -23,9 +24,15 @@ class Input {
   size_t n_, i_ = 0;
 };
 
-void Check(bool ok) {
-  if (!ok) std::abort();
-}
+// A broken invariant: says which, with the round, then aborts (FUZZ_TRACE=1 prints every event).
+#define Check(cond)                                                                \
+  do {                                                                            \
+    if (!(cond)) {                                                                \
+      std::fprintf(stderr, "fuzz_rendezvous: invariant broken: %s (line %d); round %ld\n", #cond, \
+                   __LINE__, r.round());                                          \
+      std::abort();                                                               \
+    }                                                                             \
+  } while (0)
 
 void CheckRound(const launch::Rendezvous& r, const std::map<std::string, int>& local_sizes) {
   if (r.phase() != launch::Rendezvous::Phase::kRunning || r.reattached()) return;
@@ -71,6 +78,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   launch::Rendezvous r("job", cfg, &clock);
   std::map<std::string, int> local_sizes;  // what each node last joined with
   uint64_t seq = 0;
+  static const bool trace = std::getenv("FUZZ_TRACE") != nullptr;
   while (in.more()) {
     const uint8_t op = in.next() % 7;
     const std::string id = std::string("node") + static_cast<char>('a' + in.next() % 6);
@@ -127,6 +135,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         r.ForgivePause(std::chrono::milliseconds(10 * in.next()));
         (void)r.Tick();
         break;
+    }
+    if (trace) {
+      std::fprintf(stderr, "op %d %s round %ld phase %d t=%lld\n", op, id.c_str(), r.round(), static_cast<int>(r.phase()),
+                   static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(clock.Now().time_since_epoch()).count()));
     }
     CheckRound(r, local_sizes);
     (void)r.Status();
