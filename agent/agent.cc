@@ -53,7 +53,9 @@ v1::WorkerExit ToProto(const WorkerResult& w) {
   e.set_exit_code(w.exit_code);
   e.set_signal(w.signal);
   e.set_run_seconds(w.run_seconds);
-  e.set_error_message(w.error_message);
+  // Bounded on the wire (an exception's message can be a whole tensor's repr): the coordinator
+  // refuses messages over 1 MiB, and the first lines are what the failure line shows.
+  e.set_error_message(w.error_message.substr(0, kMaxWireErrorMessage));
   return e;
 }
 

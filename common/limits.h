@@ -31,5 +31,7 @@ inline constexpr int kMaxNodes = 16384;
 // address (a DNS name is at most 253 bytes), as they travel in RPCs and lease datagrams.
 inline constexpr size_t kMaxNodeIdLength = 255;
 inline constexpr size_t kMaxHostLength = 255;
+// A worker's error-file message as an agent reports it to the coordinator.
+inline constexpr size_t kMaxWireErrorMessage = 16 * 1024;
 
 }  // namespace launch
