@@ -13,32 +13,27 @@ bash scripts/install_deps.sh
 export LAUNCH_TEST_REQUIRE_TORCH=1
 failed=()
 
-took() { echo "test.sh: $1 took $((SECONDS - $2)) s"; }
+# part NAME COMMAND...: runs one part, records it as failed when it fails, prints its time.
+part() {
+  local name=$1 start=$SECONDS
+  shift
+  "$@" || failed+=("$name")
+  echo "test.sh: $name took $((SECONDS - start)) s"
+}
 
 torch1=$(dpkg-query -W -f='${Version}' libtorch-dev)
-echo "test.sh: LibTorch $torch1 (Debian 12), build/"
-start=$SECONDS
-if cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo && cmake --build build -j "$(nproc)" &&
-   ctest --test-dir build --output-on-failure -j "$(nproc)" --timeout 300; then
-  echo "test.sh: every test passed against LibTorch $torch1"
-else
-  echo "test.sh: FAILED against LibTorch $torch1 (Debian 12), build/" >&2
-  failed+=("LibTorch $torch1 (Debian 12)")
-fi
-took "LibTorch $torch1" $start
+test_torch1() {
+  echo "test.sh: LibTorch $torch1 (Debian 12), build/"
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo && cmake --build build -j "$(nproc)" &&
+    ctest --test-dir build --output-on-failure -j "$(nproc)" --timeout 300 &&
+    echo "test.sh: every test passed against LibTorch $torch1"
+}
 
-start=$SECONDS
-bash scripts/test_torch2.sh || failed+=("LibTorch 2.6 (Debian 13 root)")
-took "LibTorch 2.6" $start
-start=$SECONDS
-bash scripts/build_cuda.sh || failed+=("CUDA LibTorch 2.6 compile and link")
-took "the CUDA build" $start
-start=$SECONDS
-bash scripts/test_sanitizers.sh || failed+=("sanitizers (ASan+UBSan, TSan)")
-took "the sanitizer runs" $start
-start=$SECONDS
-bash scripts/test_fuzz.sh || failed+=("fuzz targets")
-took "the fuzz runs" $start
+part "LibTorch $torch1 (Debian 12)" test_torch1
+part "LibTorch 2.6 (Debian 13 root)" bash scripts/test_torch2.sh
+part "CUDA LibTorch 2.6 compile and link" bash scripts/build_cuda.sh
+part "sanitizers (ASan+UBSan, TSan)" bash scripts/test_sanitizers.sh
+part "fuzz targets" bash scripts/test_fuzz.sh
 
 if [ ${#failed[@]} -gt 0 ]; then
   printf 'test.sh: FAILED: %s\n' "${failed[@]}" >&2
