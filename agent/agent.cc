@@ -84,7 +84,7 @@ int Agent::WaitSignalOr(int fd, std::optional<std::chrono::milliseconds> timeout
     int n = ::poll(p, fd >= 0 ? 2 : 1, wait_ms);
     while (int sig = signals_->Read()) {
       if (sig == SIGCHLD) {
-        while (::waitpid(-1, nullptr, WNOHANG) > 0) {  // late orphans reparented to us
+        while (launcher_->ReapAny()) {  // late orphans reparented to us
         }
         continue;
       }
@@ -408,7 +408,7 @@ int Agent::Run() {
       return 1;
     }
     WorkerGroup::Options gopts;
-    gopts.stop_timeout = opts_.stop_timeout;
+    gopts.stop = StopEscalation::TermThenKill(opts_.stop_timeout);
     gopts.stop_fd = watch.fd();
     // Tell the coordinator at once, not after the group has stopped, so the other nodes stop
     // now; on a thread of its own, so the call never holds up the group's supervision.
@@ -431,7 +431,7 @@ int Agent::Run() {
       cleanup();
       return 1;
     }
-    if (outcome->kind == GroupOutcome::kFailed) {
+    if (outcome->kind == GroupEnd::kFailed) {
       // The root cause first: the coordinator keeps the first exit of the job's first report.
       *report.add_exits() = ToProto(outcome->workers[outcome->root_cause]);
       for (int i = 0; i < static_cast<int>(outcome->workers.size()); ++i)
@@ -439,7 +439,7 @@ int Agent::Run() {
     }
 
     switch (outcome->kind) {
-      case GroupOutcome::kSucceeded: {
+      case GroupEnd::kSucceeded: {
         move(GroupEvent::kAllSucceeded);
         report.set_group_succeeded(true);
         auto verdict = Report(report, *assignment, &sig);
@@ -487,7 +487,7 @@ int Agent::Run() {
         spdlog::info("another node started a new round: re-joining");
         continue;
       }
-      case GroupOutcome::kInterrupted: {
+      case GroupEnd::kInterrupted: {
         move(GroupEvent::kSignal);
         move(GroupEvent::kAllStopped);
         move(GroupEvent::kSignal);
@@ -497,7 +497,7 @@ int Agent::Run() {
         cleanup();
         return 128 + outcome->signal;
       }
-      case GroupOutcome::kCoordinatorStop: {
+      case GroupEnd::kCoordinatorStop: {
         move(GroupEvent::kCoordinatorStop);
         move(GroupEvent::kAllStopped);
         const v1::HeartbeatResponse why = watch.answer();
@@ -526,7 +526,7 @@ int Agent::Run() {
                      why.reason().empty() ? "" : why.reason() + ")");
         continue;
       }
-      case GroupOutcome::kFailed:
+      case GroupEnd::kFailed:
         break;
     }
     move(GroupEvent::kWorkerFailed);

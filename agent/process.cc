@@ -194,7 +194,31 @@ std::string SignalName(int sig) {
   return absl::StrCat("signal ", sig);
 }
 
-bool ProcessGroupAlive(pid_t pgid) { return ::kill(-pgid, 0) == 0 || errno == EPERM; }
+void PosixProcessLauncher::SignalGroup(pid_t pgid, int sig) {
+  if (pgid > 0) ::kill(-pgid, sig);
+}
+
+bool PosixProcessLauncher::GroupAlive(pid_t pgid) { return pgid > 0 && (::kill(-pgid, 0) == 0 || errno == EPERM); }
+
+std::optional<ChildExit> PosixProcessLauncher::ReapAny() {
+  int status = 0;
+  pid_t pid;
+  while ((pid = ::waitpid(-1, &status, WNOHANG)) < 0 && errno == EINTR) {
+  }
+  if (pid <= 0) return std::nullopt;
+  ChildExit e;
+  e.pid = pid;
+  if (WIFEXITED(status)) e.exit_code = WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) e.signal = WTERMSIG(status);
+  return e;
+}
+
+void PosixProcessLauncher::KillAndReap(pid_t pid) {
+  if (pid <= 0) return;
+  ::kill(-pid, SIGKILL);
+  while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+  }
+}
 
 // ---- OrphanGuard ----
 

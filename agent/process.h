@@ -5,6 +5,7 @@
 #include <sys/types.h>
 
 #include <csignal>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,16 +30,42 @@ struct SpawnOptions {
   int guard_fd = -1;
 };
 
+// How a child ended.
+struct ChildExit {
+  pid_t pid = -1;
+  int exit_code = 0;  // valid when signal == 0
+  int signal = 0;
+};
+
+// Every way the agent acts on processes: start, signal, reap, look for leftovers. A fake stands in
+// for tests of the worker group and the agent that run without processes.
 class ProcessLauncher {
  public:
   virtual ~ProcessLauncher() = default;
   // Returns the pid once the child has exec'd; an exec failure is an error, not a child.
   virtual absl::StatusOr<pid_t> Spawn(const SpawnOptions& opts) = 0;
+  // Sends `sig` to every process in process group `pgid` (a worker's pid: it leads its group).
+  virtual void SignalGroup(pid_t pgid, int sig) = 0;
+  // Whether any process is left in process group `pgid`.
+  virtual bool GroupAlive(pid_t pgid) = 0;
+  // One child that has ended, now reaped, or nullopt when none has; never waits. Orphans that
+  // were reparented to launch (a subreaper) come back here too.
+  virtual std::optional<ChildExit> ReapAny() = 0;
+  // SIGKILLs process group `pid` and waits for `pid` itself: the cleanup of a group that cannot
+  // go on.
+  virtual void KillAndReap(pid_t pid) = 0;
+  // Readable when a child may have ended, for a launcher whose children do not raise SIGCHLD on
+  // launch's signal fd; -1: SIGCHLD says so.
+  virtual int exit_fd() const { return -1; }
 };
 
 class PosixProcessLauncher : public ProcessLauncher {
  public:
   absl::StatusOr<pid_t> Spawn(const SpawnOptions& opts) override;
+  void SignalGroup(pid_t pgid, int sig) override;
+  bool GroupAlive(pid_t pgid) override;
+  std::optional<ChildExit> ReapAny() override;
+  void KillAndReap(pid_t pid) override;
 };
 
 // The path execve needs for `program`: as given when it contains '/', else searched on `path_env`.
@@ -48,9 +75,6 @@ absl::StatusOr<std::string> ResolveExecutable(const std::string& program,
 
 // "SIGTERM" for 15, "signal 99" for unknown numbers.
 std::string SignalName(int sig);
-
-// Whether any process is left in process group `pgid`.
-bool ProcessGroupAlive(pid_t pgid);
 
 // Kills every registered worker process group if launch dies, however it dies (kill -9 included):
 // a small helper process forked before any thread exists holds the read end of a pipe and, on

@@ -100,16 +100,15 @@ struct Slot {
 // no worker, zombie or stale guard entry (which could later SIGKILL a reused group id) is left.
 class StartedWorkers {
  public:
-  StartedWorkers(std::vector<Slot>* slots, OrphanGuard* guard) : slots_(slots), guard_(guard) {}
+  StartedWorkers(std::vector<Slot>* slots, ProcessLauncher* launcher, OrphanGuard* guard)
+      : slots_(slots), launcher_(launcher), guard_(guard) {}
   StartedWorkers(const StartedWorkers&) = delete;
   StartedWorkers& operator=(const StartedWorkers&) = delete;
   ~StartedWorkers() {
     for (Slot& s : *slots_) {
       if (s.pid <= 0) continue;
       if (!s.reaped) {
-        ::kill(-s.pid, SIGKILL);
-        while (::waitpid(s.pid, nullptr, 0) < 0 && errno == EINTR) {
-        }
+        launcher_->KillAndReap(s.pid);
         s.reaped = true;
       }
       Unregister(s);
@@ -122,6 +121,7 @@ class StartedWorkers {
 
  private:
   std::vector<Slot>* slots_;
+  ProcessLauncher* launcher_;
   OrphanGuard* guard_;
 };
 
@@ -133,6 +133,7 @@ constexpr uint64_t kProgressTag = 4ull << 40;
 constexpr uint64_t kConsoleTag = 5ull << 40;
 constexpr uint64_t kStdinTag = 6ull << 40;
 constexpr uint64_t kStdinPipeTag = 7ull << 40;
+constexpr uint64_t kExitTag = 8ull << 40;
 constexpr uint64_t kStderrBit = 1ull << 32;
 
 absl::StatusOr<UniqueFd> OpenLog(const std::string& path) {
@@ -245,22 +246,22 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
   }
 
   std::vector<Slot> slots(launches.size());
-  StartedWorkers started(&slots, guard_);
-  GroupOutcome outcome;
-  bool stopping = false;
+  StartedWorkers started(&slots, launcher_, guard_);
+  if (launcher_->exit_fd() >= 0) watch(launcher_->exit_fd(), kExitTag);
 
-  auto signal_all = [&](int sig) {
-    for (auto& s : slots)
-      if (s.pid > 0 && !s.group_gone) ::kill(-s.pid, sig);
-  };
-  auto kill_now = [&] { signal_all(SIGKILL); };
-  auto begin_stop = [&](GroupOutcome::Kind kind, int sig) {
-    if (stopping) return;
-    stopping = true;
-    outcome.kind = kind;
-    outcome.signal = kind == GroupOutcome::kInterrupted ? sig : 0;
-    signal_all(sig);
-    ArmTimer(stop_timer.get(), opts_.stop_timeout, false);
+  // Every decision is the supervisor's; this runs what it decides.
+  SupervisorState state;
+  auto apply = [&](const SupervisorEvent& event) {
+    const SupervisorStep step = Supervise(opts_.stop, state, event);
+    state = step.state;
+    const SupervisorActions& a = step.actions;
+    if (!a.warning.empty()) spdlog::warn("{}", a.warning);
+    if (a.signal_groups) {
+      for (auto& s : slots)
+        if (s.pid > 0 && !s.group_gone) launcher_->SignalGroup(s.pid, a.signal_groups);
+    }
+    if (a.arm_grace) ArmTimer(stop_timer.get(), *a.arm_grace, false);
+    if (a.report_failure >= 0 && opts_.on_failure) opts_.on_failure(slots[a.report_failure].result);
   };
 
   // Spawn every worker; a worker that cannot start stops those already started.
@@ -307,6 +308,7 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
     if (!pid.ok()) return pid.status();
     s.pid = *pid;
     s.result.pid = *pid;
+    ++state.running;
     if (in.write.valid()) {
       ::fcntl(in.write.get(), F_SETFL, O_NONBLOCK);
       stdin_relay.to_worker = std::move(in.write);
@@ -338,58 +340,41 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
   };
 
   auto reap = [&] {
-    for (;;) {
-      int status;
-      pid_t pid = ::waitpid(-1, &status, WNOHANG);
-      if (pid <= 0) break;
+    while (std::optional<ChildExit> exit = launcher_->ReapAny()) {
       for (size_t i = 0; i < slots.size(); ++i) {
         Slot& s = slots[i];
-        if (s.pid != pid) continue;
+        if (s.pid != exit->pid || s.reaped) continue;
         s.reaped = true;
         Clock::TimePoint now = clock_->Now();
         s.result.ended = now;
         s.result.run_seconds = SecondsBetween(s.start, now);
-        if (WIFEXITED(status)) s.result.exit_code = WEXITSTATUS(status);
-        if (WIFSIGNALED(status)) s.result.signal = WTERMSIG(status);
+        s.result.exit_code = exit->exit_code;
+        s.result.signal = exit->signal;
         if (s.result.failed()) {
           if (auto info = ReadErrorFile(s.launch->error_file); info.ok()) {
             s.result.error_message = info->message;
           }
-          if (!stopping) {
-            outcome.root_cause = static_cast<int>(i);
-            begin_stop(GroupOutcome::kFailed, SIGTERM);
-            if (opts_.on_failure) opts_.on_failure(s.result);
-          }
         }
+        apply(SupervisorEvent::Exited(static_cast<int>(i), s.result.failed()));
       }
       // Anything else is a worker's orphaned child, reparented to us (a subreaper): just reaped.
     }
   };
 
-  bool cleaning_leftovers = false;
   for (;;) {
     // Done when every worker is reaped and nothing is left in their process groups.
-    bool all_reaped = true;
-    for (const auto& s : slots) all_reaped &= s.reaped;
-    if (all_reaped) {
+    if (state.running == 0) {
       bool any_alive = false;
       for (auto& s : slots) {
-        if (!s.group_gone && !ProcessGroupAlive(s.pid)) s.group_gone = true;
-        any_alive |= !s.group_gone;
-      }
-      if (!any_alive) break;
-      if (!stopping && !cleaning_leftovers) {
-        // Workers exited but left processes in their groups: they would be orphans.
-        cleaning_leftovers = true;
-        for (auto& s : slots) {
-          if (!s.group_gone) {
-            spdlog::warn("rank {} exited but left processes in its group {}; stopping them",
-                         s.result.rank, s.pid);
-            ::kill(-s.pid, SIGTERM);
-          }
+        if (!s.group_gone && !launcher_->GroupAlive(s.pid)) s.group_gone = true;
+        if (s.group_gone) continue;
+        any_alive = true;
+        if (state.phase == SupervisorState::Phase::kRunning) {
+          spdlog::warn("rank {} exited but left processes in its group {}; stopping them", s.result.rank, s.pid);
         }
-        ArmTimer(stop_timer.get(), opts_.stop_timeout, false);
       }
+      apply(SupervisorEvent::GroupsChecked(!any_alive));
+      if (state.phase == SupervisorState::Phase::kDone) break;
     }
 
     // Workers shown on a backlogged console are not read (they wait in their writes) until it
@@ -436,29 +421,16 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
         while (int sig = signals_->Read()) {
           if (sig == SIGCHLD) {
             reap();
-          } else if (!stopping) {
-            spdlog::warn("got {}: forwarding it to the workers (again to kill at once)",
-                         SignalName(sig));
-            begin_stop(GroupOutcome::kInterrupted, sig);
           } else {
-            // The first forwarded signal said "again to kill at once": a second one of any kind
-            // does (and a SIGINT while a failure stops the group, as a user's Ctrl-C means).
-            const bool again = outcome.kind == GroupOutcome::kInterrupted;
-            if (!again) {
-              outcome.kind = GroupOutcome::kInterrupted;
-              outcome.signal = sig;
-            }
-            if (again || sig == SIGINT) {
-              spdlog::warn("{} while stopping: killing the workers now", SignalName(sig));
-              kill_now();
-            }
+            apply(SupervisorEvent::Signal(sig));
           }
         }
+      } else if (tag == kExitTag) {
+        DrainTimer(launcher_->exit_fd());
+        reap();
       } else if (tag == kStopTimerTag) {
         DrainTimer(stop_timer.get());
-        spdlog::warn("workers still running {} ms after the stop signal: sending SIGKILL",
-                     opts_.stop_timeout.count());
-        kill_now();
+        apply(SupervisorEvent::GraceOver());
       } else if (tag == kProgressTag) {
         launch_sdk::ProgressRecord rec;
         while (::recv(progress_read.get(), &rec, sizeof rec, 0) == static_cast<ssize_t>(sizeof rec)) {
@@ -491,29 +463,23 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
       } else if (tag == kCoordinatorTag) {
         // Level-triggered and never drained: seen once, then out of the set.
         ::epoll_ctl(ep.get(), EPOLL_CTL_DEL, opts_.stop_fd, nullptr);
-        if (!stopping) begin_stop(GroupOutcome::kCoordinatorStop, SIGTERM);
+        apply(SupervisorEvent::CoordinatorStop());
       } else {
         drain(slots[tag & 0xffffffff], (tag & kStderrBit) != 0, false);
       }
     }
   }
 
+  GroupOutcome outcome;
+  outcome.kind = state.end;
+  outcome.signal = state.end == GroupEnd::kInterrupted ? state.signal : 0;
+  outcome.root_cause = state.end == GroupEnd::kFailed ? state.root_cause : -1;
   for (auto& s : slots) {
     drain(s, false, true);
     drain(s, true, true);
     s.result.stderr_tail = s.err->tail();
     started.Unregister(s);
     outcome.workers.push_back(s.result);
-  }
-  if (!stopping) {
-    outcome.kind = GroupOutcome::kSucceeded;
-    for (size_t i = 0; i < outcome.workers.size(); ++i) {
-      if (outcome.workers[i].failed()) {  // can only be a leftover-cleanup race; still a failure
-        outcome.kind = GroupOutcome::kFailed;
-        outcome.root_cause = static_cast<int>(i);
-        break;
-      }
-    }
   }
   return outcome;
 }

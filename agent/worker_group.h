@@ -1,6 +1,7 @@
 // One attempt of the local worker group: spawn every worker, relay its output, see exits as they
 // happen (signalfd, no polling), stop the whole group on the first failure or on a signal
-// (SIGTERM to each worker's process group, SIGKILL after the grace), and say how it ended.
+// (SIGTERM to each worker's process group, SIGKILL after the grace), and say how it ended. What to
+// do on each event is decided by the pure GroupSupervisor; this is its shell of descriptors.
 #pragma once
 
 #include <sys/types.h>
@@ -14,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "agent/console.h"
+#include "agent/group_supervisor.h"
 #include "agent/process.h"
 #include "agent/signals.h"
 #include "common/clock.h"
@@ -70,8 +72,7 @@ struct WorkerResult {
 };
 
 struct GroupOutcome {
-  enum Kind { kSucceeded, kFailed, kInterrupted, kCoordinatorStop };
-  Kind kind = kSucceeded;
+  GroupEnd kind = GroupEnd::kSucceeded;
   int signal = 0;       // kInterrupted: the signal launch got
   int root_cause = -1;  // kFailed: index into workers of the first failure
   std::vector<WorkerResult> workers;
@@ -80,7 +81,8 @@ struct GroupOutcome {
 class WorkerGroup {
  public:
   struct Options {
-    std::chrono::milliseconds stop_timeout{30000};
+    // How the workers are stopped: SIGTERM, the grace (--stop-timeout), SIGKILL.
+    StopEscalation stop = StopEscalation::TermThenKill(std::chrono::seconds(30));
     // Readable when the coordinator wants the group stopped (-1: none).
     int stop_fd = -1;
     // Called as soon as a worker's failure is seen and the others are signalled (to tell the

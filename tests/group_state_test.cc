@@ -56,7 +56,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(FailureSummary, ListsFailedWorkersWithRootCause) {
   GroupOutcome o;
-  o.kind = GroupOutcome::kFailed;
+  o.kind = GroupEnd::kFailed;
   WorkerResult ok;
   ok.rank = 0;
   WorkerResult bad;

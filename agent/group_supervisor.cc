@@ -1,0 +1,115 @@
+#include "agent/group_supervisor.h"
+
+#include <algorithm>
+#include <csignal>
+
+#include "absl/strings/str_cat.h"
+#include "agent/process.h"
+
+namespace launch {
+
+StopEscalation StopEscalation::TermThenKill(std::chrono::milliseconds grace) {
+  return StopEscalation{{{SIGTERM, grace}, {SIGKILL, std::chrono::milliseconds(0)}}};
+}
+
+const char* SupervisorPhaseName(SupervisorState::Phase p) {
+  switch (p) {
+    case SupervisorState::Phase::kRunning: return "running";
+    case SupervisorState::Phase::kStopping: return "stopping";
+    case SupervisorState::Phase::kDone: return "done";
+  }
+  return "?";
+}
+
+namespace {
+
+using Phase = SupervisorState::Phase;
+using Kind = SupervisorEvent::Kind;
+
+// Takes the first stop step, sending `first_signal` (the step's own, or the signal launch got).
+void BeginStop(const StopEscalation& stop, GroupEnd end, int first_signal, SupervisorStep* out) {
+  out->state.phase = Phase::kStopping;
+  out->state.end = end;
+  out->state.next_step = 1;
+  out->actions.signal_groups = first_signal;
+  if (stop.steps.size() > 1) out->actions.arm_grace = stop.steps[0].grace;
+}
+
+int FirstSignal(const StopEscalation& stop) { return stop.steps.empty() ? SIGKILL : stop.steps.front().signal; }
+int LastSignal(const StopEscalation& stop) { return stop.steps.empty() ? SIGKILL : stop.steps.back().signal; }
+
+}  // namespace
+
+SupervisorStep Supervise(const StopEscalation& stop, const SupervisorState& state, const SupervisorEvent& event) {
+  SupervisorStep out{state, {}};
+  SupervisorState& s = out.state;
+  if (s.phase == Phase::kDone) return out;  // nothing is left to supervise
+  switch (event.kind) {
+    case Kind::kWorkerExited:
+      if (s.running > 0) --s.running;
+      if (s.phase == Phase::kRunning && event.failed) {
+        s.root_cause = event.worker;
+        BeginStop(stop, GroupEnd::kFailed, FirstSignal(stop), &out);
+        out.actions.report_failure = event.worker;
+      }
+      return out;
+
+    case Kind::kSignal:
+      if (s.phase == Phase::kRunning) {
+        s.signal = event.signal;
+        BeginStop(stop, GroupEnd::kInterrupted, event.signal, &out);  // forwarded as it came
+        out.actions.warning =
+            absl::StrCat("got ", SignalName(event.signal), ": forwarding it to the workers (again to kill at once)");
+        return out;
+      }
+      {
+        // The first forwarded signal said "again to kill at once": a second one of any kind does,
+        // and so does a Ctrl-C while a failure stops the group.
+        const bool again = s.end == GroupEnd::kInterrupted;
+        if (!again) {
+          s.end = GroupEnd::kInterrupted;
+          s.signal = event.signal;
+        }
+        if (again || event.signal == SIGINT) {
+          out.actions.signal_groups = LastSignal(stop);
+          out.actions.warning = absl::StrCat(SignalName(event.signal), " while stopping: killing the workers now");
+          s.next_step = stop.steps.size();
+        }
+      }
+      return out;
+
+    case Kind::kCoordinatorStop:
+      if (s.phase == Phase::kRunning) BeginStop(stop, GroupEnd::kCoordinatorStop, FirstSignal(stop), &out);
+      return out;
+
+    case Kind::kGraceOver: {
+      if (s.phase != Phase::kStopping) return out;  // a timer that fired as the stop ended
+      const size_t last = stop.steps.empty() ? 0 : stop.steps.size() - 1;
+      const size_t step = std::min(s.next_step, last);
+      const int sig = stop.steps.empty() ? SIGKILL : stop.steps[step].signal;
+      out.actions.signal_groups = sig;
+      if (step > 0) {
+        out.actions.warning = absl::StrCat("workers still running ", stop.steps[step - 1].grace.count(),
+                                           " ms after ", SignalName(stop.steps[step - 1].signal), ": sending ",
+                                           SignalName(sig));
+      }
+      if (step < last) out.actions.arm_grace = stop.steps[step].grace;
+      s.next_step = step + 1;
+      return out;
+    }
+
+    case Kind::kGroupsChecked:
+      if (s.running > 0) return out;
+      if (event.groups_empty) {
+        s.phase = Phase::kDone;
+      } else if (s.phase == Phase::kRunning) {
+        // Every worker exited but processes are left in their groups: they would be orphans. (The
+        // shell names the groups, which it knows.)
+        BeginStop(stop, s.end, FirstSignal(stop), &out);
+      }
+      return out;
+  }
+  return out;
+}
+
+}  // namespace launch

@@ -1,0 +1,86 @@
+// The worker group's supervision as a pure state machine: events in (a worker ended, launch got a
+// signal, the coordinator wants the group stopped, a grace period ran out), the next state and the
+// actions to take out. No processes, clocks or descriptors: WorkerGroup runs the actions.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace launch {
+
+// One step of stopping the group: send `signal` to every worker's process group, then give them
+// `grace` to end before the next step. The last step's grace is not used.
+struct StopStep {
+  int signal = 0;
+  std::chrono::milliseconds grace{0};
+};
+
+// How a group is stopped (reproc's stop actions): by default SIGTERM, the grace, then SIGKILL.
+// When launch itself is interrupted, the first step sends the signal launch got instead.
+struct StopEscalation {
+  std::vector<StopStep> steps;
+  static StopEscalation TermThenKill(std::chrono::milliseconds grace);
+};
+
+// How the group ended (or is ending).
+enum class GroupEnd { kSucceeded, kFailed, kInterrupted, kCoordinatorStop };
+
+struct SupervisorState {
+  enum class Phase {
+    kRunning,   // workers run; nothing asked them to stop
+    kStopping,  // stop steps are being taken (a failure, a signal, the coordinator, or leftovers)
+    kDone,      // every worker reaped and every worker's process group empty
+  };
+  Phase phase = Phase::kRunning;
+  GroupEnd end = GroupEnd::kSucceeded;
+  int signal = 0;             // kInterrupted: the signal launch got
+  int root_cause = -1;        // kFailed: the worker whose failure stopped the group
+  size_t next_step = 0;       // the escalation step the grace timer leads to
+  int running = 0;            // workers not yet reaped
+};
+
+struct SupervisorEvent {
+  enum class Kind {
+    kWorkerExited,     // `worker` was reaped; `failed`: non-zero exit or killed
+    kSignal,           // launch got `signal` (SIGINT, SIGTERM, SIGHUP, SIGQUIT)
+    kCoordinatorStop,  // another node failed, or a new round is forming
+    kGraceOver,        // the grace of the last stop step ran out
+    kGroupsChecked,    // every worker is reaped; `groups_empty`: nothing is left in their groups
+  };
+  Kind kind = Kind::kWorkerExited;
+  int worker = -1;
+  bool failed = false;
+  int signal = 0;
+  bool groups_empty = false;
+
+  static SupervisorEvent Exited(int worker, bool failed) { return {Kind::kWorkerExited, worker, failed, 0, false}; }
+  static SupervisorEvent Signal(int sig) { return {Kind::kSignal, -1, false, sig, false}; }
+  static SupervisorEvent CoordinatorStop() { return {Kind::kCoordinatorStop, -1, false, 0, false}; }
+  static SupervisorEvent GraceOver() { return {Kind::kGraceOver, -1, false, 0, false}; }
+  static SupervisorEvent GroupsChecked(bool empty) { return {Kind::kGroupsChecked, -1, false, 0, empty}; }
+};
+
+// What the shell does after a step, in this order.
+struct SupervisorActions {
+  int signal_groups = 0;  // send this signal to every worker's process group that is not empty
+  std::optional<std::chrono::milliseconds> arm_grace;  // (re)arm the grace timer
+  int report_failure = -1;  // tell the coordinator at once that this worker failed
+  std::string warning;      // a line for launch's log
+};
+
+struct SupervisorStep {
+  SupervisorState state;
+  SupervisorActions actions;
+};
+
+// The one transition function. It is total: every event has a defined meaning in every phase (an
+// event that changes nothing, such as a grace timer firing after the end, is a step with no
+// actions), so there is no illegal move to reject.
+SupervisorStep Supervise(const StopEscalation& stop, const SupervisorState& state, const SupervisorEvent& event);
+
+const char* SupervisorPhaseName(SupervisorState::Phase p);
+
+}  // namespace launch

@@ -1,0 +1,324 @@
+// The worker group's supervision without processes: the pure supervisor as sequences of events,
+// and WorkerGroup driven through a fake process launcher (no fork, no sleeps).
+#include "agent/worker_group.h"
+
+#include <signal.h>
+#include <fcntl.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "agent/group_supervisor.h"
+#include "gtest/gtest.h"
+#include "tests/fake_launcher.h"
+
+namespace launch {
+namespace {
+
+using std::chrono::milliseconds;
+using testing::FakeProcessLauncher;
+using Phase = SupervisorState::Phase;
+
+// ---- The pure supervisor ----
+
+struct Sequence {
+  StopEscalation stop = StopEscalation::TermThenKill(milliseconds(5000));
+  SupervisorState state;
+  std::vector<SupervisorActions> actions;
+  explicit Sequence(int workers) { state.running = workers; }
+  const SupervisorActions& Feed(const SupervisorEvent& e) {
+    SupervisorStep step = Supervise(stop, state, e);
+    state = step.state;
+    actions.push_back(step.actions);
+    return actions.back();
+  }
+};
+
+TEST(Supervisor, AFailureStopsTheGroupWithTheFirstStepAndReportsItOnce) {
+  Sequence r(3);
+  const SupervisorActions a = r.Feed(SupervisorEvent::Exited(1, true));
+  EXPECT_EQ(r.state.phase, Phase::kStopping);
+  EXPECT_EQ(r.state.end, GroupEnd::kFailed);
+  EXPECT_EQ(r.state.root_cause, 1);
+  EXPECT_EQ(a.signal_groups, SIGTERM);
+  ASSERT_TRUE(a.arm_grace.has_value());
+  EXPECT_EQ(*a.arm_grace, milliseconds(5000));
+  EXPECT_EQ(a.report_failure, 1);
+  // A second failure while stopping is not the root cause and is not reported.
+  const SupervisorActions b = r.Feed(SupervisorEvent::Exited(0, true));
+  EXPECT_EQ(b.report_failure, -1);
+  EXPECT_EQ(b.signal_groups, 0);
+  EXPECT_EQ(r.state.root_cause, 1);
+  EXPECT_EQ(r.state.running, 1);
+}
+
+TEST(Supervisor, TheGraceRunsOutIntoTheNextStep) {
+  Sequence r(2);
+  r.stop.steps = {{SIGINT, milliseconds(10)}, {SIGTERM, milliseconds(20)}, {SIGKILL, milliseconds(0)}};
+  r.Feed(SupervisorEvent::CoordinatorStop());
+  EXPECT_EQ(r.actions.back().signal_groups, SIGINT);
+  EXPECT_EQ(r.state.end, GroupEnd::kCoordinatorStop);
+  const SupervisorActions a = r.Feed(SupervisorEvent::GraceOver());
+  EXPECT_EQ(a.signal_groups, SIGTERM);
+  ASSERT_TRUE(a.arm_grace.has_value());
+  EXPECT_EQ(*a.arm_grace, milliseconds(20));
+  EXPECT_EQ(a.warning, "workers still running 10 ms after SIGINT: sending SIGTERM");
+  const SupervisorActions b = r.Feed(SupervisorEvent::GraceOver());
+  EXPECT_EQ(b.signal_groups, SIGKILL);
+  EXPECT_FALSE(b.arm_grace.has_value());  // nothing comes after SIGKILL
+}
+
+TEST(Supervisor, ASignalIsForwardedAsItCameAndASecondOneKills) {
+  Sequence r(2);
+  const SupervisorActions a = r.Feed(SupervisorEvent::Signal(SIGHUP));
+  EXPECT_EQ(a.signal_groups, SIGHUP);
+  EXPECT_EQ(r.state.end, GroupEnd::kInterrupted);
+  EXPECT_EQ(r.state.signal, SIGHUP);
+  const SupervisorActions b = r.Feed(SupervisorEvent::Signal(SIGTERM));
+  EXPECT_EQ(b.signal_groups, SIGKILL);
+  EXPECT_EQ(r.state.signal, SIGHUP);  // launch exits as the first signal said
+}
+
+TEST(Supervisor, ASigtermDuringAFailureStopWaitsButCtrlCKills) {
+  Sequence r(2);
+  r.Feed(SupervisorEvent::Exited(0, true));
+  const SupervisorActions a = r.Feed(SupervisorEvent::Signal(SIGTERM));
+  EXPECT_EQ(a.signal_groups, 0);
+  EXPECT_EQ(r.state.end, GroupEnd::kInterrupted);
+  Sequence c(2);
+  c.Feed(SupervisorEvent::Exited(0, true));
+  EXPECT_EQ(c.Feed(SupervisorEvent::Signal(SIGINT)).signal_groups, SIGKILL);
+}
+
+TEST(Supervisor, LeftoversAreStoppedAndTheGroupStillSucceeds) {
+  Sequence r(1);
+  r.Feed(SupervisorEvent::Exited(0, false));
+  EXPECT_EQ(r.state.phase, Phase::kRunning);
+  const SupervisorActions a = r.Feed(SupervisorEvent::GroupsChecked(false));
+  EXPECT_EQ(a.signal_groups, SIGTERM);
+  EXPECT_EQ(r.state.phase, Phase::kStopping);
+  EXPECT_EQ(r.Feed(SupervisorEvent::GroupsChecked(false)).signal_groups, 0);  // no second SIGTERM
+  r.Feed(SupervisorEvent::GroupsChecked(true));
+  EXPECT_EQ(r.state.phase, Phase::kDone);
+  EXPECT_EQ(r.state.end, GroupEnd::kSucceeded);
+}
+
+TEST(Supervisor, EveryEventInEveryPhaseIsAStep) {
+  // The transition function is total: nothing an event can do in any phase is left undefined,
+  // and after the end nothing acts.
+  const std::vector<SupervisorEvent> events = {
+      SupervisorEvent::Exited(0, true), SupervisorEvent::Exited(0, false), SupervisorEvent::Signal(SIGTERM),
+      SupervisorEvent::Signal(SIGINT), SupervisorEvent::CoordinatorStop(), SupervisorEvent::GraceOver(),
+      SupervisorEvent::GroupsChecked(true), SupervisorEvent::GroupsChecked(false)};
+  for (Phase phase : {Phase::kRunning, Phase::kStopping, Phase::kDone}) {
+    for (const SupervisorEvent& e : events) {
+      SupervisorState s;
+      s.phase = phase;
+      s.running = 0;
+      SupervisorStep step = Supervise(StopEscalation::TermThenKill(milliseconds(1)), s, e);
+      EXPECT_GE(step.state.running, 0);
+      if (phase == Phase::kDone) {
+        EXPECT_EQ(step.state.phase, Phase::kDone);
+        EXPECT_EQ(step.actions.signal_groups, 0);
+        EXPECT_FALSE(step.actions.arm_grace.has_value());
+      }
+    }
+  }
+}
+
+// ---- WorkerGroup through the fake launcher ----
+
+class FakeGroupTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    BlockLauncherSignals();
+    auto s = SignalFd::Create();
+    ASSERT_TRUE(s.ok());
+    signals_.emplace(std::move(*s));
+    int p[2];
+    ASSERT_EQ(::pipe2(p, O_CLOEXEC), 0);
+    console_read_.Reset(p[0]);
+    console_write_.Reset(p[1]);
+    console_ = std::make_unique<ConsoleStream>(console_write_.get());
+  }
+  std::vector<WorkerLaunch> Launches(int n) {
+    std::vector<WorkerLaunch> out;
+    for (int i = 0; i < n; ++i) {
+      WorkerLaunch w;
+      w.local_rank = i;
+      w.rank = i;
+      w.argv = {"/fake/worker"};
+      out.push_back(w);
+    }
+    return out;
+  }
+  WorkerGroup::Options Opts() {
+    WorkerGroup::Options o;
+    o.stop = StopEscalation::TermThenKill(std::chrono::hours(1));  // a test that needs it hangs
+    o.console_out = console_.get();
+    o.console_err = console_.get();
+    o.stdin_fd = -1;
+    return o;
+  }
+  absl::StatusOr<GroupOutcome> RunGroup(const WorkerGroup::Options& o, int n) {
+    WorkerGroup group(o, &launcher_, nullptr, &*signals_, &clock_);
+    return group.Run(Launches(n));
+  }
+  std::string ConsoleText() {
+    console_->Drain();
+    console_write_.Reset();
+    std::string out;
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::read(console_read_.get(), buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(n));
+    return out;
+  }
+
+  std::optional<SignalFd> signals_;
+  FakeProcessLauncher launcher_;
+  SystemClock clock_;
+  UniqueFd console_read_, console_write_;
+  std::unique_ptr<ConsoleStream> console_;
+};
+
+TEST_F(FakeGroupTest, AllExitZeroSucceedsWithNoSignalSent) {
+  launcher_.script = [](int, const SpawnOptions&) {
+    FakeProcessLauncher::Script s;
+    s.exit_at_start = 0;
+    return s;
+  };
+  auto out = RunGroup(Opts(), 3);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->kind, GroupEnd::kSucceeded);
+  EXPECT_EQ(out->workers.size(), 3u);
+  EXPECT_TRUE(launcher_.sent().empty());
+}
+
+TEST_F(FakeGroupTest, AFailureStopsTheOthersAndNamesTheRootCause) {
+  launcher_.script = [](int n, const SpawnOptions&) {
+    FakeProcessLauncher::Script s;
+    if (n == 1) s.exit_at_start = 3;
+    return s;
+  };
+  std::vector<int> reported;
+  WorkerGroup::Options o = Opts();
+  o.on_failure = [&](const WorkerResult& w) { reported.push_back(w.rank); };
+  auto out = RunGroup(o, 3);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->kind, GroupEnd::kFailed);
+  EXPECT_EQ(out->root_cause, 1);
+  EXPECT_EQ(out->workers[1].exit_code, 3);
+  EXPECT_EQ(out->workers[0].signal, SIGTERM);
+  EXPECT_EQ(out->workers[2].signal, SIGTERM);
+  EXPECT_EQ(reported, std::vector<int>{1});
+  EXPECT_EQ(launcher_.SignalsTo(out->workers[0].pid), std::vector<int>{SIGTERM});
+}
+
+TEST_F(FakeGroupTest, AWorkerThatIgnoresSigtermIsKilledWhenTheGraceRunsOut) {
+  launcher_.script = [](int n, const SpawnOptions&) {
+    FakeProcessLauncher::Script s;
+    if (n == 0) s.survives = {SIGTERM};
+    if (n == 1) s.exit_at_start = 1;
+    return s;
+  };
+  WorkerGroup::Options o = Opts();
+  o.stop = StopEscalation::TermThenKill(milliseconds(1));
+  auto out = RunGroup(o, 2);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->workers[0].signal, SIGKILL);
+  EXPECT_EQ(launcher_.SignalsTo(out->workers[0].pid), (std::vector<int>{SIGTERM, SIGKILL}));
+}
+
+TEST_F(FakeGroupTest, ASecondSignalKillsWithoutWaitingForTheGrace) {
+  launcher_.script = [](int, const SpawnOptions&) {
+    FakeProcessLauncher::Script s;
+    s.survives = {SIGINT, SIGTERM};
+    return s;
+  };
+  ::raise(SIGINT);  // blocked: both wait on the signal fd
+  ::raise(SIGTERM);
+  auto out = RunGroup(Opts(), 2);  // the grace is an hour
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->kind, GroupEnd::kInterrupted);
+  EXPECT_EQ(out->signal, SIGINT);
+  EXPECT_EQ(launcher_.SignalsTo(out->workers[0].pid), (std::vector<int>{SIGINT, SIGKILL}));
+}
+
+TEST_F(FakeGroupTest, TheCoordinatorsStopEndsTheGroup) {
+  UniqueFd stop(::eventfd(1, EFD_CLOEXEC));
+  WorkerGroup::Options o = Opts();
+  o.stop_fd = stop.get();
+  auto out = RunGroup(o, 2);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->kind, GroupEnd::kCoordinatorStop);
+  EXPECT_EQ(out->workers[1].signal, SIGTERM);
+}
+
+TEST_F(FakeGroupTest, ProcessesLeftInAGroupAreStoppedBeforeTheGroupEnds) {
+  launcher_.script = [](int, const SpawnOptions&) {
+    FakeProcessLauncher::Script s;
+    s.exit_at_start = 0;
+    s.leaves_child = true;
+    return s;
+  };
+  auto out = RunGroup(Opts(), 1);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->kind, GroupEnd::kSucceeded);
+  EXPECT_EQ(launcher_.SignalsTo(out->workers[0].pid), std::vector<int>{SIGTERM});
+  EXPECT_FALSE(launcher_.GroupAlive(out->workers[0].pid));
+}
+
+TEST_F(FakeGroupTest, AWorkerThatCannotStartTakesDownTheOnesAlreadyStarted) {
+  launcher_.script = [](int n, const SpawnOptions&) {
+    FakeProcessLauncher::Script s;
+    if (n == 2) s.spawn_error = absl::NotFoundError("cannot start '/fake/worker'");
+    return s;
+  };
+  auto out = RunGroup(Opts(), 3);
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(launcher_.killed_and_reaped(), (std::vector<pid_t>{1000, 1001}));
+  EXPECT_FALSE(launcher_.Running(1000));
+  EXPECT_FALSE(launcher_.Running(1001));
+}
+
+TEST_F(FakeGroupTest, OutputIsShownWithRankPrefixesAndStderrKeptForTheSummary) {
+  launcher_.script = [](int n, const SpawnOptions&) {
+    FakeProcessLauncher::Script s;
+    s.stdout_text = "step 1\n";
+    if (n == 1) {
+      s.stderr_text = "Traceback\nValueError: bad\n";
+      s.exit_at_start = 1;
+    } else {
+      s.exit_at_start = 0;
+    }
+    return s;
+  };
+  auto out = RunGroup(Opts(), 2);
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->kind, GroupEnd::kFailed);
+  EXPECT_EQ(out->workers[1].stderr_tail, (std::deque<std::string>{"Traceback", "ValueError: bad"}));
+  const std::string text = ConsoleText();
+  EXPECT_NE(text.find("[0]:step 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("[1]:ValueError: bad\n"), std::string::npos) << text;
+}
+
+TEST_F(FakeGroupTest, EveryWorkerGetsTheProgressSocketAndOnlyRankZeroReadsStdin) {
+  launcher_.script = [](int, const SpawnOptions&) {
+    FakeProcessLauncher::Script s;
+    s.exit_at_start = 0;
+    return s;
+  };
+  WorkerGroup::Options o = Opts();
+  std::vector<WorkerLaunch> l = Launches(2);
+  l[0].reads_stdin = true;
+  UniqueFd in(::eventfd(0, EFD_CLOEXEC));  // not a terminal: rank 0 inherits it
+  o.stdin_fd = in.get();
+  WorkerGroup group(o, &launcher_, nullptr, &*signals_, &clock_);
+  ASSERT_TRUE(group.Run(l).ok());
+  ASSERT_EQ(launcher_.spawned().size(), 2u);
+  EXPECT_EQ(launcher_.spawned()[0].stdin_fd, in.get());
+  EXPECT_NE(launcher_.spawned()[1].stdin_fd, in.get());
+  for (const SpawnOptions& so : launcher_.spawned()) EXPECT_EQ(so.extra_fd_target, 3);
+}
+
+}  // namespace
+}  // namespace launch
