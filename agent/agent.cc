@@ -70,6 +70,17 @@ std::string ShellQuote(const std::string& s) {
 
 }  // namespace
 
+Agent::Agent(AgentOptions opts, CoordinatorClient* coordinator, ProcessLauncher* launcher, OrphanGuard* guard,
+             SignalFd* signals, const Clock* clock)
+    : opts_(std::move(opts)),
+      session_(
+          CoordinatorSession::Options{opts_.spec.run_id, opts_.node, opts_.run_spec, {}, opts_.coordinator_patience},
+          coordinator, clock, [this](int fd, std::optional<std::chrono::milliseconds> t) { return WaitSignalOr(fd, t); }),
+      launcher_(launcher),
+      guard_(guard),
+      signals_(signals),
+      clock_(clock) {}
+
 int Agent::WaitSignalOr(int fd, std::optional<std::chrono::milliseconds> timeout) {
   std::optional<Clock::TimePoint> deadline;
   if (timeout) deadline = clock_->Now() + *timeout;
@@ -92,123 +103,6 @@ int Agent::WaitSignalOr(int fd, std::optional<std::chrono::milliseconds> timeout
     }
     if (n > 0 && fd >= 0 && (p[1].revents & POLLIN)) return 0;
   }
-}
-
-absl::StatusOr<v1::Assignment> Agent::JoinRound(long last_round, int* signal) {
-  *signal = 0;
-  const auto deadline = clock_->Now() + SecondsToMs(opts_.run_spec.join_timeout_s());
-  std::chrono::milliseconds delay(50);
-  bool warned = false;
-  std::optional<Clock::TimePoint> unreachable_since;
-  for (;;) {
-    v1::JoinRequest req;
-    req.set_run_id(opts_.spec.run_id);
-    *req.mutable_node() = opts_.node;
-    req.set_last_round(last_round);
-    req.set_proposed_master_addr(opts_.master_addr);
-    if (opts_.run_spec.min_nodes() > 0) *req.mutable_spec() = opts_.run_spec;
-    if (opts_.master_port) {
-      req.set_proposed_master_port(*opts_.master_port);
-    } else {
-      auto port = PickFreePort(opts_.master_addr, last_picked_port_);
-      if (!port.ok()) {
-        return absl::UnavailableError(absl::StrCat("cannot pick a MASTER_PORT on ", opts_.master_addr, ": ",
-                                                   port.status().message()));
-      }
-      req.set_proposed_master_port(*port);
-      last_picked_port_ = *port;
-    }
-    absl::StatusOr<v1::Assignment> result = absl::UnknownError("join did not run");
-    BackgroundCall call;
-    RETURN_IF_ERROR(call.Start([&](CallCanceller* c) { result = coordinator_->Join(req, c); }));
-    if (int sig = WaitSignalOr(call.fd(), std::nullopt); sig > 0) {
-      call.Cancel();
-      call.Wait();
-      *signal = sig;
-      return absl::CancelledError(absl::StrCat("stopped by ", SignalName(sig), " while waiting for the rendezvous"));
-    }
-    call.Wait();
-    if (result.ok() || !CoordinatorUnreachable(result.status()) || clock_->Now() >= deadline) return result;
-    if (!unreachable_since) unreachable_since = clock_->Now();
-    if (!coordinator_host_.empty() && clock_->Now() - *unreachable_since >= opts_.coordinator_patience) {
-      return absl::UnavailableError(
-          HostedCoordinatorGone(coordinator_->target(), coordinator_host_, opts_.coordinator_patience));
-    }
-    // The coordinator went away while the round was forming: wait for it to come back.
-    if (!warned) {
-      spdlog::warn("{}; retrying", std::string(result.status().message()));
-      warned = true;
-    }
-    if (int sig = SleepUnlessSignaled(delay)) {
-      *signal = sig;
-      return absl::CancelledError(absl::StrCat("stopped by ", SignalName(sig), " while waiting for the rendezvous"));
-    }
-    delay = std::min(delay * 2, std::chrono::milliseconds(2000));
-  }
-}
-
-absl::StatusOr<v1::ReportExitResponse> Agent::Report(const v1::ReportExitRequest& req, const v1::Assignment& a,
-                                                     int* signal) {
-  *signal = 0;
-  const auto deadline = clock_->Now() + opts_.coordinator_patience;
-  std::chrono::milliseconds delay(50);
-  bool warned = false;
-  for (;;) {
-    auto resp = coordinator_->ReportExit(req, std::chrono::seconds(10));
-    if (resp.ok()) return resp;
-    if (absl::IsNotFound(resp.status())) {
-      // A restarted coordinator that has not heard of the run yet: re-register, then report.
-      v1::HeartbeatRequest hb;
-      hb.set_run_id(req.run_id());
-      hb.set_node_id(req.node_id());
-      hb.set_round(a.round());
-      *hb.mutable_node() = opts_.node;
-      *hb.mutable_assignment() = a;
-      *hb.mutable_spec() = opts_.run_spec;
-      auto re = coordinator_->Heartbeat(hb);
-      if (re.ok()) {
-        resp = coordinator_->ReportExit(req, std::chrono::seconds(10));
-        if (resp.ok()) return resp;
-      }
-    }
-    if (!CoordinatorUnreachable(resp.status()) && !absl::IsNotFound(resp.status())) return resp.status();
-    if (clock_->Now() >= deadline) {
-      return absl::UnavailableError(absl::StrCat("gave up on the coordinator at ", coordinator_->target(),
-                                                 " after ", opts_.coordinator_patience.count() / 1000, " s: ",
-                                                 resp.status().message()));
-    }
-    if (!warned) {
-      spdlog::warn("{}; retrying for up to {} s", std::string(resp.status().message()),
-                   opts_.coordinator_patience.count() / 1000);
-      warned = true;
-    }
-    if (int sig = SleepUnlessSignaled(delay)) {
-      *signal = sig;
-      return absl::CancelledError(absl::StrCat("stopped by ", SignalName(sig)));
-    }
-    delay = std::min(delay * 2, std::chrono::milliseconds(2000));
-  }
-}
-
-CoordinatorWatch::Options Agent::WatchOptions() const {
-  CoordinatorWatch::Options wo;
-  wo.run_id = opts_.spec.run_id;
-  wo.node = opts_.node;
-  wo.spec = opts_.run_spec;
-  wo.interval = opts_.heartbeat_interval;
-  wo.patience = opts_.coordinator_patience;
-  return wo;
-}
-
-absl::StatusOr<v1::HeartbeatResponse> Agent::AwaitVerdict(const v1::Assignment& a, int* signal) {
-  *signal = 0;
-  CoordinatorWatch watch(WatchOptions(), coordinator_);
-  RETURN_IF_ERROR(watch.Start(a));
-  if (int sig = WaitSignalOr(watch.fd(), std::nullopt); sig > 0) {
-    *signal = sig;
-    return absl::CancelledError(absl::StrCat("stopped by ", SignalName(sig)));
-  }
-  return watch.answer();
 }
 
 absl::StatusOr<std::vector<WorkerLaunch>> Agent::PrepareAttempt(const v1::Assignment& a,
@@ -299,283 +193,317 @@ std::string DescribeFailure(const v1::Failure& f) {
 
 }  // namespace
 
+namespace {
+
+// The run's directory: <log_dir>/<run_id> (kept), or a temporary one for the error files only,
+// removed however the run ends.
+class RunDirectory {
+ public:
+  ~RunDirectory() {
+    if (temporary_ && !path_.empty()) {
+      std::error_code ec;
+      fs::remove_all(path_, ec);
+    }
+  }
+  absl::Status Make(const AgentOptions& o) {
+    temporary_ = o.log_dir.empty();
+    if (temporary_) {
+      std::string tmpl = absl::StrCat(fs::temp_directory_path().string(), "/launch-", o.spec.run_id, "-XXXXXX");
+      if (!::mkdtemp(tmpl.data())) return ErrnoStatus(absl::StrCat("cannot create a temporary directory ", tmpl));
+      path_ = tmpl;
+    } else if (o.dry_run) {
+      path_ = absl::StrCat(o.log_dir, "/", o.spec.run_id);
+    } else {
+      ASSIGN_OR_RETURN(path_, MakeRunLogDir(o.log_dir, o.spec.run_id));
+      spdlog::info("run {}: logs in {}", o.spec.run_id, path_);
+    }
+    return absl::OkStatus();
+  }
+  const std::string& path() const { return path_; }
+  bool temporary() const { return temporary_; }
+
+ private:
+  std::string path_;
+  bool temporary_ = false;
+};
+
+Verdict ToVerdict(const v1::ReportExitResponse& r) { return Verdict{r.job_succeeded(), r.job_failed(), r.restart()}; }
+
+}  // namespace
+
 int Agent::Run() {
   parent_env_ = CurrentEnv();
-  const bool temp_dir = opts_.log_dir.empty();
-  std::string base;
-  if (temp_dir) {
-    std::string tmpl = absl::StrCat(fs::temp_directory_path().string(), "/launch-", opts_.spec.run_id,
-                                    "-XXXXXX");
-    if (!::mkdtemp(tmpl.data())) {
-      spdlog::error("cannot create a temporary directory {}: {}", tmpl, std::strerror(errno));
-      return 1;
-    }
-    base = tmpl;
-  } else if (opts_.dry_run) {
-    base = absl::StrCat(opts_.log_dir, "/", opts_.spec.run_id);
-  } else {
-    auto dir = MakeRunLogDir(opts_.log_dir, opts_.spec.run_id);
-    if (!dir.ok()) {
-      spdlog::error("{}", std::string(dir.status().message()));
-      return 1;
-    }
-    base = *dir;
-    spdlog::info("run {}: logs in {}", opts_.spec.run_id, base);
+  RunDirectory dir;
+  if (auto st = dir.Make(opts_); !st.ok()) {
+    spdlog::error("{}", std::string(st.message()));
+    return 1;
   }
-  auto cleanup = [&] {
-    if (temp_dir) {
-      std::error_code ec;
-      fs::remove_all(base, ec);
+  run_dir_ = dir.path();
+  AgentState state;
+  Attempt at;
+  while (state.phase != AgentPhase::kDone) {
+    AgentEvent event = AgentEvent::Of(AgentEvent::Kind::kError);
+    switch (state.phase) {
+      case AgentPhase::kJoining: event = Join(&at); break;
+      case AgentPhase::kRunning: event = RunWorkers(&at); break;
+      case AgentPhase::kReporting: event = ReportOutcome(state, &at); break;
+      case AgentPhase::kAwaiting: event = AwaitOthers(&at); break;
+      case AgentPhase::kBackingOff: event = BackOff(); break;
+      case AgentPhase::kDone: break;
     }
+    const AgentState next = NextAgentState(state, event);
+    LogMove(state, next, at);
+    state = next;
+  }
+  return Finish(state, at, dir.temporary());
+}
+
+AgentEvent Agent::Join(Attempt* at) {
+  auto request = [this]() -> absl::StatusOr<v1::JoinRequest> {
+    v1::JoinRequest req;
+    req.set_run_id(opts_.spec.run_id);
+    *req.mutable_node() = opts_.node;
+    req.set_last_round(last_round_);
+    req.set_proposed_master_addr(opts_.master_addr);
+    if (opts_.run_spec.min_nodes() > 0) *req.mutable_spec() = opts_.run_spec;
+    if (opts_.master_port) {
+      req.set_proposed_master_port(*opts_.master_port);
+      return req;
+    }
+    auto port = PickFreePort(opts_.master_addr, last_picked_port_);
+    if (!port.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot pick a MASTER_PORT on ", opts_.master_addr, ": ", port.status().message()));
+    }
+    req.set_proposed_master_port(*port);
+    last_picked_port_ = *port;
+    return req;
   };
-  // The job failed as the coordinator saw it: say where it failed first and exit with that code.
-  auto job_failed = [&](const v1::ReportExitResponse& verdict, int own_code) {
-    if (verdict.has_first_failure()) {
-      ConsoleErr().Write(absl::StrCat("launch: job failed: first failure: ", DescribeFailure(verdict.first_failure()), "\n"));
+  int sig = 0;
+  auto assignment = session_.Join(request, &sig);
+  if (sig) {
+    spdlog::warn("stopped by {} while waiting for the rendezvous", SignalName(sig));
+    return AgentEvent::Signal(sig);
+  }
+  if (!assignment.ok()) {
+    at->error = std::string(assignment.status().message());
+    return AgentEvent::Of(AgentEvent::Kind::kError);
+  }
+  last_round_ = assignment->round();
+  session_.set_coordinator_host(assignment->coordinator_host());
+  if (const auto& t = opts_.static_topology) {
+    // Every node runs the same number of workers in static mode (as torchrun).
+    const int local = opts_.spec.local_world_size;
+    assignment->set_group_rank(t->group_rank);
+    assignment->set_group_world_size(t->group_world_size);
+    assignment->set_world_size(local * t->group_world_size);
+    assignment->set_rank_offset(local * t->group_rank);
+    assignment->set_master_addr(t->master_addr);
+    assignment->set_master_port(t->master_port);
+  }
+  *at = Attempt();
+  at->assignment = *assignment;
+  return AgentEvent::Of(AgentEvent::Kind::kAssigned);
+}
+
+AgentEvent Agent::RunWorkers(Attempt* at) {
+  const v1::Assignment& a = at->assignment;
+  at->dir = absl::StrCat(run_dir_, "/attempt_", a.restart_count());
+  auto workers = PrepareAttempt(a, at->dir);
+  if (!workers.ok()) {
+    at->error = std::string(workers.status().message());
+    return AgentEvent::Of(AgentEvent::Kind::kBadInput);
+  }
+  at->workers = std::move(*workers);
+  if (opts_.dry_run) {
+    PrintDryRun(at->workers);
+    return AgentEvent::Of(AgentEvent::Kind::kDryRun);
+  }
+  spdlog::info("round {}: starting {} worker(s), ranks {}-{} of world size {}{}, master {}, restart {}/{}", a.round(),
+               at->workers.size(), a.rank_offset(), a.rank_offset() + static_cast<int>(at->workers.size()) - 1,
+               a.world_size(),
+               a.group_world_size() > 1 ? absl::StrCat(" (node ", a.group_rank(), " of ", a.group_world_size(), ")")
+                                        : "",
+               JoinHostPort(a.master_addr(), a.master_port()), a.restart_count(), a.max_restarts());
+
+  CoordinatorWatch watch(&session_, opts_.heartbeat_interval);
+  if (auto st = watch.Start(a); !st.ok()) {
+    at->error = std::string(st.message());
+    return AgentEvent::Of(AgentEvent::Kind::kError);
+  }
+  WorkerGroup::Options gopts;
+  gopts.stop = StopEscalation::TermThenKill(opts_.stop_timeout);
+  gopts.stop_fd = watch.fd();
+  // Tell the coordinator at once, not after the group has stopped, so the other nodes stop now;
+  // on a thread of its own, so the call never holds up the group's supervision.
+  BackgroundCall early_report;
+  gopts.on_failure = [&](const WorkerResult& w) {
+    v1::ReportExitRequest early;
+    early.set_run_id(opts_.spec.run_id);
+    early.set_node_id(opts_.node.node_id());
+    early.set_round(a.round());
+    *early.add_exits() = ToProto(w);
+    auto st = early_report.Start([this, early](CallCanceller*) {
+      (void)session_.client()->ReportExit(early, std::chrono::seconds(1));
+    });
+    if (!st.ok()) spdlog::warn("cannot tell the coordinator of the failure early: {}", std::string(st.message()));
+  };
+  WorkerGroup group(gopts, launcher_, guard_, signals_, clock_);
+  auto outcome = group.Run(at->workers);
+  early_report.Wait();  // the early report stays the first the coordinator hears
+  watch.Stop();
+  if (!outcome.ok()) {
+    // launch's own failure (exit 1; 2 is for bad input): the workers it started are gone.
+    at->error = absl::StrCat("cannot run the workers: ", outcome.status().message());
+    return AgentEvent::Of(AgentEvent::Kind::kError);
+  }
+  at->outcome = std::move(*outcome);
+  at->why = watch.answer();
+  if (at->outcome.kind == GroupEnd::kInterrupted) {
+    v1::ReportExitRequest leaving;
+    leaving.set_run_id(opts_.spec.run_id);
+    leaving.set_node_id(opts_.node.node_id());
+    leaving.set_round(a.round());
+    leaving.set_leaving(true);
+    (void)session_.client()->ReportExit(leaving, std::chrono::seconds(2));
+    spdlog::warn("stopped by {}", SignalName(at->outcome.signal));
+  }
+  // The agent-hosted coordinator died with its node: nobody is left to report to.
+  const bool coordinator_gone = at->why.job_failed() && watch.unreachable();
+  return AgentEvent::GroupEnded(at->outcome.kind, at->outcome.signal, coordinator_gone);
+}
+
+AgentEvent Agent::ReportOutcome(const AgentState& state, Attempt* at) {
+  v1::ReportExitRequest report;
+  report.set_run_id(opts_.spec.run_id);
+  report.set_node_id(opts_.node.node_id());
+  report.set_round(at->assignment.round());
+  const GroupOutcome& o = at->outcome;
+  if (o.kind == GroupEnd::kFailed) {
+    // The root cause first: the coordinator keeps the first exit of the job's first report.
+    *report.add_exits() = ToProto(o.workers[o.root_cause]);
+    for (int i = 0; i < static_cast<int>(o.workers.size()); ++i)
+      if (i != o.root_cause && o.workers[i].failed()) *report.add_exits() = ToProto(o.workers[i]);
+  }
+  // A report after waiting asks only for the verdict (with the job's first failure).
+  report.set_group_succeeded(o.kind == GroupEnd::kSucceeded && !state.asking);
+  int sig = 0;
+  auto verdict = session_.Report(report, at->assignment, &sig);
+  if (sig) return AgentEvent::Signal(sig);
+  if (!verdict.ok()) {
+    at->error = std::string(verdict.status().message());
+    at->has_verdict = false;
+    return AgentEvent::Of(AgentEvent::Kind::kNoVerdict);
+  }
+  at->verdict = *verdict;
+  at->has_verdict = true;
+  Verdict v = ToVerdict(*verdict);
+  if (o.kind == GroupEnd::kCoordinatorStop && at->why.job_failed()) v.job_failed = true;
+  return AgentEvent::Answered(v);
+}
+
+AgentEvent Agent::AwaitOthers(Attempt* at) {
+  CoordinatorWatch watch(&session_, opts_.heartbeat_interval);
+  if (!watch.Start(at->assignment).ok()) return AgentEvent::Of(AgentEvent::Kind::kNoVerdict);
+  if (int sig = WaitSignalOr(watch.fd(), std::nullopt); sig > 0) {
+    spdlog::warn("stopped by {} while waiting for the other nodes", SignalName(sig));
+    return AgentEvent::Signal(sig);
+  }
+  const v1::HeartbeatResponse answer = watch.answer();
+  return AgentEvent::Answered(Verdict{answer.job_succeeded(), answer.job_failed(), answer.stop_workers()});
+}
+
+AgentEvent Agent::BackOff() {
+  if (int sig = WaitSignalOr(-1, opts_.restart_backoff); sig > 0) {
+    spdlog::warn("stopped by {} while waiting to restart", SignalName(sig));
+    return AgentEvent::Signal(sig);
+  }
+  return AgentEvent::Of(AgentEvent::Kind::kBackoffOver);
+}
+
+void Agent::LogMove(const AgentState& from, const AgentState& to, const Attempt& at) const {
+  if (from.phase == to.phase) return;
+  if (to.phase == AgentPhase::kAwaiting) {
+    spdlog::info("all {} worker(s) of this node exited 0; waiting for the other nodes", at.outcome.workers.size());
+  } else if (to.phase == AgentPhase::kBackingOff) {
+    const WorkerResult& root = at.outcome.workers[at.outcome.root_cause];
+    spdlog::warn("rank {} failed ({}{}{}); restarting the group ({} of {} restarts)", root.rank, root.StatusText(),
+                 root.error_message.empty() ? "" : ": ", root.error_message.substr(0, root.error_message.find('\n')),
+                 at.verdict.restart_count(), at.assignment.max_restarts());
+  } else if (to.phase == AgentPhase::kJoining && from.phase != AgentPhase::kBackingOff) {
+    if (to.last_end == GroupEnd::kCoordinatorStop) {
+      const std::string& why = at.why.reason();
+      spdlog::info("the coordinator started a new round{}{}: re-joining", why.empty() ? "" : " (",
+                   why.empty() ? "" : why + ")");
     } else {
-      ConsoleErr().Write(absl::StrCat("launch: job failed: ", verdict.reason(), "\n"));
+      // Another node failed after ours succeeded: the whole group runs again.
+      spdlog::info("another node started a new round: re-joining");
     }
-    cleanup();
-    return verdict.has_first_failure() ? FailureExitCode(verdict.first_failure()) : (own_code ? own_code : 1);
-  };
+  }
+}
 
-  GroupState state = GroupState::kInit;
-  auto move = [&](GroupEvent e) {
-    auto next = NextGroupState(state, e);
-    if (next.ok()) state = *next;
-    else spdlog::error("internal: {}", std::string(next.status().message()));
+int Agent::Finish(const AgentState& state, const Attempt& at, bool temp_dir) {
+  // The job failed as the coordinator saw it: say where it failed first and exit with that code.
+  auto job_failed = [&](int own_code) {
+    if (at.has_verdict && at.verdict.has_first_failure()) {
+      ConsoleErr().Write(
+          absl::StrCat("launch: job failed: first failure: ", DescribeFailure(at.verdict.first_failure()), "\n"));
+      return FailureExitCode(at.verdict.first_failure());
+    }
+    std::string reason = at.has_verdict ? at.verdict.reason() : at.error;
+    if (at.outcome.kind == GroupEnd::kCoordinatorStop && at.why.job_failed() && !at.why.reason().empty() &&
+        (!at.has_verdict || reason.empty())) {
+      reason = at.why.reason();
+    }
+    ConsoleErr().Write(absl::StrCat("launch: job failed: ", reason, "\n"));
+    return own_code ? own_code : 1;
   };
-  const CoordinatorWatch::Options wo = WatchOptions();
-  long last_round = 0;
-  for (;;) {
-    if (state == GroupState::kInit) move(GroupEvent::kJoin);
-    int sig = 0;
-    auto assignment = JoinRound(last_round, &sig);
-    if (sig) {
-      spdlog::warn("stopped by {} while waiting for the rendezvous", SignalName(sig));
-      cleanup();
-      return 128 + sig;
-    }
-    if (!assignment.ok()) {
-      spdlog::error("{}", std::string(assignment.status().message()));
-      cleanup();
-      return 1;
-    }
-    last_round = assignment->round();
-    coordinator_host_ = assignment->coordinator_host();
-    if (const auto& t = opts_.static_topology) {
-      // Every node runs the same number of workers in static mode (as torchrun).
-      const int local = opts_.spec.local_world_size;
-      assignment->set_group_rank(t->group_rank);
-      assignment->set_group_world_size(t->group_world_size);
-      assignment->set_world_size(local * t->group_world_size);
-      assignment->set_rank_offset(local * t->group_rank);
-      assignment->set_master_addr(t->master_addr);
-      assignment->set_master_port(t->master_port);
-    }
-    move(GroupEvent::kAssigned);
-    std::string attempt_dir = absl::StrCat(base, "/attempt_", assignment->restart_count());
-    auto workers = PrepareAttempt(*assignment, attempt_dir);
-    if (!workers.ok()) {
-      spdlog::error("{}", std::string(workers.status().message()));
-      cleanup();
-      return 2;
-    }
-    if (opts_.dry_run) {
-      PrintDryRun(*workers);
-      cleanup();
+  switch (state.end) {
+    case AgentEnd::kSucceeded:
+      spdlog::info("all {} worker(s) exited 0", at.outcome.workers.size());
       return 0;
-    }
-    spdlog::info("round {}: starting {} worker(s), ranks {}-{} of world size {}{}, master {}, restart {}/{}",
-                 assignment->round(), workers->size(), assignment->rank_offset(),
-                 assignment->rank_offset() + static_cast<int>(workers->size()) - 1, assignment->world_size(),
-                 assignment->group_world_size() > 1
-                     ? absl::StrCat(" (node ", assignment->group_rank(), " of ", assignment->group_world_size(), ")")
-                     : "",
-                 JoinHostPort(assignment->master_addr(), assignment->master_port()),
-                 assignment->restart_count(), assignment->max_restarts());
-
-    const long round = assignment->round();
-    v1::ReportExitRequest report;
-    report.set_run_id(opts_.spec.run_id);
-    report.set_node_id(opts_.node.node_id());
-    report.set_round(round);
-
-    CoordinatorWatch watch(wo, coordinator_);
-    if (auto st = watch.Start(*assignment); !st.ok()) {
-      spdlog::error("{}", std::string(st.message()));
-      cleanup();
+    case AgentEnd::kDryRun:
+      return 0;
+    case AgentEnd::kSignal:
+      return 128 + state.signal;
+    case AgentEnd::kLaunchError:
+      spdlog::error("{}", at.error.empty() ? std::string("internal: an event that cannot come now") : at.error);
       return 1;
+    case AgentEnd::kBadInput:
+      spdlog::error("{}", at.error);
+      return 2;
+    case AgentEnd::kJobFailed:
+      return job_failed(1);
+    case AgentEnd::kGaveUp:
+    case AgentEnd::kNone:
+      break;
+  }
+  if (at.outcome.root_cause < 0) {
+    spdlog::error("internal: the run ended with no outcome");
+    return 1;
+  }
+  const WorkerResult& root = at.outcome.workers[at.outcome.root_cause];
+  std::string headline = absl::StrCat("launch: worker group failed after ", at.assignment.restart_count(),
+                                      " restart(s)", at.assignment.max_restarts() > 0 ? " (restart budget exhausted)" : "",
+                                      temp_dir ? "" : absl::StrCat("; logs in ", at.dir));
+  ConsoleErr().Write(FailureSummary(at.outcome, headline));
+  if (auto own = parent_env_.find("TORCHELASTIC_ERROR_FILE"); own != parent_env_.end() && !own->second.empty()) {
+    const std::string what = absl::StrCat("rank ", root.rank, " (local rank ", root.local_rank, ") on ",
+                                          opts_.node.hostname(), ": ", root.StatusText());
+    if (auto st = WriteLauncherErrorFile(own->second, at.workers[at.outcome.root_cause].error_file, what,
+                                         static_cast<long>(::time(nullptr)));
+        !st.ok()) {
+      spdlog::warn("{}", std::string(st.message()));
     }
-    WorkerGroup::Options gopts;
-    gopts.stop = StopEscalation::TermThenKill(opts_.stop_timeout);
-    gopts.stop_fd = watch.fd();
-    // Tell the coordinator at once, not after the group has stopped, so the other nodes stop
-    // now; on a thread of its own, so the call never holds up the group's supervision.
-    BackgroundCall early_report;
-    gopts.on_failure = [&](const WorkerResult& w) {
-      v1::ReportExitRequest early = report;
-      *early.add_exits() = ToProto(w);
-      auto st = early_report.Start([this, early](CallCanceller*) {
-        (void)coordinator_->ReportExit(early, std::chrono::seconds(1));
-      });
-      if (!st.ok()) spdlog::warn("cannot tell the coordinator of the failure early: {}", std::string(st.message()));
-    };
-    WorkerGroup group(gopts, launcher_, guard_, signals_, clock_);
-    auto outcome = group.Run(*workers);
-    early_report.Wait();  // the early report stays the first the coordinator hears
-    watch.Stop();
-    if (!outcome.ok()) {
-      // launch's own failure (exit 1; 2 is for bad input): the workers it started are gone.
-      spdlog::error("cannot run the workers: {}", std::string(outcome.status().message()));
-      cleanup();
-      return 1;
-    }
-    if (outcome->kind == GroupEnd::kFailed) {
-      // The root cause first: the coordinator keeps the first exit of the job's first report.
-      *report.add_exits() = ToProto(outcome->workers[outcome->root_cause]);
-      for (int i = 0; i < static_cast<int>(outcome->workers.size()); ++i)
-        if (i != outcome->root_cause && outcome->workers[i].failed()) *report.add_exits() = ToProto(outcome->workers[i]);
-    }
-
-    switch (outcome->kind) {
-      case GroupEnd::kSucceeded: {
-        move(GroupEvent::kAllSucceeded);
-        report.set_group_succeeded(true);
-        auto verdict = Report(report, *assignment, &sig);
-        if (sig) {
-          cleanup();
-          return 128 + sig;
-        }
-        if (!verdict.ok()) {
-          spdlog::error("{}", std::string(verdict.status().message()));
-          cleanup();
-          return 1;
-        }
-        if (!verdict->job_succeeded() && !verdict->job_failed() && !verdict->restart()) {
-          spdlog::info("all {} worker(s) of this node exited 0; waiting for the other nodes",
-                       outcome->workers.size());
-          auto answer = AwaitVerdict(*assignment, &sig);
-          if (sig) {
-            spdlog::warn("stopped by {} while waiting for the other nodes", SignalName(sig));
-            cleanup();
-            return 128 + sig;
-          }
-          if (answer.ok() && answer->job_succeeded()) verdict->set_job_succeeded(true);
-          else if (answer.ok() && answer->stop_workers() && !answer->job_failed()) verdict->set_restart(true);
-          else {
-            // Failed, or an answer we cannot wait past: ask for the verdict with its first failure.
-            v1::ReportExitRequest ask = report;
-            ask.set_group_succeeded(false);
-            auto v2 = Report(ask, *assignment, &sig);
-            if (v2.ok()) {
-              *verdict = *v2;
-            } else {
-              verdict->set_job_failed(true);
-              verdict->set_reason(std::string(v2.status().message()));
-            }
-          }
-        }
-        if (verdict->job_succeeded()) {
-          spdlog::info("all {} worker(s) exited 0", outcome->workers.size());
-          cleanup();
-          return 0;
-        }
-        if (verdict->job_failed()) return job_failed(*verdict, 1);
-        // Another node failed after ours succeeded: the whole group runs again.
-        move(GroupEvent::kRestart);
-        spdlog::info("another node started a new round: re-joining");
-        continue;
-      }
-      case GroupEnd::kInterrupted: {
-        move(GroupEvent::kSignal);
-        move(GroupEvent::kAllStopped);
-        move(GroupEvent::kSignal);
-        report.set_leaving(true);
-        (void)coordinator_->ReportExit(report, std::chrono::seconds(2));
-        spdlog::warn("stopped by {}", SignalName(outcome->signal));
-        cleanup();
-        return 128 + outcome->signal;
-      }
-      case GroupEnd::kCoordinatorStop: {
-        move(GroupEvent::kCoordinatorStop);
-        move(GroupEvent::kAllStopped);
-        const v1::HeartbeatResponse why = watch.answer();
-        if (why.job_failed() && watch.unreachable()) {  // the agent-hosted coordinator died with its node
-          move(GroupEvent::kGiveUp);
-          ConsoleErr().Write(absl::StrCat("launch: job failed: ", why.reason(), "\n"));
-          cleanup();
-          return 1;
-        }
-        auto verdict = Report(report, *assignment, &sig);  // no exits: only asks for the verdict
-        if (sig) {
-          cleanup();
-          return 128 + sig;
-        }
-        if (!verdict.ok()) {
-          spdlog::error("{}", std::string(verdict.status().message()));
-          cleanup();
-          return 1;
-        }
-        if (verdict->job_failed() || why.job_failed()) {
-          move(GroupEvent::kGiveUp);
-          return job_failed(*verdict, 1);
-        }
-        move(GroupEvent::kRestart);
-        spdlog::info("the coordinator started a new round{}{}: re-joining", why.reason().empty() ? "" : " (",
-                     why.reason().empty() ? "" : why.reason() + ")");
-        continue;
-      }
-      case GroupEnd::kFailed:
-        break;
-    }
-    move(GroupEvent::kWorkerFailed);
-    move(GroupEvent::kAllStopped);
-    const WorkerResult& root = outcome->workers[outcome->root_cause];
-    auto verdict = Report(report, *assignment, &sig);
-    if (sig) {
-      cleanup();
-      return 128 + sig;
-    }
-    if (verdict.ok() && verdict->restart()) {
-      move(GroupEvent::kRestart);
-      spdlog::warn("rank {} failed ({}{}{}); restarting the group ({} of {} restarts)", root.rank,
-                   root.StatusText(), root.error_message.empty() ? "" : ": ",
-                   root.error_message.substr(0, root.error_message.find('\n')),
-                   verdict->restart_count(), assignment->max_restarts());
-      if (int s2 = SleepUnlessSignaled(opts_.restart_backoff)) {
-        spdlog::warn("stopped by {} while waiting to restart", SignalName(s2));
-        cleanup();
-        return 128 + s2;
-      }
-      continue;
-    }
-    move(GroupEvent::kGiveUp);
-    std::string headline = absl::StrCat(
-        "launch: worker group failed after ", assignment->restart_count(), " restart(s)",
-        assignment->max_restarts() > 0 ? " (restart budget exhausted)" : "",
-        temp_dir ? "" : absl::StrCat("; logs in ", attempt_dir));
-    ConsoleErr().Write(FailureSummary(*outcome, headline));
-    if (auto own = parent_env_.find("TORCHELASTIC_ERROR_FILE"); own != parent_env_.end() && !own->second.empty()) {
-      const std::string what = absl::StrCat("rank ", root.rank, " (local rank ", root.local_rank, ") on ",
-                                            opts_.node.hostname(), ": ", root.StatusText());
-      if (auto st = WriteLauncherErrorFile(own->second, (*workers)[outcome->root_cause].error_file, what,
-                                           static_cast<long>(::time(nullptr)));
-          !st.ok()) {
-        spdlog::warn("{}", std::string(st.message()));
-      }
-    }
-    if (!verdict.ok()) {
-      spdlog::error("{}", std::string(verdict.status().message()));
-      cleanup();
-      return root.AsExitCode();
-    }
-    if (verdict->has_first_failure() && verdict->first_failure().node_id() != opts_.node.node_id()) {
-      return job_failed(*verdict, root.AsExitCode());
-    }
-    cleanup();
+  }
+  if (!at.has_verdict) {
+    spdlog::error("{}", at.error);
     return root.AsExitCode();
   }
+  if (at.verdict.has_first_failure() && at.verdict.first_failure().node_id() != opts_.node.node_id()) {
+    return job_failed(root.AsExitCode());
+  }
+  return root.AsExitCode();
 }
 
 }  // namespace launch

@@ -9,7 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "agent/agent_machine.h"
 #include "agent/coordinator_client.h"
+#include "agent/coordinator_session.h"
 #include "agent/coordinator_watch.h"
 #include "agent/log_relay.h"
 #include "agent/process.h"
@@ -59,45 +61,53 @@ absl::StatusOr<std::string> MakeRunLogDir(const std::string& log_dir, const std:
 
 class Agent {
  public:
-  Agent(AgentOptions opts, CoordinatorClient* coordinator, ProcessLauncher* launcher,
-        OrphanGuard* guard, SignalFd* signals, const Clock* clock)
-      : opts_(std::move(opts)),
-        coordinator_(coordinator),
-        launcher_(launcher),
-        guard_(guard),
-        signals_(signals),
-        clock_(clock) {}
+  Agent(AgentOptions opts, CoordinatorClient* coordinator, ProcessLauncher* launcher, OrphanGuard* guard,
+        SignalFd* signals, const Clock* clock);
 
   // Runs the job to its end; returns launch's exit code.
   int Run();
 
  private:
+  // What the current attempt has learned so far.
+  struct Attempt {
+    v1::Assignment assignment;
+    std::string dir;  // <run dir>/attempt_<restart>
+    std::vector<WorkerLaunch> workers;
+    GroupOutcome outcome;
+    v1::HeartbeatResponse why;        // the watch's answer that stopped the group
+    v1::ReportExitResponse verdict;   // the coordinator's last answer to a report
+    bool has_verdict = false;
+    std::string error;                // what ended the run as launch's own error or bad input
+  };
+
+  // One phase's work each; what happened comes back as the event for NextAgentState.
+  AgentEvent Join(Attempt* at);
+  AgentEvent RunWorkers(Attempt* at);
+  AgentEvent ReportOutcome(const AgentState& state, Attempt* at);
+  AgentEvent AwaitOthers(Attempt* at);
+  AgentEvent BackOff();
+  // Says how the run ended and returns launch's exit code.
+  int Finish(const AgentState& state, const Attempt& at, bool temp_dir);
+  // Logs a move between phases that users should see (a restart, a wait for the other nodes).
+  void LogMove(const AgentState& from, const AgentState& to, const Attempt& at) const;
+
   // Waits until `fd` is readable (0), `timeout` passes (-1), or a terminating signal arrives
   // (its number). fd < 0: only the timeout and signals; no timeout: wait for ever.
   int WaitSignalOr(int fd, std::optional<std::chrono::milliseconds> timeout);
-  int SleepUnlessSignaled(std::chrono::milliseconds d) { return std::max(0, WaitSignalOr(-1, d)); }
-  // Joins the next round, riding out a coordinator that restarts; *signal set if interrupted.
-  absl::StatusOr<v1::Assignment> JoinRound(long last_round, int* signal);
-  // Reports to the coordinator, retrying while it is unreachable (up to coordinator_patience).
-  absl::StatusOr<v1::ReportExitResponse> Report(const v1::ReportExitRequest& req, const v1::Assignment& a,
-                                                int* signal);
-  // Waits, after this node's workers succeeded, for the job's verdict or a new round.
-  absl::StatusOr<v1::HeartbeatResponse> AwaitVerdict(const v1::Assignment& a, int* signal);
   absl::StatusOr<std::vector<WorkerLaunch>> PrepareAttempt(const v1::Assignment& a,
                                                            const std::string& attempt_dir);
   void PrintDryRun(const std::vector<WorkerLaunch>& workers) const;
-  CoordinatorWatch::Options WatchOptions() const;
 
   AgentOptions opts_;
-  CoordinatorClient* coordinator_;
+  CoordinatorSession session_;
   ProcessLauncher* launcher_;
   OrphanGuard* guard_;
   SignalFd* signals_;
   const Clock* clock_;
   Env parent_env_;
+  std::string run_dir_;       // this run's log (or temporary) directory
+  long last_round_ = 0;
   int last_picked_port_ = 0;  // the MASTER_PORT this node last proposed
-  // The node whose agent hosts the coordinator, from the last assignment (empty: standalone).
-  std::string coordinator_host_;
 };
 
 }  // namespace launch

@@ -65,8 +65,8 @@ std::string HostedCoordinatorGone(const std::string& target, const std::string& 
 }
 
 void CoordinatorWatch::Loop(v1::Assignment a) {
-  std::chrono::milliseconds delay = opts_.retry_min;
-  std::optional<std::chrono::steady_clock::time_point> unreachable_since;
+  const CoordinatorSession::Options& opts = session_->options();
+  RetryPacer pacer(opts.retry, session_->clock());
   // Lease datagrams when the coordinator takes them (else, or once it says they do not arrive,
   // heartbeats on the stream).
   LeaseSender lease;
@@ -78,8 +78,8 @@ void CoordinatorWatch::Loop(v1::Assignment a) {
     if (!st.ok()) spdlog::warn("no lease datagrams ({}); heartbeating on the stream", std::string(st.message()));
   }
   LeaseBeat beat;
-  beat.run_id = opts_.run_id;
-  beat.node_id = opts_.node.node_id();
+  beat.run_id = opts.run_id;
+  beat.node_id = opts.node.node_id();
   beat.round = a.round();
   for (;;) {
     std::unique_ptr<WatchStream> stream = client_->Watch();
@@ -97,14 +97,8 @@ void CoordinatorWatch::Loop(v1::Assignment a) {
       ended = true;
       cv_.notify_all();
     });
-    v1::HeartbeatRequest hb;
-    hb.set_run_id(opts_.run_id);
-    hb.set_node_id(opts_.node.node_id());
-    hb.set_round(a.round());
     // The first message carries what a restarted coordinator needs to rebuild the run.
-    *hb.mutable_node() = opts_.node;
-    *hb.mutable_assignment() = a;
-    *hb.mutable_spec() = opts_.spec;
+    v1::HeartbeatRequest hb = session_->Registration(a);
     hb.set_lease_by_udp(by_udp);
     bool stopped = false;
     for (int sent = 0;; ++sent) {
@@ -123,7 +117,7 @@ void CoordinatorWatch::Loop(v1::Assignment a) {
         if (datagram.ok()) lease.Send(*datagram);
       }
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, opts_.interval, [&] { return stop_ || ended; });
+      cv_.wait_for(lock, interval_, [&] { return stop_ || ended; });
       if (stop_ || ended) {
         stopped = stop_;
         break;
@@ -139,12 +133,11 @@ void CoordinatorWatch::Loop(v1::Assignment a) {
     absl::Status ended_with = got ? absl::OkStatus() : stream->Finish();
     stream.reset();
     if (got) {
-      delay = opts_.retry_min;
-      unreachable_since.reset();
+      pacer.Reached();
       if (unreachable_.exchange(false)) spdlog::info("coordinator at {} is back", client_->target());
       if (resp.unknown_node()) {
         spdlog::warn("the coordinator does not know this node (it restarted): re-registering");
-        Backoff(delay);
+        Backoff(opts.retry.first);
         continue;
       }
       if (resp.lease_by_stream() && !resp.stop_workers() && !resp.job_succeeded() && !resp.job_failed()) {
@@ -171,18 +164,16 @@ void CoordinatorWatch::Loop(v1::Assignment a) {
       spdlog::warn("coordinator at {} unreachable ({}); the workers keep running, retrying", client_->target(),
                    std::string(ended_with.message()));
     }
-    const auto now = std::chrono::steady_clock::now();
-    if (!unreachable_since) unreachable_since = now;
-    if (!a.coordinator_host().empty() && now - *unreachable_since >= opts_.patience) {
+    const std::chrono::milliseconds delay = pacer.Unreachable();
+    if (!a.coordinator_host().empty() && pacer.unreachable_for() >= opts.patience) {
       std::lock_guard<std::mutex> lock(mu_);
       answer_.set_stop_workers(true);
       answer_.set_job_failed(true);
-      answer_.set_reason(HostedCoordinatorGone(client_->target(), a.coordinator_host(), opts_.patience));
+      answer_.set_reason(HostedCoordinatorGone(client_->target(), a.coordinator_host(), opts.patience));
       Signal(event_.get());
       return;
     }
     Backoff(delay);
-    delay = std::min(delay * 2, opts_.retry_max);
   }
 }
 

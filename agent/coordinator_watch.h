@@ -2,8 +2,8 @@
 // Start/Stop and an eventfd the agent's poll loop watches:
 // - CoordinatorWatch holds the node's lease while its workers run: on one Watch stream it sends a
 //   heartbeat every interval, and the coordinator answers the moment the workers must stop; it
-//   rides out a coordinator that goes away (retrying with backoff) and re-registers with one that
-//   comes back (every stream opens with what the coordinator needs to rebuild the run).
+//   rides out a coordinator that goes away and re-registers with one that comes back (every stream
+//   opens with what the coordinator needs to rebuild the run), as its CoordinatorSession says.
 // - BackgroundCall runs one blocking call (a Join) so that a signal can cancel it.
 #pragma once
 
@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "agent/coordinator_client.h"
+#include "agent/coordinator_session.h"
 #include "common/unique_fd.h"
 
 namespace launch {
@@ -27,17 +28,9 @@ std::string HostedCoordinatorGone(const std::string& target, const std::string& 
 
 class CoordinatorWatch {
  public:
-  struct Options {
-    std::string run_id;
-    v1::NodeIdentity node;
-    v1::RunSpec spec;
-    std::chrono::milliseconds interval{1000};  // between heartbeats
-    std::chrono::milliseconds retry_min{50}, retry_max{2000};
-    // An agent-hosted coordinator (the assignment names its node) that stays unreachable this
-    // long died with its node: the watch then ends with job_failed and the reason.
-    std::chrono::milliseconds patience{30000};
-  };
-  CoordinatorWatch(Options opts, CoordinatorClient* client) : opts_(std::move(opts)), client_(client) {}
+  // Follows `session`'s retry pacing, patience and registration; a heartbeat every `interval`.
+  CoordinatorWatch(const CoordinatorSession* session, std::chrono::milliseconds interval)
+      : session_(session), client_(session->client()), interval_(interval) {}
   ~CoordinatorWatch() { Stop(); }
 
   // Starts watching the round `a`.
@@ -54,8 +47,9 @@ class CoordinatorWatch {
   void Loop(v1::Assignment a);
   void Backoff(std::chrono::milliseconds d);
 
-  Options opts_;
+  const CoordinatorSession* session_;
   CoordinatorClient* client_;
+  std::chrono::milliseconds interval_;
   UniqueFd event_;
   std::thread thread_;
   mutable std::mutex mu_;

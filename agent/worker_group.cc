@@ -21,63 +21,6 @@
 
 namespace launch {
 
-const char* GroupStateName(GroupState s) {
-  switch (s) {
-    case GroupState::kInit: return "init";
-    case GroupState::kRendezvous: return "rendezvous";
-    case GroupState::kRunning: return "running";
-    case GroupState::kStopping: return "stopping";
-    case GroupState::kStopped: return "stopped";
-    case GroupState::kSucceeded: return "succeeded";
-    case GroupState::kFailed: return "failed";
-    case GroupState::kInterrupted: return "interrupted";
-  }
-  return "?";
-}
-
-absl::StatusOr<GroupState> NextGroupState(GroupState from, GroupEvent event) {
-  using S = GroupState;
-  using E = GroupEvent;
-  switch (from) {
-    case S::kInit:
-      if (event == E::kJoin) return S::kRendezvous;
-      if (event == E::kSignal) return S::kInterrupted;
-      break;
-    case S::kRendezvous:
-      if (event == E::kAssigned) return S::kRunning;
-      if (event == E::kSignal) return S::kInterrupted;
-      if (event == E::kGiveUp) return S::kFailed;
-      break;
-    case S::kRunning:
-      if (event == E::kAllSucceeded) return S::kSucceeded;
-      if (event == E::kWorkerFailed || event == E::kSignal || event == E::kCoordinatorStop)
-        return S::kStopping;
-      break;
-    case S::kStopping:
-      if (event == E::kAllStopped) return S::kStopped;
-      // More exits or a second signal while stopping change nothing but the urgency.
-      if (event == E::kWorkerFailed || event == E::kSignal || event == E::kCoordinatorStop)
-        return S::kStopping;
-      break;
-    case S::kStopped:
-      if (event == E::kRestart) return S::kRendezvous;
-      if (event == E::kGiveUp) return S::kFailed;
-      if (event == E::kSignal) return S::kInterrupted;
-      break;
-    case S::kSucceeded:
-      // This node's workers are done, but another node failed: the whole group runs again.
-      if (event == E::kRestart) return S::kRendezvous;
-      if (event == E::kGiveUp) return S::kFailed;
-      if (event == E::kSignal) return S::kInterrupted;
-      break;
-    case S::kFailed:
-    case S::kInterrupted:
-      break;
-  }
-  return absl::FailedPreconditionError(absl::StrCat("no transition from ", GroupStateName(from),
-                                                    " on event ", static_cast<int>(event)));
-}
-
 namespace {
 
 struct Slot {

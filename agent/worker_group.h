@@ -22,22 +22,6 @@
 
 namespace launch {
 
-// The supervisor's states, with one transition function that rejects illegal moves.
-enum class GroupState { kInit, kRendezvous, kRunning, kStopping, kStopped, kSucceeded, kFailed, kInterrupted };
-enum class GroupEvent {
-  kJoin,             // start a rendezvous round
-  kAssigned,         // the round is formed, workers start
-  kAllSucceeded,     // every worker exited 0
-  kWorkerFailed,     // a worker exited non-zero or was killed
-  kSignal,           // launch got SIGINT/SIGTERM/SIGHUP/SIGQUIT
-  kCoordinatorStop,  // the coordinator asked this node to stop (another node failed, new round)
-  kAllStopped,       // every worker process is gone
-  kRestart,          // restart budget left: re-join
-  kGiveUp,           // no budget left
-};
-const char* GroupStateName(GroupState s);
-absl::StatusOr<GroupState> NextGroupState(GroupState from, GroupEvent event);
-
 struct WorkerLaunch {
   int local_rank = 0;
   int rank = 0;

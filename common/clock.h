@@ -10,6 +10,7 @@ namespace launch {
 class Clock {
  public:
   using TimePoint = std::chrono::steady_clock::time_point;
+  using Duration = std::chrono::steady_clock::duration;
   virtual ~Clock() = default;
   virtual TimePoint Now() const = 0;
 };

@@ -1,3 +1,6 @@
+#include <csignal>
+
+#include "agent/agent_machine.h"
 #include "agent/worker_group.h"
 
 #include "gtest/gtest.h"
@@ -5,54 +8,115 @@
 namespace launch {
 namespace {
 
-using S = GroupState;
-using E = GroupEvent;
+using P = AgentPhase;
+using K = AgentEvent::Kind;
 
-struct Transition {
-  S from;
-  E event;
-  std::optional<S> to;  // nullopt: illegal
-};
-
-void PrintTo(const Transition& c, std::ostream* os) { *os << GroupStateName(c.from) << "+" << static_cast<int>(c.event); }
-
-class GroupStateTable : public ::testing::TestWithParam<Transition> {};
-
-TEST_P(GroupStateTable, Transition) {
-  const Transition& t = GetParam();
-  auto next = NextGroupState(t.from, t.event);
-  if (t.to) {
-    ASSERT_TRUE(next.ok()) << next.status();
-    EXPECT_EQ(*next, *t.to) << GroupStateName(*next);
-  } else {
-    EXPECT_FALSE(next.ok()) << GroupStateName(*next);
-  }
+AgentState In(P phase, GroupEnd last_end = GroupEnd::kSucceeded, bool asking = false) {
+  AgentState s;
+  s.phase = phase;
+  s.last_end = last_end;
+  s.asking = asking;
+  return s;
 }
 
+Verdict V(bool succeeded, bool failed, bool restart) { return Verdict{succeeded, failed, restart}; }
+
+struct Move {
+  const char* name;
+  AgentState from;
+  AgentEvent event;
+  P to;
+  AgentEnd end;  // when to == kDone
+};
+
+void PrintTo(const Move& m, std::ostream* os) { *os << m.name; }
+
+class AgentMachineTable : public ::testing::TestWithParam<Move> {};
+
+TEST_P(AgentMachineTable, Moves) {
+  const Move& m = GetParam();
+  const AgentState next = NextAgentState(m.from, m.event);
+  EXPECT_EQ(next.phase, m.to) << AgentPhaseName(next.phase);
+  if (m.to == P::kDone) EXPECT_EQ(static_cast<int>(next.end), static_cast<int>(m.end));
+}
+
+const AgentEvent kAssigned = AgentEvent::Of(K::kAssigned);
+const AgentEvent kNoVerdict = AgentEvent::Of(K::kNoVerdict);
+
 INSTANTIATE_TEST_SUITE_P(
-    All, GroupStateTable,
-    ::testing::Values(Transition{S::kInit, E::kJoin, S::kRendezvous},
-                      Transition{S::kInit, E::kAssigned, std::nullopt},
-                      Transition{S::kRendezvous, E::kAssigned, S::kRunning},
-                      Transition{S::kRendezvous, E::kSignal, S::kInterrupted},
-                      Transition{S::kRendezvous, E::kAllSucceeded, std::nullopt},
-                      Transition{S::kRunning, E::kAllSucceeded, S::kSucceeded},
-                      Transition{S::kRunning, E::kWorkerFailed, S::kStopping},
-                      Transition{S::kRunning, E::kSignal, S::kStopping},
-                      Transition{S::kRunning, E::kCoordinatorStop, S::kStopping},
-                      Transition{S::kRunning, E::kRestart, std::nullopt},
-                      Transition{S::kStopping, E::kSignal, S::kStopping},
-                      Transition{S::kStopping, E::kWorkerFailed, S::kStopping},
-                      Transition{S::kStopping, E::kAllStopped, S::kStopped},
-                      Transition{S::kStopping, E::kAllSucceeded, std::nullopt},
-                      Transition{S::kStopped, E::kRestart, S::kRendezvous},
-                      Transition{S::kStopped, E::kGiveUp, S::kFailed},
-                      Transition{S::kStopped, E::kSignal, S::kInterrupted},
-                      Transition{S::kSucceeded, E::kJoin, std::nullopt},
-                      Transition{S::kSucceeded, E::kRestart, S::kRendezvous},
-                      Transition{S::kSucceeded, E::kGiveUp, S::kFailed},
-                      Transition{S::kFailed, E::kRestart, std::nullopt},
-                      Transition{S::kInterrupted, E::kJoin, std::nullopt}));
+    All, AgentMachineTable,
+    ::testing::Values(
+        Move{"JoinedRuns", In(P::kJoining), kAssigned, P::kRunning, AgentEnd::kNone},
+        Move{"SignalWhileJoiningEnds", In(P::kJoining), AgentEvent::Signal(SIGINT), P::kDone, AgentEnd::kSignal},
+        Move{"JoinErrorIsLaunchsOwn", In(P::kJoining), AgentEvent::Of(K::kError), P::kDone, AgentEnd::kLaunchError},
+        Move{"VerdictWhileJoiningCannotCome", In(P::kJoining), AgentEvent::Answered(V(true, false, false)), P::kDone,
+             AgentEnd::kLaunchError},
+        Move{"BadEnvironmentIsBadInput", In(P::kRunning), AgentEvent::Of(K::kBadInput), P::kDone, AgentEnd::kBadInput},
+        Move{"DryRunEnds", In(P::kRunning), AgentEvent::Of(K::kDryRun), P::kDone, AgentEnd::kDryRun},
+        Move{"SucceededReports", In(P::kRunning), AgentEvent::GroupEnded(GroupEnd::kSucceeded), P::kReporting,
+             AgentEnd::kNone},
+        Move{"FailedReports", In(P::kRunning), AgentEvent::GroupEnded(GroupEnd::kFailed), P::kReporting,
+             AgentEnd::kNone},
+        Move{"InterruptedEndsWithItsSignal", In(P::kRunning), AgentEvent::GroupEnded(GroupEnd::kInterrupted, SIGTERM),
+             P::kDone, AgentEnd::kSignal},
+        Move{"StoppedByAGoneCoordinatorFails", In(P::kRunning),
+             AgentEvent::GroupEnded(GroupEnd::kCoordinatorStop, 0, true), P::kDone, AgentEnd::kJobFailed},
+        Move{"StoppedByTheCoordinatorReports", In(P::kRunning), AgentEvent::GroupEnded(GroupEnd::kCoordinatorStop),
+             P::kReporting, AgentEnd::kNone},
+        Move{"JobSucceeded", In(P::kReporting), AgentEvent::Answered(V(true, false, false)), P::kDone,
+             AgentEnd::kSucceeded},
+        Move{"OthersStillRunWait", In(P::kReporting), AgentEvent::Answered(V(false, false, false)), P::kAwaiting,
+             AgentEnd::kNone},
+        Move{"OtherNodeFailedAfterOursSucceededRejoins", In(P::kReporting),
+             AgentEvent::Answered(V(false, false, true)), P::kJoining, AgentEnd::kNone},
+        Move{"SucceededButJobFailed", In(P::kReporting), AgentEvent::Answered(V(false, true, false)), P::kDone,
+             AgentEnd::kJobFailed},
+        Move{"FailedWithBudgetBacksOff", In(P::kReporting, GroupEnd::kFailed), AgentEvent::Answered(V(false, false, true)),
+             P::kBackingOff, AgentEnd::kNone},
+        Move{"FailedWithoutBudgetGivesUp", In(P::kReporting, GroupEnd::kFailed),
+             AgentEvent::Answered(V(false, true, false)), P::kDone, AgentEnd::kGaveUp},
+        Move{"FailedAndCoordinatorGoneGivesUp", In(P::kReporting, GroupEnd::kFailed), kNoVerdict, P::kDone,
+             AgentEnd::kGaveUp},
+        Move{"SucceededAndCoordinatorGoneIsLaunchsError", In(P::kReporting), kNoVerdict, P::kDone,
+             AgentEnd::kLaunchError},
+        Move{"AskingAndCoordinatorGoneFailsTheJob", In(P::kReporting, GroupEnd::kSucceeded, true), kNoVerdict,
+             P::kDone, AgentEnd::kJobFailed},
+        Move{"AskedAndNotFailedRejoins", In(P::kReporting, GroupEnd::kSucceeded, true),
+             AgentEvent::Answered(V(false, false, false)), P::kJoining, AgentEnd::kNone},
+        Move{"NewRoundAfterCoordinatorStopRejoins", In(P::kReporting, GroupEnd::kCoordinatorStop),
+             AgentEvent::Answered(V(false, false, false)), P::kJoining, AgentEnd::kNone},
+        Move{"CoordinatorStopAndJobFailed", In(P::kReporting, GroupEnd::kCoordinatorStop),
+             AgentEvent::Answered(V(false, true, false)), P::kDone, AgentEnd::kJobFailed},
+        Move{"AwaitedSuccess", In(P::kAwaiting), AgentEvent::Answered(V(true, false, false)), P::kDone,
+             AgentEnd::kSucceeded},
+        Move{"AwaitedNewRoundRejoins", In(P::kAwaiting), AgentEvent::Answered(V(false, false, true)), P::kJoining,
+             AgentEnd::kNone},
+        Move{"AwaitedFailureAsksForTheVerdict", In(P::kAwaiting), AgentEvent::Answered(V(false, true, true)),
+             P::kReporting, AgentEnd::kNone},
+        Move{"AwaitWithoutAnswerAsks", In(P::kAwaiting), kNoVerdict, P::kReporting, AgentEnd::kNone},
+        Move{"SignalWhileAwaitingEnds", In(P::kAwaiting), AgentEvent::Signal(SIGTERM), P::kDone, AgentEnd::kSignal},
+        Move{"BackoffOverRejoins", In(P::kBackingOff), AgentEvent::Of(K::kBackoffOver), P::kJoining, AgentEnd::kNone},
+        Move{"SignalDuringBackoffEnds", In(P::kBackingOff), AgentEvent::Signal(SIGINT), P::kDone, AgentEnd::kSignal},
+        Move{"BackoffOverWhileRunningCannotCome", In(P::kRunning), AgentEvent::Of(K::kBackoffOver), P::kDone,
+             AgentEnd::kLaunchError}));
+
+TEST(AgentMachine, AskingIsSetOnlyByTheWaitForTheOthers) {
+  AgentState s = NextAgentState(In(P::kAwaiting), kNoVerdict);
+  EXPECT_TRUE(s.asking);
+  s = NextAgentState(In(P::kJoining), kAssigned);
+  EXPECT_FALSE(s.asking);
+}
+
+TEST(AgentMachine, NothingMovesAfterTheEnd) {
+  AgentState done = NextAgentState(In(P::kJoining), AgentEvent::Signal(SIGINT));
+  for (K k : {K::kAssigned, K::kDryRun, K::kGroupEnded, K::kVerdict, K::kNoVerdict, K::kBackoffOver, K::kSignal,
+              K::kError, K::kBadInput}) {
+    AgentState next = NextAgentState(done, AgentEvent::Of(k));
+    EXPECT_EQ(next.phase, P::kDone);
+    EXPECT_EQ(next.end, AgentEnd::kSignal);
+    EXPECT_EQ(next.signal, SIGINT);
+  }
+}
 
 TEST(FailureSummary, ListsFailedWorkersWithRootCause) {
   GroupOutcome o;
