@@ -1,4 +1,6 @@
-// The agent against a fake coordinator client (no gRPC, no coordinator), with real workers.
+// The agent against a fake coordinator client (no gRPC, no coordinator): with a fake launcher (no
+// processes, microseconds) for its phases and decisions, and with real workers where timing with
+// real processes is the point.
 #include "agent/agent.h"
 
 #include <signal.h>
@@ -6,9 +8,11 @@
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/fake_launcher.h"
 #include "tests/test_util.h"
 
 namespace launch {
@@ -17,6 +21,7 @@ namespace {
 using testing::ProcessAlive;
 using testing::ReadPids;
 using testing::TempDir;
+using testing::FakeProcessLauncher;
 using testing::WaitUntil;
 
 const std::string kWorker = TEST_WORKER_BIN;
@@ -127,6 +132,201 @@ TEST_F(AgentTest, TheEarlyFailureReportDoesNotHoldUpTheGroup) {
   EXPECT_EQ(agent.Run(), 3);
   EXPECT_TRUE(survivor_died_while_report_waited);
   EXPECT_EQ(coord.reports_, 2);  // the early report, then the group's
+}
+
+// ---- The agent with a fake launcher: its phases and decisions, no processes ----
+
+// A Watch stream that answers at once.
+class AnsweringStream : public WatchStream {
+ public:
+  explicit AnsweringStream(v1::HeartbeatResponse answer) : answer_(std::move(answer)) {}
+  bool Send(const v1::HeartbeatRequest&) override { return true; }
+  bool Receive(v1::HeartbeatResponse* resp) override {
+    *resp = answer_;
+    return true;
+  }
+  absl::Status Finish() override { return absl::OkStatus(); }
+  void Cancel() override {}
+
+ private:
+  v1::HeartbeatResponse answer_;
+};
+
+// Rounds numbered by join; reports and watch streams answered by the test's functions.
+class ScriptedCoordinator : public CoordinatorClient {
+ public:
+  std::function<v1::ReportExitResponse(const v1::ReportExitRequest&)> on_report;
+  // The n-th Watch stream (from 1) answers this; nullopt: it stays silent.
+  std::function<std::optional<v1::HeartbeatResponse>(int n)> on_watch;
+  int max_restarts = 3;
+
+  std::unique_ptr<WatchStream> Watch() override {
+    const int n = ++watches_;
+    std::optional<v1::HeartbeatResponse> answer = on_watch ? on_watch(n) : std::nullopt;
+    if (answer) return std::make_unique<AnsweringStream>(*answer);
+    return std::make_unique<SilentStream>();
+  }
+  absl::StatusOr<v1::Assignment> Join(const v1::JoinRequest& req, CallCanceller*) override {
+    const int n = ++joins_;
+    v1::Assignment a;
+    a.set_round(n);
+    a.set_restart_count(n - 1);
+    a.set_max_restarts(max_restarts);
+    a.set_group_world_size(1);
+    a.set_world_size(req.node().local_world_size());
+    a.set_master_addr("127.0.0.1");
+    a.set_master_port(req.proposed_master_port());
+    return a;
+  }
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest&) override {
+    return v1::HeartbeatResponse();
+  }
+  absl::StatusOr<v1::ReportExitResponse> ReportExit(const v1::ReportExitRequest& req,
+                                                    std::chrono::milliseconds) override {
+    std::lock_guard<std::mutex> lock(mu_);  // the early report comes from a thread of its own
+    reports_.push_back(req);
+    return on_report ? on_report(req) : v1::ReportExitResponse();
+  }
+  std::string target() const override { return "fake"; }
+
+  int joins() const { return joins_; }
+  std::vector<v1::ReportExitRequest> reports() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return reports_;
+  }
+
+ private:
+  std::atomic<int> joins_{0}, watches_{0};
+  std::mutex mu_;
+  std::vector<v1::ReportExitRequest> reports_;
+};
+
+v1::ReportExitResponse Succeeded() {
+  v1::ReportExitResponse r;
+  r.set_job_succeeded(true);
+  return r;
+}
+
+bool HasEnv(const SpawnOptions& so, const std::string& kv) {
+  return std::find(so.env.begin(), so.env.end(), kv) != so.env.end();
+}
+
+class FakeAgentTest : public AgentTest {
+ protected:
+  int RunAgent(const AgentOptions& o) {
+    Agent agent(o, &coord_, &fake_, nullptr, &*signals_, &clock_);
+    return agent.Run();
+  }
+  static FakeProcessLauncher::Script Exits(int code) {
+    FakeProcessLauncher::Script s;
+    s.exit_at_start = code;
+    return s;
+  }
+  ScriptedCoordinator coord_;
+  FakeProcessLauncher fake_;
+};
+
+TEST_F(FakeAgentTest, AFailureWithRestartsLeftRunsTheGroupAgain) {
+  fake_.script = [](int n, const SpawnOptions&) { return Exits(n == 1 ? 3 : 0); };  // attempt 1: rank 1 fails
+  coord_.on_report = [](const v1::ReportExitRequest& req) {
+    if (req.group_succeeded()) return Succeeded();
+    v1::ReportExitResponse r;
+    r.set_restart(true);
+    r.set_restart_count(1);
+    return r;
+  };
+  EXPECT_EQ(RunAgent(Options(2, {})), 0);
+  EXPECT_EQ(coord_.joins(), 2);
+  ASSERT_EQ(fake_.spawned().size(), 4u);
+  EXPECT_TRUE(HasEnv(fake_.spawned()[0], "TORCHELASTIC_RESTART_COUNT=0"));
+  EXPECT_TRUE(HasEnv(fake_.spawned()[2], "TORCHELASTIC_RESTART_COUNT=1"));
+  // The failure was reported early (rank 1 only), then with the group's other exits.
+  const auto reports = coord_.reports();
+  ASSERT_GE(reports.size(), 3u);
+  EXPECT_EQ(reports[0].exits_size(), 1);
+  EXPECT_EQ(reports[0].exits(0).rank(), 1);
+  EXPECT_EQ(reports[1].exits(0).rank(), 1);  // the root cause first
+  EXPECT_EQ(reports[1].exits(0).exit_code(), 3);
+}
+
+TEST_F(FakeAgentTest, NoRestartLeftExitsWithTheRootCausesCode) {
+  fake_.script = [](int n, const SpawnOptions&) { return Exits(n == 0 ? 7 : 0); };
+  coord_.on_report = [](const v1::ReportExitRequest&) {
+    v1::ReportExitResponse r;
+    r.set_job_failed(true);
+    return r;
+  };
+  EXPECT_EQ(RunAgent(Options(2, {})), 7);
+  EXPECT_EQ(coord_.joins(), 1);
+}
+
+TEST_F(FakeAgentTest, TheCoordinatorsStopEndsTheRoundAndTheNextOneRuns) {
+  fake_.script = [](int n, const SpawnOptions&) {
+    // Round 1's workers run until stopped; round 2's exit 0.
+    return n < 2 ? FakeProcessLauncher::Script() : Exits(0);
+  };
+  coord_.on_watch = [](int n) -> std::optional<v1::HeartbeatResponse> {
+    if (n != 1) return std::nullopt;
+    v1::HeartbeatResponse r;
+    r.set_stop_workers(true);
+    r.set_reason("node-c left");
+    return r;
+  };
+  coord_.on_report = [](const v1::ReportExitRequest& req) {
+    return req.group_succeeded() ? Succeeded() : v1::ReportExitResponse();
+  };
+  EXPECT_EQ(RunAgent(Options(2, {})), 0);
+  EXPECT_EQ(coord_.joins(), 2);
+  ASSERT_EQ(fake_.spawned().size(), 4u);
+  EXPECT_EQ(fake_.SignalsTo(1000), std::vector<int>{SIGTERM});
+  EXPECT_EQ(coord_.reports()[0].exits_size(), 0);  // stopped, not failed: nothing to blame
+}
+
+TEST_F(FakeAgentTest, ANodeDoneFirstWaitsForTheJobsVerdict) {
+  fake_.script = [](int, const SpawnOptions&) { return Exits(0); };
+  coord_.on_report = [](const v1::ReportExitRequest&) { return v1::ReportExitResponse(); };  // others still run
+  coord_.on_watch = [](int n) -> std::optional<v1::HeartbeatResponse> {
+    if (n != 2) return std::nullopt;  // the watch while waiting for the others
+    v1::HeartbeatResponse r;
+    r.set_job_succeeded(true);
+    return r;
+  };
+  EXPECT_EQ(RunAgent(Options(1, {})), 0);
+  EXPECT_EQ(coord_.joins(), 1);
+}
+
+TEST_F(FakeAgentTest, ASignalDuringTheRestartBackoffEndsTheRunWithItsCode) {
+  fake_.script = [](int, const SpawnOptions&) { return Exits(1); };
+  const std::thread::id agent_thread = std::this_thread::get_id();
+  coord_.on_report = [agent_thread](const v1::ReportExitRequest&) {
+    // The early report comes from a thread of its own; the group's report from the agent's.
+    if (std::this_thread::get_id() != agent_thread) return v1::ReportExitResponse();
+    v1::ReportExitResponse r;
+    r.set_restart(true);
+    ::raise(SIGTERM);  // pending on the agent's signal fd when the backoff starts waiting
+    return r;
+  };
+  AgentOptions o = Options(1, {});
+  o.restart_backoff = std::chrono::hours(1);
+  EXPECT_EQ(RunAgent(o), 128 + SIGTERM);
+  EXPECT_EQ(coord_.joins(), 1);
+}
+
+TEST_F(FakeAgentTest, AWorkerThatCannotStartIsLaunchsOwnError) {
+  fake_.script = [](int, const SpawnOptions&) {
+    FakeProcessLauncher::Script s;
+    s.spawn_error = absl::PermissionDeniedError("cannot start '/x': Permission denied");
+    return s;
+  };
+  EXPECT_EQ(RunAgent(Options(2, {})), 1);
+  EXPECT_TRUE(coord_.reports().empty());
+}
+
+TEST_F(FakeAgentTest, ADryRunStartsNothing) {
+  AgentOptions o = Options(2, {});
+  o.dry_run = true;
+  EXPECT_EQ(RunAgent(o), 0);
+  EXPECT_TRUE(fake_.spawned().empty());
 }
 
 }  // namespace
