@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "agent/agent_machine.h"
+#include "agent/agent_options.h"
 #include "agent/coordinator_client.h"
 #include "agent/coordinator_session.h"
 #include "agent/coordinator_watch.h"
@@ -21,39 +22,6 @@
 #include "common/clock.h"
 
 namespace launch {
-
-// --rdzv-backend=static: the node's place is given, not negotiated (torchrun's static mode).
-struct StaticTopology {
-  int group_rank = 0;
-  int group_world_size = 1;
-  std::string master_addr;
-  int master_port = 29500;
-};
-
-struct AgentOptions {
-  WorkerGroupSpec spec;
-  // argv of every worker; "${local_rank}" is replaced per worker.
-  std::vector<std::string> argv;
-  // torchrun's layout under <log_dir>/<run_id>/attempt_<k>/<local_rank>/. Empty: a temporary
-  // directory holds only the error files and is removed at exit.
-  std::string log_dir;
-  StdSpec redirects, tee;
-  std::optional<std::set<int>> console_local_ranks;  // --local-ranks-filter
-  std::chrono::milliseconds stop_timeout{30000};
-  std::chrono::milliseconds restart_backoff{0};
-  // How often the lease is renewed while the workers run (--rdzv-conf heartbeat_interval).
-  std::chrono::milliseconds heartbeat_interval{1000};
-  // How long to keep trying an unreachable coordinator once the workers have ended.
-  std::chrono::milliseconds coordinator_patience{30000};
-  bool dry_run = false;
-  // The run's settings, sent with every join (the coordinator checks all nodes agree).
-  v1::RunSpec run_spec;
-  std::optional<StaticTopology> static_topology;
-  // What this node offers as MASTER_ADDR/MASTER_PORT if it becomes group rank 0.
-  std::string master_addr = "127.0.0.1";
-  std::optional<int> master_port;  // --master-port; else a free port per attempt
-  v1::NodeIdentity node;
-};
 
 // A directory of its own for one run's logs: <log_dir>/<run_id>, or <run_id>.1, .2, ... when
 // earlier runs with this id left theirs (made with mkdir, so two runs never share files).

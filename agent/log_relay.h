@@ -16,24 +16,11 @@
 
 #include "absl/status/statusor.h"
 #include "agent/console.h"
+#include "agent/job_spec.h"
 #include "common/clock.h"
 #include "common/unique_fd.h"
 
 namespace launch {
-
-// torchrun's --redirects / --tee value: 0 none, 1 stdout, 2 stderr, 3 both; either one value for
-// every local rank or a map "0:1,1:2".
-struct StdSpec {
-  int all = 0;
-  std::map<int, int> per_rank;
-  int For(int local_rank) const {
-    auto it = per_rank.find(local_rank);
-    return it == per_rank.end() ? all : it->second;
-  }
-  bool Stdout(int local_rank) const { return For(local_rank) & 1; }
-  bool Stderr(int local_rank) const { return For(local_rank) & 2; }
-};
-absl::StatusOr<StdSpec> ParseStdSpec(const std::string& value, const std::string& flag);
 
 // One worker stream.
 class LineRelay {

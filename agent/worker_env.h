@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "launch_sdk/scaling.h"
+#include "agent/job_spec.h"
 
 namespace launch {
 
@@ -18,20 +18,6 @@ using Env = std::map<std::string, std::string>;
 Env CurrentEnv();
 // "KEY=VALUE" strings, for execve.
 std::vector<std::string> EnvToStrings(const Env& env);
-
-// The SDK's scaling rules (torch-free) are the one definition both sides use.
-using LrScaling = launch_sdk::LrScaling;
-enum class GpuBinding { kShared, kIsolate };
-
-// The config's `train:` section: inputs to learning-rate and batch scaling.
-struct TrainScaling {
-  double base_lr = 0;
-  std::optional<int> per_worker_batch;
-  std::optional<int> global_batch;
-  std::optional<int> base_batch;  // the global batch base_lr was tuned for
-  int grad_accum_steps = 1;
-  LrScaling mode = LrScaling::kLinear;
-};
 
 struct ScaledTraining {
   double lr = 0;
@@ -43,24 +29,6 @@ struct ScaledTraining {
 // lr = base_lr * f(global_batch / base_batch), f = identity, sqrt or 1. base_batch defaults to
 // per_worker_batch when that is given (scale = world size for linear), else to global_batch.
 absl::StatusOr<ScaledTraining> ScaleTraining(const TrainScaling& t, int world_size);
-
-// What stays fixed for the whole run on this node.
-struct WorkerGroupSpec {
-  int local_world_size = 1;
-  std::string role = "default";
-  std::string run_id = "none";
-  int max_restarts = 0;
-  // CUDA_VISIBLE_DEVICES tokens of the GPUs this node's workers may use; empty: no GPUs.
-  std::vector<std::string> gpu_pool;
-  // True when the pool came from NVML indices (not an inherited CUDA_VISIBLE_DEVICES): then
-  // CUDA_DEVICE_ORDER=PCI_BUS_ID makes CUDA's numbering match NVML's.
-  bool gpu_pool_is_nvml_indices = false;
-  GpuBinding gpu_binding = GpuBinding::kShared;
-  std::optional<std::string> cuda_alloc_conf;  // --cuda-alloc-conf
-  std::optional<int> threads_per_worker;       // --threads-per-worker
-  int usable_cpus = 1;
-  std::optional<TrainScaling> train;
-};
 
 // What one rendezvous round decided for this node.
 struct RoundInfo {

@@ -9,8 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "agent/log_relay.h"
-#include "agent/worker_env.h"
+#include "agent/job_spec.h"
 
 namespace launch {
 

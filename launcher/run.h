@@ -1,5 +1,5 @@
-// `launch [flags] PROGRAM`: checks everything that can be checked before starting anything
-// (exit 2 on bad input), then runs an in-process coordinator and this node's agent.
+// `launch [flags] PROGRAM`: gathers this machine's facts, plans the launch (launcher/plan.h: exit 2
+// on bad input, before anything starts), then carries the plan out: coordinator, agent, workers.
 #pragma once
 
 #include "agent/process.h"
@@ -13,8 +13,5 @@ int RunLaunch(const LaunchConfig& config, OrphanGuard* guard, SignalFd* signals)
 
 // `launch coordinator`: serves until SIGINT/SIGTERM; returns the exit code.
 int RunCoordinator(const CoordinatorConfig& config, SignalFd* signals);
-
-// torchrun's default rendezvous port.
-inline constexpr int kDefaultRendezvousPort = 29400;
 
 }  // namespace launch

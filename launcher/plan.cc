@@ -1,0 +1,313 @@
+#include "launcher/plan.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/limits.h"
+#include "common/net.h"
+#include "common/status_macros.h"
+
+namespace launch {
+namespace {
+
+// Every refusal of the plan is a usage error (exit 2): lower-level NotFound or PermissionDenied
+// answers (a program not found) keep their message and become InvalidArgument.
+absl::Status AsUsage(const absl::Status& st) {
+  if (st.ok() || absl::IsInvalidArgument(st) || absl::IsFailedPrecondition(st)) return st;
+  return absl::InvalidArgumentError(st.message());
+}
+
+// What launch holds open per worker while it runs: the read ends of its stdout and stderr
+// pipes, and its two log files when there are any; plus a margin for launch itself (gRPC, epoll,
+// the signal and console descriptors) and for one spawn's pipes in flight.
+constexpr long kOwnDescriptors = 64;
+long DescriptorsNeeded(int nproc, bool log_files) {
+  return kOwnDescriptors + nproc * (log_files ? 4L : 2L);
+}
+
+// A plan that cannot have its descriptors started about 10,000 workers of 12,000 before it failed
+// (and said "nothing started"): it is refused before anything starts.
+absl::Status CheckDescriptorBudget(int nproc, bool log_files, const HostFacts& host) {
+  if (!host.open_files_soft) return absl::OkStatus();
+  const long limit = *host.open_files_soft;
+  const long need = DescriptorsNeeded(nproc, log_files);
+  if (need <= limit) return absl::OkStatus();
+  const long fit = std::max(0L, (limit - kOwnDescriptors) / (log_files ? 4 : 2));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--nproc-per-node=", nproc, ": ", nproc, " workers", log_files ? " with log files" : "",
+      " need about ", need, " open files, and the limit is ", limit,
+      " (ulimit -n; the hard limit is ",
+      host.open_files_hard ? std::to_string(*host.open_files_hard) : std::string("unlimited"),
+      "); expected at most ", fit, " workers, or a higher limit"));
+}
+
+// The worker command line: a .py script or -m module through $PYTHON_EXEC -u, like torchrun;
+// anything else (or --no-python) directly.
+absl::StatusOr<std::vector<std::string>> WorkerArgv(const LaunchConfig& c, const HostFacts& host) {
+  const Env& env = host.env;
+  HostQueries& q = *host.queries;
+  std::string path = env.count("PATH") ? env.at("PATH") : "/usr/local/bin:/usr/bin:/bin";
+  const bool python = c.module || (!c.no_python && absl::EndsWith(c.program, ".py"));
+  std::vector<std::string> argv;
+  if (python) {
+    std::string py = env.count("PYTHON_EXEC") ? env.at("PYTHON_EXEC") : "python3";
+    auto exe = q.ResolveExecutable(py, path);
+    if (!exe.ok())
+      return absl::NotFoundError(absl::StrCat("PYTHON_EXEC: ", exe.status().message()));
+    argv = {*exe, "-u"};
+    if (c.module) {
+      argv.push_back("-m");
+    } else if (!q.File(c.program).readable) {
+      return absl::NotFoundError(
+          absl::StrCat("script '", c.program, "' does not exist or is not readable"));
+    }
+    argv.push_back(c.program);
+  } else {
+    auto exe = q.ResolveExecutable(c.program, path);
+    if (!exe.ok() && !c.no_python) {
+      const FileFacts f = q.File(c.program);
+      if (f.regular && !f.executable) {
+        // torchrun runs every program through Python unless --no-python; launch runs .py files (and
+        // -m) through it and everything else directly, so a script without .py needs one more word.
+        return absl::InvalidArgumentError(absl::StrCat(
+            "program '", c.program, "' is a file that is not executable",
+            c.program.find('/') == std::string::npos ? " and not on PATH" : "",
+            ": launch runs only .py scripts and -m modules through Python (torchrun would run it "
+            "with python); "
+            "name it ",
+            c.program, ".py, chmod +x it, or give the interpreter: launch ... python3 -u ",
+            c.program));
+      }
+    }
+    if (!exe.ok()) return exe.status();
+    argv.push_back(*exe);
+  }
+  argv.insert(argv.end(), c.args.begin(), c.args.end());
+  return argv;
+}
+
+// This node's address as the other nodes reach it.
+absl::StatusOr<std::string> NodeAddress(const LaunchConfig& c, HostQueries& q) {
+  std::string addr = c.local_addr;
+  std::string endpoint_host;
+  if (!c.rdzv_endpoint.empty()) {
+    auto hp = ParseHostPort(c.rdzv_endpoint, "--rdzv-endpoint");
+    if (hp.ok()) endpoint_host = hp->host;
+  }
+  if (addr.empty() && !endpoint_host.empty()) {
+    // A coordinator on loopback means the whole job is on this machine.
+    auto loop = q.IsLoopbackHost(endpoint_host);
+    if (loop.ok() && *loop)
+      addr = endpoint_host.find(':') != std::string::npos ? "::1" : "127.0.0.1";
+  }
+  if (addr.empty()) {
+    auto guess = q.DefaultHostAddress();
+    if (!guess.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cannot tell this node's address (", guess.status().message(), "); give --local-addr"));
+    }
+    addr = *guess;
+  } else if (auto ips = q.ResolveHost(addr); !ips.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--local-addr=", addr, ": ", ips.status().message()));
+  }
+  // A loopback address is fine when the whole job is on this machine (the endpoint is loopback).
+  std::string peer = c.rdzv_backend == "static" ? c.master_addr.value_or("") : "";
+  if (peer.empty()) peer = endpoint_host;
+  auto self_loop = q.IsLoopbackHost(addr);
+  auto peer_loop = peer.empty() ? absl::StatusOr<bool>(false) : q.IsLoopbackHost(peer);
+  if (self_loop.ok() && *self_loop && !(peer_loop.ok() && *peer_loop)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(c.local_addr.empty() ? "this host's name" : "--local-addr=" + c.local_addr,
+                     " resolves to loopback ", addr,
+                     ", which other nodes cannot reach; expected --local-addr=<this node's IP or "
+                     "name on the cluster network>"));
+  }
+  return addr;
+}
+
+RendezvousConfig RendezvousSettings(const LaunchConfig& c, bool multi) {
+  auto ms = [](double s) { return SecondsToMs(s); };
+  RendezvousConfig r;
+  r.min_nodes = multi ? c.min_nodes : 1;
+  r.max_nodes = multi ? c.max_nodes : 1;
+  r.max_restarts = c.max_restarts;
+  r.join_timeout = ms(c.rdzv.join_timeout);
+  r.last_call_timeout = ms(c.rdzv.last_call_timeout);
+  r.close_timeout = ms(c.rdzv.close_timeout);
+  // A single node's coordinator lives in its agent: the agent cannot be lost while it runs, so
+  // its lease never expires (SIGSTOP/SIGCONT of launch, or a paused VM, restarted healthy workers).
+  r.heartbeat_timeout = multi ? ms(c.rdzv.heartbeat_timeout) : ms(kMaxSeconds);
+  return r;
+}
+
+absl::StatusOr<LaunchPlan> Plan(const LaunchConfig& c, const HostFacts& host) {
+  HostQueries& q = *host.queries;
+  LaunchPlan plan;
+  AgentOptions& opts = plan.agent;
+
+  // GPUs.
+  const std::vector<GpuInfo>& gpus = host.gpus;
+  GpuSelection sel;
+  if (host.env.count("CUDA_VISIBLE_DEVICES"))
+    sel.inherited_cuda_visible_devices = host.env.at("CUDA_VISIBLE_DEVICES");
+  sel.gpus = c.gpus;
+  sel.exclude = c.exclude_gpus;
+  if (gpus.empty() && (!c.gpus.empty() || !c.exclude_gpus.empty())) {
+    return absl::InvalidArgumentError(absl::StrCat(c.gpus.empty() ? "--exclude-gpus" : "--gpus",
+                                                   ": no GPU (", host.why_no_gpu, ")"));
+  }
+  ASSIGN_OR_RETURN(GpuPool pool, SelectGpuPool(gpus, sel));
+  plan.warnings = pool.warnings;
+
+  // Workers on this node.
+  const int cpus = host.usable_cpus;
+  int nproc = c.nproc;
+  switch (c.nproc_kind) {
+    case LaunchConfig::Nproc::kCount:
+      break;
+    case LaunchConfig::Nproc::kCpu:
+      nproc = cpus;
+      break;
+    case LaunchConfig::Nproc::kGpu:
+      if (pool.gpus.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--nproc-per-node=gpu: no GPU (",
+                         gpus.empty() ? host.why_no_gpu : "every GPU is excluded", ")"));
+      }
+      nproc = static_cast<int>(pool.gpus.size());
+      break;
+    case LaunchConfig::Nproc::kAuto:
+      nproc = pool.gpus.empty() ? cpus : static_cast<int>(pool.gpus.size());
+      break;
+  }
+  if (c.gpu_binding == GpuBinding::kIsolate && !pool.gpus.empty() &&
+      static_cast<int>(pool.gpus.size()) < nproc) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--gpu-binding=isolate: ", nproc, " workers but ", pool.gpus.size(),
+                     " GPU(s) in the pool; expected at least one GPU per worker"));
+  }
+
+  ASSIGN_OR_RETURN(opts.argv, WorkerArgv(c, host));
+  const bool redirecting = c.redirects.Any() || c.tee.Any();
+  if (!c.dry_run) {
+    const bool log_files = !c.log_dir.empty() || redirecting;
+    RETURN_IF_ERROR(CheckDescriptorBudget(nproc, log_files, host));
+    plan.descriptors_needed = DescriptorsNeeded(nproc, log_files);
+  }
+
+  // Topology: one node with its coordinator in-process, a multi-node rendezvous, or static ranks.
+  const bool is_static = c.rdzv_backend == "static" && c.max_nodes > 1;
+  const bool multi = !is_static && !c.standalone && (c.max_nodes > 1 || !c.rdzv_endpoint.empty());
+  plan.topology = multi       ? Topology::kMultiNode
+                  : is_static ? Topology::kStatic
+                              : Topology::kSingleNode;
+  if (multi && c.rdzv_endpoint.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--nnodes=",
+                     c.min_nodes == c.max_nodes ? std::to_string(c.max_nodes)
+                                                : absl::StrCat(c.min_nodes, ":", c.max_nodes),
+                     ": a multi-node run needs --rdzv-endpoint=HOST[:PORT] (the coordinator)"));
+  }
+  std::string node_addr = "127.0.0.1";
+  if (multi || is_static) {
+    ASSIGN_OR_RETURN(node_addr, NodeAddress(c, q));
+  }
+  const std::string master_addr = c.master_addr.value_or(multi ? node_addr : "127.0.0.1");
+  if (c.master_port && !c.dry_run) {
+    auto in_use = q.PortInUse(master_addr, *c.master_port);
+    if (!in_use.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--master-addr=", master_addr, ": ", in_use.status().message()));
+    }
+    if (*in_use) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--master-port=", *c.master_port, ": the port is already in use on ",
+                       master_addr, "; expected a free port (or omit the flag to get one)"));
+    }
+  }
+
+  opts.spec.local_world_size = nproc;
+  opts.spec.role = c.role;
+  // Every node of a job must name the same run: torchrun's default id when none is given.
+  opts.spec.run_id = !c.rdzv_id.empty()     ? c.rdzv_id
+                     : (multi || is_static) ? "none"
+                                            : q.RandomHex(8);
+  opts.spec.max_restarts = c.max_restarts;
+  opts.spec.gpu_pool = pool.tokens;
+  opts.spec.gpu_pool_is_nvml_indices = pool.from_nvml_indices;
+  opts.spec.gpu_binding = c.gpu_binding;
+  opts.spec.cuda_alloc_conf = c.cuda_alloc_conf;
+  opts.spec.threads_per_worker = c.threads_per_worker;
+  opts.spec.usable_cpus = cpus;
+  opts.spec.train = c.train;
+  if (c.train) {
+    // Fail now, not at the first round, when the batch cannot be split.
+    RETURN_IF_ERROR(ScaleTraining(*c.train, nproc).status());
+  }
+  opts.log_dir = c.log_dir;
+  // As torchrun: redirected output needs files somewhere; they are kept.
+  plan.make_temp_log_dir = opts.log_dir.empty() && redirecting && !c.dry_run;
+  plan.ensure_log_dir = (!opts.log_dir.empty() || plan.make_temp_log_dir) && !c.dry_run;
+  opts.redirects = c.redirects;
+  opts.tee = c.tee;
+  opts.console_local_ranks = c.local_ranks_filter;
+  opts.stop_timeout = SecondsToMs(c.stop_timeout);
+  opts.restart_backoff = SecondsToMs(c.restart_backoff);
+  opts.dry_run = c.dry_run;
+  opts.master_addr = master_addr;
+  opts.master_port = c.master_port;
+  opts.node.set_hostname(host.hostname);
+  // "<host>:<pid>:<hex>", its host part cut so that the id fits kMaxNodeIdLength.
+  opts.node.set_node_id(absl::StrCat(host.hostname.substr(0, kMaxNodeIdLength - 32), ":", host.pid,
+                                     ":", q.RandomHex(4)));
+  opts.node.set_host_address(node_addr);
+  opts.node.set_local_world_size(nproc);
+  plan.rendezvous = RendezvousSettings(c, multi);
+  opts.run_spec = plan.rendezvous.ToSpec();
+  opts.heartbeat_interval = SecondsToMs(c.rdzv.heartbeat_interval);
+  opts.coordinator_patience = SecondsToMs(c.rdzv.close_timeout);
+  if (is_static) {
+    if (!c.master_addr) {
+      return absl::InvalidArgumentError(
+          "--rdzv-backend=static: --master-addr is needed (the address of node rank 0)");
+    }
+    StaticTopology t;
+    t.group_rank = c.node_rank;
+    t.group_world_size = c.max_nodes;
+    t.master_addr = *c.master_addr;
+    t.master_port = c.master_port.value_or(29500);
+    opts.static_topology = t;
+  }
+
+  // Who hosts the coordinator.
+  if (multi) {
+    ASSIGN_OR_RETURN(HostPort hp, ParseHostPort(c.rdzv_endpoint, "--rdzv-endpoint"));
+    plan.rdzv_host = hp.host;
+    plan.rdzv_endpoint = JoinHostPort(hp.host, hp.port.value_or(kDefaultRendezvousPort));
+    if (c.rdzv.is_host) {
+      plan.coordinator = *c.rdzv.is_host ? CoordinatorRole::kHost : CoordinatorRole::kJoin;
+    } else {
+      auto local = q.IsLocalHost(hp.host);
+      if (!local.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--rdzv-endpoint=", c.rdzv_endpoint, ": ", local.status().message()));
+      }
+      plan.coordinator = *local ? CoordinatorRole::kHostUnlessTaken : CoordinatorRole::kJoin;
+    }
+  }
+  return plan;
+}
+
+}  // namespace
+
+absl::StatusOr<LaunchPlan> PlanLaunch(const LaunchConfig& config, const HostFacts& host) {
+  if (host.queries == nullptr) return absl::InternalError("PlanLaunch: no HostQueries");
+  absl::StatusOr<LaunchPlan> plan = Plan(config, host);
+  if (!plan.ok()) return AsUsage(plan.status());
+  return plan;
+}
+
+}  // namespace launch
