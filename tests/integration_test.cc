@@ -252,7 +252,7 @@ TEST(Launch, WorkerLeftoverChildrenAreStoppedAtTheEnd) {
   EXPECT_TRUE(AllDead(ReadPids(dir / "gc")));
 }
 
-TEST(Launch, LinesAreNeverSplit) {
+TEST(Launch, LinesWrittenByteByByteComeOutWholeAndUnmixed) {
   std::string text(300, 'x');
   auto r = RunCmd(Cmd({"--nproc-per-node=2"}, {"--partial", text, "--partial", text}));
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -480,7 +480,7 @@ TEST(Launch, LocalRanksFilterLimitsTheConsoleOnly) {
   EXPECT_EQ(ReadFile(dir.path() + "/f/attempt_0/0/stdout.log"), "RANK=0\n");
 }
 
-TEST(Launch, ThreadsAreDividedUnlessTheUserSetThem) {
+TEST(Launch, UsersMklThreadsAreKeptAndOmpThreadsStayWithinTheCpus) {
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   auto r = RunCmd(Cmd({"--nproc-per-node=1"}, {"--print-env", "OMP_NUM_THREADS,MKL_NUM_THREADS"}),
                {"MKL_NUM_THREADS=3", "OMP_NUM_THREADS"});

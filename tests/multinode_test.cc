@@ -442,7 +442,8 @@ std::vector<RunResult> RunTwoAgents(const std::string& endpoint, const std::vect
   return WaitAll(agents);
 }
 
-TEST(MultiNodeSecurity, TokenIsRequiredOnEveryCall) {
+// (Every RPC needing the token is CoordinatorRpc.EveryRpcNeedsTheToken.)
+TEST(MultiNodeSecurity, AJoinNeedsTheRightTokenFromTheFileOrTheEnvironment) {
   TempDir dir;
   WriteFile(dir / "token", "s3cret-token-for-test\n");
   WriteFile(dir / "wrong", "not-the-right-token\n");

@@ -1,7 +1,15 @@
 #include "common/net.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
+
 #include <set>
 
+#include "common/unique_fd.h"
 #include "gtest/gtest.h"
 
 namespace launch {
@@ -29,6 +37,7 @@ TEST(HostPort, Forms) {
   EXPECT_EQ(JoinHostPort("h", 7), "h:7");
 }
 
+// The name promised "a listened port is in use", but nothing ever listened on the port.
 TEST(Ports, FreePortIsFreeAndListenedPortIsInUse) {
   auto port = PickFreePort("127.0.0.1");
   ASSERT_TRUE(port.ok());
@@ -36,6 +45,17 @@ TEST(Ports, FreePortIsFreeAndListenedPortIsInUse) {
   auto busy = PortInUse("127.0.0.1", *port);
   ASSERT_TRUE(busy.ok());
   EXPECT_FALSE(*busy);
+  UniqueFd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  ASSERT_TRUE(s.valid());
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(*port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0) << std::strerror(errno);
+  ASSERT_EQ(::listen(s.get(), 1), 0);
+  busy = PortInUse("127.0.0.1", *port);
+  ASSERT_TRUE(busy.ok());
+  EXPECT_TRUE(*busy);
 }
 
 // Two launches starting together got the same MASTER_PORT from port 0 (the kernel hands the port

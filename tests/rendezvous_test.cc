@@ -84,7 +84,7 @@ TEST(Rendezvous, FormsAtMaxImmediately) {
   EXPECT_FALSE(r.AssignmentFor("c", 0).has_value());
 }
 
-TEST(Rendezvous, BeyondMaxIsRejected) {
+TEST(Rendezvous, ARepeatedJoinFromOneNodeCountsOnce) {
   FakeClock clock;
   RendezvousConfig cfg;
   cfg.min_nodes = 3;
