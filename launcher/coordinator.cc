@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "common/limits.h"
 #include "common/net.h"
+#include "launcher/grpc_log.h"
 #include "spdlog/spdlog.h"
 
 namespace launch {
@@ -608,6 +609,32 @@ void CoordinatorService::TimerLoop() {
   }
 }
 
+std::unique_ptr<grpc::Server> CoordinatorServer::BuildServer(const std::string& address, int* port) {
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(address, creds_, port);
+  builder.RegisterService(service_.get());
+  builder.SetMaxReceiveMessageSize(kGrpcReceiveLimitBytes);
+  builder.SetMaxSendMessageSize(kMaxRendezvousMessageBytes);
+  // Two coordinators on one port would split a job in two: the second must fail to bind.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Pings find agents that vanished (a cut link) while their Join is held.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 5000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 3000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // Agents ping every 5 s while their Watch stream only sends: allow it.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 4000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  // Heartbeats are tiny: no bandwidth-delay-product pings (each costs a ping, an ack and a timer).
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  // A connection that does not finish its HTTP/2 (and TLS) handshake is closed after this long,
+  // not gRPC's 120 s: connections that never speak hold a descriptor each only briefly.
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, static_cast<int>(kHandshakeTimeout.count()));
+  // Idle connections (no call for this long) are closed; an agent's channel reconnects when it
+  // next calls, while a connection that holds a Watch stream or a Join is never idle.
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, static_cast<int>(kMaxConnectionIdle.count()));
+  return builder.BuildAndStart();
+}
+
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const std::string& listen,
                                                                             CoordinatorOptions opts,
                                                                             const SecurityOptions& security,
@@ -622,24 +649,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
   if (!creds.ok()) return creds.status();
   std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
   opts.token = security.token;
+  s->creds_ = *creds;
   s->service_ = std::make_unique<CoordinatorService>(std::move(opts), clock);
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(JoinHostPort(hp->host, hp->port.value_or(29400)), *creds, &s->port_);
-  builder.RegisterService(s->service_.get());
-  builder.SetMaxReceiveMessageSize(kGrpcReceiveLimitBytes);
-  builder.SetMaxSendMessageSize(kMaxRendezvousMessageBytes);
-  // Two coordinators on one port would split a job in two: the second must fail to bind.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  // Pings find agents that vanished (a cut link) while their Join is held.
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 5000);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 3000);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  // Agents ping every 5 s while their Watch stream only sends: allow it.
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 4000);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
-  // Heartbeats are tiny: no bandwidth-delay-product pings (each costs a ping, an ack and a timer).
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-  s->server_ = builder.BuildAndStart();
+  s->server_ = s->BuildServer(JoinHostPort(hp->host, hp->port.value_or(29400)), &s->port_);
   if (!s->server_ || s->port_ == 0) {
     if (hp->port && *hp->port != 0) {  // lost a race to bind it
       auto in_use = PortInUse(hp->host, *hp->port);
@@ -660,14 +672,64 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
     spdlog::warn("no lease datagrams ({}): agents heartbeat on their streams", std::string(st.message()));
     s->leases_.reset();
   }
+  CoordinatorServer* raw = s.get();
+  s->failure_subscription_ = SubscribeListenerFailures([raw] {
+    std::lock_guard<std::mutex> lock(raw->keeper_mu_);
+    raw->listener_failed_ = true;
+    raw->keeper_wake_.notify_all();
+  });
+  s->keeper_ = std::thread([raw] { raw->KeepListening(); });
   return s;
 }
 
+void CoordinatorServer::KeepListening() {
+  std::unique_lock<std::mutex> lock(keeper_mu_);
+  for (;;) {
+    keeper_wake_.wait(lock, [&] { return stopping_ || listener_failed_; });
+    if (stopping_) return;
+    listener_failed_ = false;
+    std::unique_ptr<grpc::Server> old = std::move(server_);
+    lock.unlock();
+    spdlog::warn("the coordinator at {} stopped accepting connections (out of file descriptors: a connection "
+                 "flood?); restarting its listener",
+                 address_);
+    // The service and its runs stay; the connections of the old server close, and agents
+    // reconnect and re-register as with a restarted coordinator. Descriptors come back as the
+    // flood's connections close or time out (kHandshakeTimeout).
+    if (old) old->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
+    old.reset();
+    int attempts = 0;
+    for (;;) {
+      int port = 0;
+      std::unique_ptr<grpc::Server> server = BuildServer(address_, &port);
+      lock.lock();
+      if (server && port == port_) {
+        server_ = std::move(server);
+        listener_failed_ = false;  // the old listener's failure lines, if any came late
+        spdlog::info("the coordinator at {} accepts connections again", address_);
+        break;
+      }
+      if (server) server->Shutdown(std::chrono::system_clock::now());
+      if (++attempts == 1) spdlog::warn("cannot listen on {} yet; retrying every second", address_);
+      if (keeper_wake_.wait_for(lock, std::chrono::seconds(1), [&] { return stopping_; })) return;
+      lock.unlock();
+    }
+  }
+}
+
 std::shared_ptr<grpc::Channel> CoordinatorServer::InProcessChannel() {
-  return server_->InProcessChannel(grpc::ChannelArguments());
+  std::lock_guard<std::mutex> lock(keeper_mu_);
+  return server_ ? server_->InProcessChannel(grpc::ChannelArguments()) : nullptr;
 }
 
 CoordinatorServer::~CoordinatorServer() {
+  if (failure_subscription_) UnsubscribeListenerFailures(failure_subscription_);
+  {
+    std::lock_guard<std::mutex> lock(keeper_mu_);
+    stopping_ = true;
+    keeper_wake_.notify_all();
+  }
+  if (keeper_.joinable()) keeper_.join();
   if (leases_) leases_->Stop();
   if (service_) service_->Shutdown();
   // Every held call is answered by now; in-flight ones (a remote ReportExit) are cancelled.

@@ -141,13 +141,29 @@ class CoordinatorServer {
   // A channel to this server inside the process (no socket): for fuzzing the RPC handlers.
   std::shared_ptr<grpc::Channel> InProcessChannel();
 
+  // How long a connection may take to finish its handshake, and to stay without calls.
+  static constexpr std::chrono::milliseconds kHandshakeTimeout{10000};
+  static constexpr std::chrono::milliseconds kMaxConnectionIdle{600000};
+
  private:
   CoordinatorServer() = default;
+  std::unique_ptr<grpc::Server> BuildServer(const std::string& address, int* port);
+  // The keeper thread: when gRPC's listener stops accepting (see launcher/grpc_log.h), builds a
+  // new server on the same port around the same service, retrying until descriptors allow it.
+  void KeepListening();
+
+  std::shared_ptr<grpc::ServerCredentials> creds_;
   std::unique_ptr<CoordinatorService> service_;
-  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<grpc::Server> server_;  // replaced by the keeper thread; keeper_mu_
   std::unique_ptr<LeaseListener> leases_;
   int port_ = 0;
   std::string address_;
+  std::mutex keeper_mu_;
+  std::condition_variable keeper_wake_;
+  bool listener_failed_ = false;  // keeper_mu_
+  bool stopping_ = false;         // keeper_mu_
+  int failure_subscription_ = 0;
+  std::thread keeper_;
 };
 
 // Message size limit for every rendezvous RPC (the messages are small; anything big is an attack

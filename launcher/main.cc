@@ -14,6 +14,7 @@
 #include "agent/console.h"
 #include "agent/process.h"
 #include "agent/signals.h"
+#include "launcher/grpc_log.h"
 #include "launcher/options.h"
 #include "launcher/run.h"
 #include "spdlog/details/os.h"
@@ -105,6 +106,7 @@ int main(int argc, char** argv) {
   launch::BlockLauncherSignals();
   DrainConsoleAtExit drain_console;
   if (!SetUpLogging()) return 2;
+  launch::InstallGrpcLogBridge();  // gRPC's own lines in launch's format
   std::vector<std::string> args(argv, argv + argc);
   if (args.size() > 1 && args[1] == "coordinator") {
     auto parsed = launch::ParseCoordinatorArgs(args);

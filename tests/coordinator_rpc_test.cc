@@ -1,5 +1,6 @@
 // The coordinator's gRPC service in-process on 127.0.0.1:0, driven by raw stubs: what it rejects
 // and with which status (tokens, malformed and oversized messages, unknown and ended runs).
+#include <grpc/support/log.h>
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
@@ -16,6 +17,7 @@
 #include "common/lease.h"
 #include "common/limits.h"
 #include "launcher/coordinator.h"
+#include "launcher/grpc_log.h"
 #include "spdlog/sinks/ostream_sink.h"
 #include "spdlog/spdlog.h"
 
@@ -334,5 +336,19 @@ TEST_F(CoordinatorRpc, NoDatagramsByTheThirdHeartbeatMeansHeartbeatOnTheStream) 
   EXPECT_FALSE(watch2->Read(&answer));
   EXPECT_TRUE(watch2->Finish().ok());
 }
+// The one gRPC log line that means a listener died is an event; other lines are only logged.
+TEST(GrpcLogBridge, OnlyAFailedAcceptReportsADeadListener) {
+  int failures = 0;
+  const int id = SubscribeListenerFailures([&] { ++failures; });
+  HandleGrpcLogLine("src/core/lib/iomgr/tcp_server_posix.cc", 205, GPR_LOG_SEVERITY_ERROR,
+                    "Failed accept4: Too many open files");
+  HandleGrpcLogLine("src/core/lib/iomgr/tcp_posix.cc", 10, GPR_LOG_SEVERITY_ERROR, "Failed accept4: elsewhere");
+  HandleGrpcLogLine("src/core/lib/iomgr/tcp_server_posix.cc", 99, GPR_LOG_SEVERITY_INFO, "listening");
+  EXPECT_EQ(failures, 1);
+  UnsubscribeListenerFailures(id);
+  HandleGrpcLogLine("src/core/lib/iomgr/tcp_server_posix.cc", 205, GPR_LOG_SEVERITY_ERROR, "Failed accept4: x");
+  EXPECT_EQ(failures, 1);
+}
+
 }  // namespace
 }  // namespace launch

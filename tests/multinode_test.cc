@@ -1,6 +1,9 @@
 // Multi-node integration tests on loopback: several `launch` agents (separate processes), with a
 // standalone `launch coordinator` or one hosted by an agent. Every process is waited for.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,6 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/net.h"
+#include "common/unique_fd.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
@@ -281,6 +285,57 @@ TEST(MultiNode, AStoppedCoordinatorDoesNotLoseHealthyNodes) {
     EXPECT_THAT(r.err, Not(HasSubstr("new round")));
   }
   EXPECT_THAT(coord.child().err(), Not(HasSubstr("lost node")));
+}
+
+// gRPC 1.51 never polls a listening socket again once accept() fails with EMFILE: 400 plain TCP
+// connects to a coordinator limited to 200 descriptors left it deaf for good (joins timed out
+// after the connections had closed). Its listener is now rebuilt on the same port, and a job
+// that was running goes on through the flood without a restart.
+TEST(MultiNode, AConnectionFloodDoesNotDeafenTheCoordinator) {
+  Coordinator coord({}, 0, {}, {"/usr/bin/prlimit", "--nofile=200:200"});
+  ASSERT_TRUE(coord.ready()) << coord.child().err();
+  TempDir dir;
+  std::vector<std::unique_ptr<Child>> agents;
+  for (int i = 0; i < 2; ++i) {
+    agents.push_back(std::make_unique<Child>(Agent(coord.endpoint(), {"--nnodes=2", "--nproc-per-node=1"},
+                                                   {"--pid-file", dir / "pids", "--wait-lines", dir / "go", "1"})));
+  }
+  ASSERT_TRUE(WaitUntil([&] {
+    for (auto& a : agents) a->Pump(1);
+    return ReadPids(dir / "pids").size() == 2;
+  }));
+  std::vector<UniqueFd> flood;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(coord.port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  for (int i = 0; i < 400; ++i) {
+    UniqueFd s(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    ASSERT_TRUE(s.valid());
+    ::connect(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr);  // EINPROGRESS is fine
+    flood.push_back(std::move(s));
+  }
+  EXPECT_TRUE(WaitUntil([&] {
+    coord.child().Pump(5);
+    for (auto& a : agents) a->Pump(1);
+    return absl::StrContains(coord.child().err(), "stopped accepting connections");
+  })) << coord.child().err();
+  flood.clear();
+  EXPECT_TRUE(WaitUntil([&] {
+    coord.child().Pump(5);
+    for (auto& a : agents) a->Pump(1);
+    return absl::StrContains(coord.child().err(), "accepts connections again");
+  })) << coord.child().err();
+  WriteFile(dir / "go", "go\n");
+  for (auto& r : WaitAll(agents)) {
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_THAT(r.err, Not(HasSubstr("new round")));
+  }
+  // A new job joins the rebuilt listener.
+  std::vector<std::unique_ptr<Child>> next;
+  next.push_back(std::make_unique<Child>(std::vector<std::string>{
+      kLaunch, "--rdzv-endpoint", coord.endpoint(), "--rdzv-id", "next", "--nnodes=1", kWorker, "--exit", "0"}));
+  for (auto& r : WaitAll(next)) EXPECT_EQ(r.exit_code, 0) << r.err;
 }
 
 TEST(MultiNode, CoordinatorKilledAndRestartedMidJobTheJobCompletesWithoutARestart) {
