@@ -69,7 +69,10 @@ class Coordinator {
                        std::vector<std::string> prefix = {}, std::string host = "127.0.0.1")
       : host_(std::move(host)) {
     std::vector<std::string> argv = prefix;
-    for (std::string a : {kLaunch, std::string("coordinator"), std::string("--listen"), absl::StrCat(host_, ":", port)})
+    // The ThreadSanitizer run keeps the standalone coordinator out of TSan (scripts/test_sanitizers.sh).
+    const char* own = std::getenv("LAUNCH_TEST_COORDINATOR_BIN");
+    const std::string bin = own && *own ? own : kLaunch;
+    for (std::string a : {bin, std::string("coordinator"), std::string("--listen"), absl::StrCat(host_, ":", port)})
       argv.push_back(a);
     argv.insert(argv.end(), extra.begin(), extra.end());
     child_ = std::make_unique<Child>(argv, env);
