@@ -325,7 +325,7 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
     auto set_reading = [&](UniqueFd& fd, bool* reading, uint64_t tag, bool want) {
       if (!fd.valid() || *reading == want) return;
       epoll_event ev{};
-      ev.events = want ? EPOLLIN : 0;
+      ev.events = want ? static_cast<uint32_t>(EPOLLIN) : 0u;
       ev.data.u64 = tag;
       ::epoll_ctl(ep.get(), EPOLL_CTL_MOD, fd.get(), &ev);
       *reading = want;
