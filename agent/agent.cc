@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "agent/error_file.h"
@@ -112,7 +113,7 @@ absl::StatusOr<std::vector<WorkerLaunch>> Agent::PrepareAttempt(const v1::Assign
   for (int i = 0; i < n; ++i) {
     std::string dir = absl::StrCat(attempt_dir, "/", i);
     if (!opts_.dry_run) RETURN_IF_ERROR(MakeDirs(dir));
-    paths.push_back({dir + "/error.json", opts_.log_dir.empty() ? "" : dir});
+    paths.push_back({dir + "/error.json", opts_.log_dir.empty() ? "" : dir, dir + "/py_stacks.txt"});
   }
   RoundInfo round;
   round.round = a.round();
@@ -139,7 +140,9 @@ absl::StatusOr<std::vector<WorkerLaunch>> Agent::PrepareAttempt(const v1::Assign
     }
     w.env = EnvToStrings(plan.envs[i]);
     w.error_file = paths[i].error_file;
+    w.python_stack_file = paths[i].stack_file;
     std::string dir = absl::StrCat(attempt_dir, "/", i);
+    w.native_stack_file = dir + "/stacks.txt";
     if (keep_files) {
       w.stdout_file = dir + "/stdout.log";
       w.stderr_file = dir + "/stderr.log";
@@ -200,7 +203,7 @@ namespace {
 class RunDirectory {
  public:
   ~RunDirectory() {
-    if (temporary_ && !path_.empty()) {
+    if (temporary_ && !keep_ && !path_.empty()) {
       std::error_code ec;
       fs::remove_all(path_, ec);
     }
@@ -221,10 +224,13 @@ class RunDirectory {
   }
   const std::string& path() const { return path_; }
   bool temporary() const { return temporary_; }
+  // A temporary directory that holds what the user needs (a hung group's stacks) is kept.
+  void Keep() { keep_ = true; }
 
  private:
   std::string path_;
   bool temporary_ = false;
+  bool keep_ = false;
 };
 
 Verdict ToVerdict(const v1::ReportExitResponse& r) { return Verdict{r.job_succeeded(), r.job_failed(), r.restart()}; }
@@ -254,6 +260,13 @@ int Agent::Run() {
     const AgentState next = NextAgentState(state, event);
     LogMove(state, next, at);
     state = next;
+    if (event.kind == AgentEvent::Kind::kGroupEnded && at.outcome.root_cause >= 0 &&
+        at.outcome.workers[at.outcome.root_cause].hung) {
+      if (dir.temporary()) dir.Keep();
+      spdlog::warn("the stacks of every worker of the hung group are in {}/*/stacks.txt (py_stacks.txt for Python "
+                   "workers that use launch_progress)",
+                   at.dir);
+    }
   }
   return Finish(state, at, dir.temporary());
 }
@@ -333,6 +346,8 @@ AgentEvent Agent::RunWorkers(Attempt* at) {
   }
   WorkerGroup::Options gopts;
   gopts.stop = StopEscalation::TermThenKill(opts_.stop_timeout);
+  gopts.hang.timeout = opts_.hang_timeout;
+  gopts.hang.debugger = opts_.debugger;
   gopts.stop_fd = watch.fd();
   // Tell the coordinator at once, not after the group has stopped, so the other nodes stop now;
   // on a thread of its own, so the call never holds up the group's supervision.
@@ -427,9 +442,13 @@ void Agent::LogMove(const AgentState& from, const AgentState& to, const Attempt&
     spdlog::info("all {} worker(s) of this node exited 0; waiting for the other nodes", at.outcome.workers.size());
   } else if (to.phase == AgentPhase::kBackingOff) {
     const WorkerResult& root = at.outcome.workers[at.outcome.root_cause];
+    std::string why = root.error_message.substr(0, root.error_message.find('\n'));
+    if (root.hung) {
+      why = absl::StrFormat("no step for %.1f s", root.hung_after_seconds);
+      if (!root.stack_top.empty()) absl::StrAppend(&why, "; in ", absl::StrJoin(root.stack_top, " < "));
+    }
     spdlog::warn("rank {} failed ({}{}{}); restarting the group ({} of {} restarts)", root.rank, root.StatusText(),
-                 root.error_message.empty() ? "" : ": ", root.error_message.substr(0, root.error_message.find('\n')),
-                 at.verdict.restart_count(), at.assignment.max_restarts());
+                 why.empty() ? "" : ": ", why, at.verdict.restart_count(), at.assignment.max_restarts());
   } else if (to.phase == AgentPhase::kJoining && from.phase != AgentPhase::kBackingOff) {
     if (to.last_end == GroupEnd::kCoordinatorStop) {
       const std::string& why = at.why.reason();

@@ -32,6 +32,9 @@ struct AgentOptions {
   std::optional<std::set<int>> console_local_ranks;  // --local-ranks-filter
   std::chrono::milliseconds stop_timeout{30000};
   std::chrono::milliseconds restart_backoff{0};
+  // --hang-timeout (nullopt: automatic; zero: off), and the debugger for hung workers' stacks.
+  std::optional<std::chrono::milliseconds> hang_timeout;
+  std::string debugger;
   // How often the lease is renewed while the workers run (--rdzv-conf heartbeat_interval).
   std::chrono::milliseconds heartbeat_interval{1000};
   // How long to keep trying an unreachable coordinator once the workers have ended.

@@ -15,6 +15,7 @@ StopEscalation StopEscalation::TermThenKill(std::chrono::milliseconds grace) {
 const char* SupervisorPhaseName(SupervisorState::Phase p) {
   switch (p) {
     case SupervisorState::Phase::kRunning: return "running";
+    case SupervisorState::Phase::kCapturing: return "capturing";
     case SupervisorState::Phase::kStopping: return "stopping";
     case SupervisorState::Phase::kDone: return "done";
   }
@@ -55,7 +56,7 @@ SupervisorStep Supervise(const StopEscalation& stop, const SupervisorState& stat
       return out;
 
     case Kind::kSignal:
-      if (s.phase == Phase::kRunning) {
+      if (s.phase == Phase::kRunning || s.phase == Phase::kCapturing) {
         s.signal = event.signal;
         BeginStop(stop, GroupEnd::kInterrupted, event.signal, &out);  // forwarded as it came
         out.actions.warning =
@@ -80,9 +81,38 @@ SupervisorStep Supervise(const StopEscalation& stop, const SupervisorState& stat
 
     case Kind::kCoordinatorStop:
       if (s.phase == Phase::kRunning) BeginStop(stop, GroupEnd::kCoordinatorStop, FirstSignal(stop), &out);
+      // While capturing, the group is failing already (the hung rank is the cause): stop now.
+      if (s.phase == Phase::kCapturing) {
+        BeginStop(stop, GroupEnd::kFailed, FirstSignal(stop), &out);
+        out.actions.report_failure = s.hung;
+      }
+      return out;
+
+    case Kind::kHung:
+      if (s.phase != Phase::kRunning) return out;  // already stopping: nothing more to learn
+      s.phase = Phase::kCapturing;
+      s.end = GroupEnd::kFailed;
+      s.root_cause = event.worker;
+      s.hung = event.worker;
+      out.actions.capture_stacks = true;
+      out.actions.arm_grace = stop.capture_grace;
+      return out;
+
+    case Kind::kCapturesDone:
+      if (s.phase != Phase::kCapturing) return out;
+      if (event.worker >= 0) s.root_cause = s.hung = event.worker;
+      BeginStop(stop, GroupEnd::kFailed, FirstSignal(stop), &out);
+      out.actions.report_failure = s.hung;  // as the stacks name it
       return out;
 
     case Kind::kGraceOver: {
+      if (s.phase == Phase::kCapturing) {  // the captures took too long: stop without them
+        BeginStop(stop, GroupEnd::kFailed, FirstSignal(stop), &out);
+        out.actions.report_failure = s.hung;
+        out.actions.warning = absl::StrCat("capturing the stacks took over ", stop.capture_grace.count(),
+                                           " ms: stopping the workers without the rest");
+        return out;
+      }
       if (s.phase != Phase::kStopping) return out;  // a timer that fired as the stop ended
       const size_t last = stop.steps.empty() ? 0 : stop.steps.size() - 1;
       const size_t step = std::min(s.next_step, last);

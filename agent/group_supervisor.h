@@ -22,6 +22,8 @@ struct StopStep {
 // When launch itself is interrupted, the first step sends the signal launch got instead.
 struct StopEscalation {
   std::vector<StopStep> steps;
+  // A hung group's stacks are captured before the first step, for at most this long.
+  std::chrono::milliseconds capture_grace{30000};
   static StopEscalation TermThenKill(std::chrono::milliseconds grace);
 };
 
@@ -30,14 +32,16 @@ enum class GroupEnd { kSucceeded, kFailed, kInterrupted, kCoordinatorStop };
 
 struct SupervisorState {
   enum class Phase {
-    kRunning,   // workers run; nothing asked them to stop
-    kStopping,  // stop steps are being taken (a failure, a signal, the coordinator, or leftovers)
+    kRunning,    // workers run; nothing asked them to stop
+    kCapturing,  // a worker hung: its group's stacks are being captured before the stop
+    kStopping,   // stop steps are being taken (a failure, a signal, the coordinator, or leftovers)
     kDone,      // every worker reaped and every worker's process group empty
   };
   Phase phase = Phase::kRunning;
   GroupEnd end = GroupEnd::kSucceeded;
   int signal = 0;             // kInterrupted: the signal launch got
   int root_cause = -1;        // kFailed: the worker whose failure stopped the group
+  int hung = -1;              // the worker that stopped making progress (then also the root cause)
   size_t next_step = 0;       // the escalation step the grace timer leads to
   int running = 0;            // workers not yet reaped
 };
@@ -49,6 +53,8 @@ struct SupervisorEvent {
     kCoordinatorStop,  // another node failed, or a new round is forming
     kGraceOver,        // the grace of the last stop step ran out
     kGroupsChecked,    // every worker is reaped; `groups_empty`: nothing is left in their groups
+    kHung,             // `worker` reported no step for longer than its hang timeout
+    kCapturesDone,     // the stacks asked for are written (or could not be); `worker`: see below
   };
   Kind kind = Kind::kWorkerExited;
   int worker = -1;
@@ -61,6 +67,9 @@ struct SupervisorEvent {
   static SupervisorEvent CoordinatorStop() { return {Kind::kCoordinatorStop, -1, false, 0, false}; }
   static SupervisorEvent GraceOver() { return {Kind::kGraceOver, -1, false, 0, false}; }
   static SupervisorEvent GroupsChecked(bool empty) { return {Kind::kGroupsChecked, -1, false, 0, empty}; }
+  static SupervisorEvent Hung(int worker) { return {Kind::kHung, worker, false, 0, false}; }
+  // `worker`: the hung worker as the stacks show it (-1: the one first found silent).
+  static SupervisorEvent CapturesDone(int worker = -1) { return {Kind::kCapturesDone, worker, false, 0, false}; }
 };
 
 // What the shell does after a step, in this order.
@@ -68,6 +77,7 @@ struct SupervisorActions {
   int signal_groups = 0;  // send this signal to every worker's process group that is not empty
   std::optional<std::chrono::milliseconds> arm_grace;  // (re)arm the grace timer
   int report_failure = -1;  // tell the coordinator at once that this worker failed
+  bool capture_stacks = false;  // capture every live worker's stacks, then say kCapturesDone
   std::string warning;      // a line for launch's log
 };
 

@@ -59,6 +59,8 @@ struct WorkerGroupSpec {
   std::optional<int> threads_per_worker;       // --threads-per-worker
   int usable_cpus = 1;
   std::optional<TrainScaling> train;
+  // Where launch's Python module (launch_progress) is: appended to the workers' PYTHONPATH.
+  std::string python_dir;
 };
 
 }  // namespace launch

@@ -198,6 +198,10 @@ void PosixProcessLauncher::SignalGroup(pid_t pgid, int sig) {
   if (pgid > 0) ::kill(-pgid, sig);
 }
 
+void PosixProcessLauncher::Signal(pid_t pid, int sig) {
+  if (pid > 0) ::kill(pid, sig);
+}
+
 bool PosixProcessLauncher::GroupAlive(pid_t pgid) { return pgid > 0 && (::kill(-pgid, 0) == 0 || errno == EPERM); }
 
 std::optional<ChildExit> PosixProcessLauncher::ReapAny() {

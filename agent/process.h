@@ -46,6 +46,8 @@ class ProcessLauncher {
   virtual absl::StatusOr<pid_t> Spawn(const SpawnOptions& opts) = 0;
   // Sends `sig` to every process in process group `pgid` (a worker's pid: it leads its group).
   virtual void SignalGroup(pid_t pgid, int sig) = 0;
+  // Sends `sig` to process `pid` alone.
+  virtual void Signal(pid_t pid, int sig) = 0;
   // Whether any process is left in process group `pgid`.
   virtual bool GroupAlive(pid_t pgid) = 0;
   // One child that has ended, now reaped, or nullopt when none has; never waits. Orphans that
@@ -63,6 +65,7 @@ class PosixProcessLauncher : public ProcessLauncher {
  public:
   absl::StatusOr<pid_t> Spawn(const SpawnOptions& opts) override;
   void SignalGroup(pid_t pgid, int sig) override;
+  void Signal(pid_t pid, int sig) override;
   bool GroupAlive(pid_t pgid) override;
   std::optional<ChildExit> ReapAny() override;
   void KillAndReap(pid_t pid) override;

@@ -148,6 +148,13 @@ absl::StatusOr<WorkerEnvPlan> BuildWorkerEnvs(const Env& parent, const WorkerGro
     env["TORCHELASTIC_USE_AGENT_STORE"] = "False";  // rank 0 hosts the TCPStore, as with torchrun
     env["TORCHELASTIC_ERROR_FILE"] = paths[local].error_file;
     if (!paths[local].log_dir.empty()) env["LAUNCH_LOG_DIR"] = paths[local].log_dir;
+    if (!paths[local].stack_file.empty()) env["LAUNCH_STACK_FILE"] = paths[local].stack_file;
+    if (!spec.python_dir.empty()) {
+      // After the user's entries: launch_progress never shadows a module of theirs.
+      auto user = parent.find("PYTHONPATH");
+      env["PYTHONPATH"] = user != parent.end() && !user->second.empty() ? absl::StrCat(user->second, ":", spec.python_dir)
+                                                                          : spec.python_dir;
+    }
     env["LAUNCH_PROGRESS_FD"] = std::to_string(kProgressFd);
     // torch 2.x reads TORCH_NCCL_ASYNC_ERROR_HANDLING, 1.x NCCL_ASYNC_ERROR_HANDLING: both, with
     // the user's value of either one when only that one is set.

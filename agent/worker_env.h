@@ -54,6 +54,7 @@ constexpr int kProgressFd = 3;
 struct WorkerPaths {
   std::string error_file;  // TORCHELASTIC_ERROR_FILE
   std::string log_dir;     // LAUNCH_LOG_DIR (profiler traces); empty: not set
+  std::string stack_file;  // LAUNCH_STACK_FILE (a hung Python worker's stacks); empty: not set
 };
 
 // paths[i] is local rank i's.

@@ -7,11 +7,24 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cerrno>
-#include <memory>
+#include <sys/stat.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "agent/error_file.h"
 #include "agent/log_relay.h"
 #include "agent/worker_env.h"
@@ -36,7 +49,19 @@ struct Slot {
   ConsoleStream* err_console = nullptr;
   bool out_reading = true, err_reading = true;  // in the epoll set for reading
   WorkerResult result;
+  // Progress: when the last report came, and the latest step times (for the median).
+  std::optional<Clock::TimePoint> last_progress;
+  std::deque<double> step_seconds;
+  int stack_signal = 0;  // the worker dumps its own stacks on this signal (StackDumpRecord)
 };
+
+constexpr size_t kStepTimesKept = 101;
+
+double Median(std::deque<double> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
 
 // Owns the started workers for the whole of Run: on any early return (an error) each started
 // worker's group is SIGKILLed, the worker reaped and its group removed from the orphan guard, so
@@ -68,6 +93,188 @@ class StartedWorkers {
   OrphanGuard* guard_;
 };
 
+// The stacks of a hung group, captured before it is stopped. A worker that dumps its own
+// (StackDumpRecord: the Python module, through faulthandler) gets its signal and is done once its
+// file has stopped growing; any other gets the debugger (gdb -batch -p PID -ex "thread apply all
+// bt") writing its native stacks to its file.
+class StackCaptures {
+ public:
+  void Start(std::vector<Slot>& slots, ProcessLauncher* launcher, const std::string& debugger) {
+    UniqueFd dev_null(::open("/dev/null", O_RDWR | O_CLOEXEC));
+    bool needed_debugger = false;
+    for (size_t i = 0; i < slots.size(); ++i) {
+      Slot& s = slots[i];
+      if (s.pid <= 0 || s.reaped) continue;
+      if (s.stack_signal > 0 && !s.launch->python_stack_file.empty()) {
+        launcher->Signal(s.pid, s.stack_signal);
+        dumping_[i] = Dump{s.launch->python_stack_file, -1};
+        continue;
+      }
+      if (s.launch->native_stack_file.empty()) continue;
+      if (debugger.empty()) {
+        needed_debugger = true;
+        continue;
+      }
+      UniqueFd out(::open(s.launch->native_stack_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+      if (!out.valid()) {
+        spdlog::warn("cannot write {}: {}", s.launch->native_stack_file, std::strerror(errno));
+        continue;
+      }
+      SpawnOptions so;
+      so.argv = {debugger, "-batch", "-nx", "-p", std::to_string(s.pid), "-ex", "thread apply all bt"};
+      so.env = {"LC_ALL=C", "PATH=/usr/local/bin:/usr/bin:/bin"};
+      so.stdin_fd = dev_null.get();
+      so.stdout_fd = out.get();
+      so.stderr_fd = out.get();
+      auto pid = launcher->Spawn(so);
+      if (!pid.ok()) {
+        spdlog::warn("cannot capture the stacks of rank {}: {}", s.result.rank, std::string(pid.status().message()));
+        continue;
+      }
+      debuggers_[*pid] = i;
+    }
+    if (needed_debugger) {
+      spdlog::warn("no gdb on PATH: the native stacks of hung workers are not captured (apt-get install gdb)");
+    }
+  }
+  // A child ended: true if it was one of the debuggers.
+  bool Reaped(pid_t pid) { return debuggers_.erase(pid) > 0; }
+  // Looks at the files of the workers that dump their own stacks: a file that is not empty and
+  // has not grown since the last look is complete.
+  void Poll() {
+    for (auto it = dumping_.begin(); it != dumping_.end();) {
+      struct stat st {};
+      const off_t size = ::stat(it->second.path.c_str(), &st) == 0 ? st.st_size : 0;
+      if (size > 0 && size == it->second.last_size) {
+        it = dumping_.erase(it);
+      } else {
+        it->second.last_size = size;
+        ++it;
+      }
+    }
+  }
+  bool polling() const { return !dumping_.empty(); }
+  bool done() const { return debuggers_.empty() && dumping_.empty(); }
+  // Debuggers still running when the group is over (the capture timed out): killed and reaped.
+  void KillLeft(ProcessLauncher* launcher) {
+    for (const auto& [pid, slot] : debuggers_) launcher->KillAndReap(pid);
+    debuggers_.clear();
+    dumping_.clear();
+  }
+
+ private:
+  struct Dump {
+    std::string path;
+    off_t last_size = -1;
+  };
+  std::map<pid_t, size_t> debuggers_;  // debugger pid -> slot
+  std::map<size_t, Dump> dumping_;     // slot -> its own dump
+};
+
+}  // namespace
+
+std::vector<std::string> MainThreadFrames(const std::string& text) {
+  std::vector<std::string> frames;
+  const std::vector<std::string> lines = absl::StrSplit(text, '\n');
+  if (absl::StrContains(text, "(most recent call first)")) {
+    // faulthandler: "Current thread 0x... (most recent call first):" (the one that took the
+    // signal), else the first thread; frames are '  File "/path/x.py", line 12 in func'.
+    const bool has_current = absl::StrContains(text, "\nCurrent thread ") || absl::StartsWith(text, "Current thread ");
+    bool in = false, seen = false;
+    for (const std::string& line : lines) {
+      if (absl::StartsWith(line, "Current thread ") || (!has_current && absl::StartsWith(line, "Thread "))) {
+        if (seen) break;
+        in = seen = true;
+        continue;
+      }
+      if (!in) continue;
+      if (!absl::StartsWith(line, "  File \"")) {
+        if (!frames.empty()) break;
+        continue;
+      }
+      const size_t q = line.find('"', 8);
+      const size_t at = q == std::string::npos ? q : line.find(", line ", q);
+      const size_t fn = at == std::string::npos ? at : line.find(" in ", at);
+      if (fn == std::string::npos) continue;
+      std::string file = line.substr(8, q - 8);
+      file = file.substr(file.rfind('/') + 1);
+      frames.push_back(absl::StrCat(line.substr(fn + 4), " (", file, ":", line.substr(at + 7, fn - at - 7), ")"));
+    }
+    return frames;
+  }
+  // gdb: the main thread is "Thread 1 "; frames are
+  // "#2  0x00007f... in std::this_thread::sleep_for<...> (__rtime=...) at /usr/include/...:371".
+  bool in = false;
+  for (const std::string& line : lines) {
+    if (absl::StartsWith(line, "Thread 1 ")) {
+      in = true;
+      continue;
+    }
+    if (!in) continue;
+    if (!absl::StartsWith(line, "#")) {
+      if (!frames.empty()) break;
+      continue;
+    }
+    const size_t space = line.find(' ');
+    if (space == std::string::npos) continue;
+    std::string f(absl::StripLeadingAsciiWhitespace(line.substr(space)));
+    if (absl::StartsWith(f, "0x")) {
+      const size_t in_pos = f.find(" in ");
+      if (in_pos != std::string::npos) f = f.substr(in_pos + 4);
+    }
+    std::string name = f.substr(0, f.find(" ("));
+    const size_t at = f.rfind(" at ");
+    const size_t from = f.rfind(" from ");
+    if (at != std::string::npos) {
+      std::string where = f.substr(at + 4);
+      name = absl::StrCat(name, " (", where.substr(where.rfind('/') + 1), ")");
+    } else if (from != std::string::npos) {
+      std::string lib = f.substr(from + 6);
+      name = absl::StrCat(name, " (", lib.substr(lib.rfind('/') + 1), ")");
+    }
+    frames.push_back(name);
+  }
+  return frames;
+}
+
+bool WaitsInCollective(const std::vector<std::string>& frames) {
+  static const char* kMarks[] = {"allreduce", "all_reduce", "broadcast", "barrier", "allgather", "all_gather",
+                                 "reduce_scatter", "alltoall", "processgroup", "c10d", "gloo", "nccl"};
+  for (const std::string& f : frames) {
+    const std::string lower = absl::AsciiStrToLower(f);
+    for (const char* m : kMarks)
+      if (absl::StrContains(lower, m)) return true;
+  }
+  return false;
+}
+
+std::vector<std::string> TopFrames(const std::vector<std::string>& frames, size_t n) {
+  std::vector<std::string> top;
+  for (size_t i = 0; i < frames.size() && top.size() < n; ++i) {
+    const std::string& f = frames[i];
+    // Program sources, not library templates in headers.
+    const bool located = absl::StrContains(f, ".cc:") || absl::StrContains(f, ".cpp:") ||
+                         absl::StrContains(f, ".cxx:") || absl::StrContains(f, ".cu:") || absl::StrContains(f, ".py:");
+    if (i == 0 || located) top.push_back(f);
+  }
+  return top;
+}
+
+namespace {
+
+// A worker's stack file as frames: its own Python dump when it made one, else the debugger's.
+std::vector<std::string> WorkerFrames(const WorkerLaunch& l) {
+  for (const std::string* path : {&l.python_stack_file, &l.native_stack_file}) {
+    if (path->empty()) continue;
+    std::ifstream in(*path);
+    std::stringstream text;
+    text << in.rdbuf();
+    std::vector<std::string> frames = MainThreadFrames(text.str());
+    if (!frames.empty()) return frames;
+  }
+  return {};
+}
+
 // What an epoll event is for: encoded in data.u64.
 constexpr uint64_t kSignalTag = 1ull << 40;
 constexpr uint64_t kStopTimerTag = 2ull << 40;
@@ -77,6 +284,7 @@ constexpr uint64_t kConsoleTag = 5ull << 40;
 constexpr uint64_t kStdinTag = 6ull << 40;
 constexpr uint64_t kStdinPipeTag = 7ull << 40;
 constexpr uint64_t kExitTag = 8ull << 40;
+constexpr uint64_t kHangTimerTag = 9ull << 40;
 constexpr uint64_t kStderrBit = 1ull << 32;
 
 absl::StatusOr<UniqueFd> OpenLog(const std::string& path) {
@@ -164,6 +372,17 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
   };
   watch(signals_->fd(), kSignalTag);
   watch(stop_timer.get(), kStopTimerTag);
+  // Hang checks: every second, or a quarter of an explicit timeout under 4 s.
+  const bool hang_checks = !opts_.hang.timeout || opts_.hang.timeout->count() > 0;
+  UniqueFd hang_timer;
+  if (hang_checks) {
+    hang_timer.Reset(::timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
+    if (!hang_timer.valid()) return ErrnoStatus("timerfd_create");
+    std::chrono::milliseconds period(1000);
+    if (opts_.hang.timeout) period = std::clamp(*opts_.hang.timeout / 4, std::chrono::milliseconds(10), period);
+    ArmTimer(hang_timer.get(), period, true);
+    watch(hang_timer.get(), kHangTimerTag);
+  }
   if (opts_.stop_fd >= 0) watch(opts_.stop_fd, kCoordinatorTag);
 
   // One datagram socket for every worker's progress reports (worker_sdk's ProgressReporter).
@@ -192,19 +411,58 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
   StartedWorkers started(&slots, launcher_, guard_);
   if (launcher_->exit_fd() >= 0) watch(launcher_->exit_fd(), kExitTag);
 
-  // Every decision is the supervisor's; this runs what it decides.
+  // Every decision is the supervisor's; this runs what it decides. An action can lead to an
+  // event (captures that need no process are done at once): events queue, and are taken in order.
   SupervisorState state;
-  auto apply = [&](const SupervisorEvent& event) {
-    const SupervisorStep step = Supervise(opts_.stop, state, event);
-    state = step.state;
-    const SupervisorActions& a = step.actions;
-    if (!a.warning.empty()) spdlog::warn("{}", a.warning);
-    if (a.signal_groups) {
-      for (auto& s : slots)
-        if (s.pid > 0 && !s.group_gone) launcher_->SignalGroup(s.pid, a.signal_groups);
+  StackCaptures captures;
+  // The captures are done: the hung worker is the one the stacks show outside a collective when
+  // the one first silent waits in one (a rank that waits for a hung peer stops reporting too).
+  auto CapturesDone = [&] {
+    int hung = state.hung;
+    std::vector<std::vector<std::string>> frames(slots.size());
+    for (size_t i = 0; i < slots.size(); ++i) {
+      if (slots[i].launch && slots[i].last_progress) frames[i] = WorkerFrames(*slots[i].launch);
     }
-    if (a.arm_grace) ArmTimer(stop_timer.get(), *a.arm_grace, false);
-    if (a.report_failure >= 0 && opts_.on_failure) opts_.on_failure(slots[a.report_failure].result);
+    if (hung >= 0 && WaitsInCollective(frames[hung])) {
+      for (size_t i = 0; i < slots.size(); ++i) {
+        if (static_cast<int>(i) == hung || frames[i].empty() || WaitsInCollective(frames[i])) continue;
+        spdlog::warn("rank {} waits in a collective, rank {} does not: rank {} is the hung one", slots[hung].result.rank,
+                     slots[i].result.rank, slots[i].result.rank);
+        slots[i].result.hung_after_seconds = slots[hung].result.hung_after_seconds;
+        slots[hung].result.hung = false;
+        slots[i].result.hung = true;
+        hung = static_cast<int>(i);
+        break;
+      }
+    }
+    if (hung >= 0) slots[hung].result.stack_top = TopFrames(frames[hung], 3);
+    return SupervisorEvent::CapturesDone(hung);
+  };
+  std::deque<SupervisorEvent> events_due;
+  bool applying = false;
+  auto apply = [&](const SupervisorEvent& first) {
+    events_due.push_back(first);
+    if (applying) return;
+    applying = true;
+    while (!events_due.empty()) {
+      const SupervisorEvent event = events_due.front();
+      events_due.pop_front();
+      const SupervisorStep step = Supervise(opts_.stop, state, event);
+      state = step.state;
+      const SupervisorActions& a = step.actions;
+      if (!a.warning.empty()) spdlog::warn("{}", a.warning);
+      if (a.capture_stacks) {
+        captures.Start(slots, launcher_, opts_.hang.debugger);
+        if (captures.done()) events_due.push_back(CapturesDone());
+      }
+      if (a.signal_groups) {
+        for (auto& s : slots)
+          if (s.pid > 0 && !s.group_gone) launcher_->SignalGroup(s.pid, a.signal_groups);
+      }
+      if (a.arm_grace) ArmTimer(stop_timer.get(), *a.arm_grace, false);
+      if (a.report_failure >= 0 && opts_.on_failure) opts_.on_failure(slots[a.report_failure].result);
+    }
+    applying = false;
   };
 
   // Spawn every worker; a worker that cannot start stops those already started.
@@ -284,6 +542,10 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
 
   auto reap = [&] {
     while (std::optional<ChildExit> exit = launcher_->ReapAny()) {
+      if (captures.Reaped(exit->pid)) {
+        if (captures.done() && state.phase == SupervisorState::Phase::kCapturing) apply(CapturesDone());
+        continue;
+      }
       for (size_t i = 0; i < slots.size(); ++i) {
         Slot& s = slots[i];
         if (s.pid != exit->pid || s.reaped) continue;
@@ -302,6 +564,33 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
       }
       // Anything else is a worker's orphaned child, reparented to us (a subreaper): just reaped.
     }
+  };
+
+  // A worker that reported steps and then none for its timeout is hung (the longest silent first).
+  auto check_hangs = [&] {
+    if (state.phase != SupervisorState::Phase::kRunning) return;
+    const Clock::TimePoint now = clock_->Now();
+    int hung = -1;
+    std::chrono::milliseconds hung_timeout{0};
+    for (size_t i = 0; i < slots.size(); ++i) {
+      const Slot& s = slots[i];
+      if (s.reaped || !s.last_progress) continue;
+      std::chrono::milliseconds timeout = opts_.hang.timeout.value_or(std::max(
+          opts_.hang.floor, std::chrono::milliseconds(static_cast<int64_t>(opts_.hang.factor * Median(s.step_seconds) * 1000))));
+      if (now - *s.last_progress <= timeout) continue;
+      if (hung < 0 || *s.last_progress < *slots[hung].last_progress) {
+        hung = static_cast<int>(i);
+        hung_timeout = timeout;
+      }
+    }
+    if (hung < 0) return;
+    Slot& s = slots[hung];
+    s.result.hung = true;
+    s.result.hung_after_seconds = SecondsBetween(*s.last_progress, now);
+    spdlog::warn("rank {} (pid {}) reported no step for {:.1f} s (last step {}, hang timeout {:.1f} s): hung; "
+                 "capturing every worker's stacks, then stopping them",
+                 s.result.rank, s.pid, s.result.hung_after_seconds, s.result.last_step, hung_timeout.count() / 1000.0);
+    apply(SupervisorEvent::Hung(hung));
   };
 
   for (;;) {
@@ -338,6 +627,11 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
     UpdateStdinRelay(ep.get(), &stdin_relay);
     // A line left unfinished for a moment (a prompt) is shown as far as it goes.
     int timeout_ms = -1;
+    if (captures.polling()) {  // a worker writes its own stacks: look at its file every 100 ms
+      captures.Poll();
+      if (captures.done() && state.phase == SupervisorState::Phase::kCapturing) apply(CapturesDone());
+      if (captures.polling()) timeout_ms = 100;
+    }
     const Clock::TimePoint now = clock_->Now();
     for (auto& s : slots) {
       for (LineRelay* r : {s.out.get(), s.err.get()}) {
@@ -374,15 +668,35 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
       } else if (tag == kStopTimerTag) {
         DrainTimer(stop_timer.get());
         apply(SupervisorEvent::GraceOver());
+      } else if (tag == kHangTimerTag) {
+        DrainTimer(hang_timer.get());
+        check_hangs();
       } else if (tag == kProgressTag) {
-        launch_sdk::ProgressRecord rec;
-        while (::recv(progress_read.get(), &rec, sizeof rec, 0) == static_cast<ssize_t>(sizeof rec)) {
-          if (rec.magic != launch_sdk::ProgressRecord{}.magic) continue;
-          for (auto& s : slots) {
-            if (s.result.rank != rec.rank) continue;
-            s.result.last_step = rec.step;
-            s.result.last_loss = rec.loss;
-            s.result.last_step_seconds = rec.step_seconds;
+        // Progress records and stack-dump offers share the socket; size and magic tell them apart.
+        alignas(8) char datagram[64];
+        ssize_t got;
+        while ((got = ::recv(progress_read.get(), datagram, sizeof datagram, 0)) >= 0) {
+          launch_sdk::ProgressRecord rec;
+          launch_sdk::StackDumpRecord offer;
+          if (got == static_cast<ssize_t>(sizeof rec)) {
+            std::memcpy(&rec, datagram, sizeof rec);
+            if (rec.magic != launch_sdk::ProgressRecord{}.magic) continue;
+            for (auto& s : slots) {
+              if (s.result.rank != rec.rank) continue;
+              s.result.last_step = rec.step;
+              s.result.last_loss = rec.loss;
+              s.result.last_step_seconds = rec.step_seconds;
+              s.last_progress = clock_->Now();
+              if (rec.step_seconds > 0 && std::isfinite(rec.step_seconds)) {
+                s.step_seconds.push_back(rec.step_seconds);
+                if (s.step_seconds.size() > kStepTimesKept) s.step_seconds.pop_front();
+              }
+            }
+          } else if (got == static_cast<ssize_t>(sizeof offer)) {
+            std::memcpy(&offer, datagram, sizeof offer);
+            if (offer.magic != launch_sdk::StackDumpRecord{}.magic || offer.signal <= 0 || offer.signal >= 65) continue;
+            for (auto& s : slots)
+              if (s.result.rank == offer.rank) s.stack_signal = offer.signal;
           }
         }
       } else if (tag == kConsoleTag) {
@@ -413,6 +727,11 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
     }
   }
 
+  captures.KillLeft(launcher_);
+  // A hung worker whose stacks came too late for the capture still gets the frames that came.
+  if (state.hung >= 0 && slots[state.hung].result.stack_top.empty() && slots[state.hung].launch) {
+    slots[state.hung].result.stack_top = TopFrames(WorkerFrames(*slots[state.hung].launch), 3);
+  }
   GroupOutcome outcome;
   outcome.kind = state.end;
   outcome.signal = state.end == GroupEnd::kInterrupted ? state.signal : 0;
@@ -428,6 +747,7 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
 }
 
 std::string WorkerResult::StatusText() const {
+  if (hung) return "hung";
   return signal ? SignalName(signal) : absl::StrCat("exit ", exit_code);
 }
 
@@ -442,8 +762,10 @@ std::string FailureSummary(const GroupOutcome& outcome, const std::string& headl
     std::snprintf(line, sizeof line, "  %-5d %-6d %-9d %-13s %6.2fs  %-10s  ", w.rank, w.local_rank, w.pid,
                   w.StatusText().c_str(), w.run_seconds, step.c_str());
     std::string msg = w.error_message.substr(0, w.error_message.find('\n'));
+    if (w.hung && msg.empty()) msg = absl::StrFormat("no step for %.1f s", w.hung_after_seconds);
     absl::StrAppend(&out, line, msg.empty() ? "-" : msg,
                     static_cast<int>(i) == outcome.root_cause ? "   <- root cause" : "", "\n");
+    for (const auto& f : w.stack_top) absl::StrAppend(&out, "        [", w.rank, "] stack: ", f, "\n");
     for (const auto& t : w.stderr_tail) absl::StrAppend(&out, "        [", w.rank, "] stderr: ", t, "\n");
   }
   return out;

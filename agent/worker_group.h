@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,9 @@ struct WorkerLaunch {
   std::string error_file;
   // This worker reads launch's stdin (global rank 0); the others read /dev/null.
   bool reads_stdin = false;
+  // Where a hung worker's stacks go: its own Python stacks (LAUNCH_STACK_FILE, written by the
+  // worker on a signal) and the debugger's native ones. Empty: not captured.
+  std::string python_stack_file, native_stack_file;
 };
 
 struct WorkerResult {
@@ -48,11 +52,18 @@ struct WorkerResult {
   int64_t last_step = -1;
   double last_loss = 0;
   double last_step_seconds = 0;
-  bool failed() const { return signal != 0 || exit_code != 0; }
-  // torchrun's meaning of a worker's status as a process exit code.
-  int AsExitCode() const { return signal ? 128 + signal : exit_code; }
-  // "exit 3" or "SIGKILL".
+  // Stopped because it reported no step for longer than its hang timeout.
+  bool hung = false;
+  double hung_after_seconds = 0;  // how long it had been silent
+  std::vector<std::string> stack_top;  // a hung worker's top frames ("func (file:line)")
+  bool failed() const { return hung || signal != 0 || exit_code != 0; }
+  // torchrun's meaning of a worker's status as a process exit code; a hung worker's is
+  // kHungExitCode.
+  int AsExitCode() const { return hung ? kHungExitCode : signal ? 128 + signal : exit_code; }
+  // "exit 3", "SIGKILL" or "hung".
   std::string StatusText() const;
+  // As timeout(1) exits when its command times out.
+  static constexpr int kHungExitCode = 124;
 };
 
 struct GroupOutcome {
@@ -77,6 +88,18 @@ class WorkerGroup {
     // Where shown output goes (nullptr: launch's ConsoleOut() / ConsoleErr()).
     ConsoleStream* console_out = nullptr;
     ConsoleStream* console_err = nullptr;
+    // Hang detection from the workers' progress reports: a worker that has reported at least one
+    // step and then none for its timeout is hung: every worker's stacks are captured, then the
+    // group is stopped as for a failure, with that worker as the root cause.
+    struct Hang {
+      // --hang-timeout: nullopt: the larger of `factor` × the worker's median step time and
+      // `floor`; zero: off.
+      std::optional<std::chrono::milliseconds> timeout;
+      std::chrono::milliseconds floor{300000};
+      int factor = 10;
+      // The debugger that captures native stacks (gdb); empty: only workers that dump their own.
+      std::string debugger;
+    } hang;
     // launch's stdin. A terminal is relayed to the worker that reads it through a pipe, while
     // launch is in the terminal's foreground (a worker leads its own process group, so reading
     // the terminal itself would stop it with SIGTTIN); anything else it inherits.
@@ -96,6 +119,14 @@ class WorkerGroup {
   SignalFd* signals_;
   const Clock* clock_;
 };
+
+// A stack file's frames of the thread that matters, each "function (file:line)" where known:
+// gdb's "thread apply all bt" output (its Thread 1) or faulthandler's (the current thread).
+std::vector<std::string> MainThreadFrames(const std::string& text);
+// Whether frames show a wait in a collective (then the worker more likely waits for a hung rank).
+bool WaitsInCollective(const std::vector<std::string>& frames);
+// The first frame, then frames in program sources (.cc, .cpp, .cu, .py), at most `n`.
+std::vector<std::string> TopFrames(const std::vector<std::string>& frames, size_t n);
 
 // "rank 1 (local 1, pid 42): exit 3"-style table of every failed worker, with error-file
 // messages and stderr tails; `headline` is the first line.

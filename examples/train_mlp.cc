@@ -17,6 +17,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "CLI/CLI.hpp"
@@ -32,6 +33,14 @@
 #include "launch_sdk/scaling.h"
 
 namespace {
+
+// --hang-at-step: what a rank stuck outside any collective looks like (its peers then wait in
+// the next allreduce). A frame of its own, so that its stack names it.
+[[noreturn]] __attribute__((noinline)) void HangForever(int rank, long step) {
+  std::printf("fault injection: rank %d hangs at step %ld\n", rank, step);
+  std::fflush(stdout);
+  for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+}
 
 struct Args {
   std::string dims = "784,1024,1024,10";
@@ -52,6 +61,7 @@ struct Args {
   double init_scale = 65536;  // GradScaler's first loss scale (fp16)
   std::string save_params;
   long fail_at_step = -1;  // fault injection: SIGKILL itself at this step on the first attempt
+  long hang_at_step = -1;  // fault injection: sleep for ever at this step on the first attempt
   int fail_rank = 1;
 };
 
@@ -162,6 +172,7 @@ int Train(const Args& a) {
     }
     profiler.BeginStep(step);
     const auto t0 = std::chrono::steady_clock::now();
+    if (step == a.hang_at_step && rank == a.fail_rank && ctx->env().restart_count == 0) HangForever(rank, step);
     if (state.sampler_position + a.batch > static_cast<int64_t>(order.size())) {
       sampler.SetEpoch(++state.epoch);
       order = sampler.Indices();
@@ -270,7 +281,9 @@ int main(int argc, char** argv) {
   app.add_option("--init-scale", a.init_scale, "GradScaler's first loss scale (--amp=fp16)")->check(CLI::PositiveNumber);
   app.add_option("--save-params", a.save_params, "rank 0 writes the final parameters (float32) here");
   app.add_option("--fail-at-step", a.fail_at_step, "fault injection: SIGKILL at this step, first attempt only");
-  app.add_option("--fail-rank", a.fail_rank, "the rank that --fail-at-step kills");
+  app.add_option("--hang-at-step", a.hang_at_step,
+                 "fault injection: sleep for ever at the start of this step, first attempt only");
+  app.add_option("--fail-rank", a.fail_rank, "the rank that --fail-at-step kills or --hang-at-step stops");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -81,6 +81,9 @@ const OptionDef kOptions[] = {
      "Seconds from SIGTERM to SIGKILL when stopping workers (default 30)"},
     {"restart_backoff", "--restart-backoff,--restart_backoff", Kind::kValue,
      "Seconds to wait before a restart (default 0)"},
+    {"hang_timeout", "--hang-timeout,--hang_timeout", Kind::kValue,
+     "Seconds without a progress report after which a rank is hung: its stacks are captured and the group "
+     "restarts (default: the larger of 10x its median step time and 300; 0: off)"},
     {"gpus", "--gpus", Kind::kValue, "GPUs to use: indices or UUIDs, comma separated"},
     {"exclude_gpus", "--exclude-gpus,--exclude_gpus", Kind::kValue, "GPUs not to use"},
     {"gpu_binding", "--gpu-binding,--gpu_binding", Kind::kValue,
@@ -441,6 +444,10 @@ absl::StatusOr<LaunchConfig> Validate(RawMap& raw, std::vector<std::string> rema
   }
   if (is("restart_backoff")) {
     ASSIGN_OR_RETURN(c.restart_backoff, ParseSeconds(raw["restart_backoff"]));
+  }
+  if (is("hang_timeout")) {
+    ASSIGN_OR_RETURN(double hang, ParseSeconds(raw["hang_timeout"]));
+    c.hang_timeout = hang;
   }
   if (is("gpus")) c.gpus = SplitCommaList(raw["gpus"].value);
   if (is("exclude_gpus")) c.exclude_gpus = SplitCommaList(raw["exclude_gpus"].value);

@@ -52,6 +52,7 @@ struct LaunchConfig {
   std::string config_file;
   double stop_timeout = 30;
   double restart_backoff = 0;
+  std::optional<double> hang_timeout;  // --hang-timeout; unset: automatic; 0: off
   std::vector<std::string> gpus, exclude_gpus;
   GpuBinding gpu_binding = GpuBinding::kShared;
   std::optional<std::string> cuda_alloc_conf;

@@ -256,6 +256,11 @@ absl::StatusOr<LaunchPlan> Plan(const LaunchConfig& c, const HostFacts& host) {
   opts.console_local_ranks = c.local_ranks_filter;
   opts.stop_timeout = SecondsToMs(c.stop_timeout);
   opts.restart_backoff = SecondsToMs(c.restart_backoff);
+  if (c.hang_timeout) opts.hang_timeout = SecondsToMs(*c.hang_timeout);
+  // gdb captures the native stacks of hung workers; without it only Python workers' own dumps.
+  const std::string path_env = host.env.count("PATH") ? host.env.at("PATH") : "/usr/local/bin:/usr/bin:/bin";
+  if (auto gdb = q.ResolveExecutable("gdb", path_env); gdb.ok()) opts.debugger = *gdb;
+  opts.spec.python_dir = host.python_dir;
   opts.dry_run = c.dry_run;
   opts.master_addr = master_addr;
   opts.master_port = c.master_port;

@@ -51,6 +51,8 @@ struct HostFacts {
   std::string why_no_gpu;  // when `gpus` is empty
   int usable_cpus = 1;
   std::string hostname;
+  // Where launch's Python module is (<bin>/../share/launch/python); empty: not found.
+  std::string python_dir;
   int pid = 0;
   // RLIMIT_NOFILE; nullopt: unlimited (for the soft limit also: unknown, so not checked).
   std::optional<long> open_files_soft;

@@ -47,6 +47,16 @@ std::string RandomHex(int bytes) {
   return out;
 }
 
+// launch_progress.py next to this binary as installed, or as the build tree lays it out:
+// <bin>/../share/launch/python.
+std::string PythonModuleDir() {
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return "";
+  const std::filesystem::path dir = exe.parent_path().parent_path() / "share" / "launch" / "python";
+  return std::filesystem::exists(dir / "launch_progress.py", ec) ? dir.lexically_normal().string() : "";
+}
+
 std::string Hostname() {
   char buf[256] = {0};
   ::gethostname(buf, sizeof buf - 1);
@@ -84,6 +94,7 @@ HostFacts GatherHostFacts(HostQueries* queries) {
   h.gpus = nvml.ListGpus(&h.why_no_gpu);
   h.usable_cpus = UsableCpuCount();
   h.hostname = Hostname();
+  h.python_dir = PythonModuleDir();
   h.pid = static_cast<int>(::getpid());
   rlimit lim{};
   if (::getrlimit(RLIMIT_NOFILE, &lim) == 0) {

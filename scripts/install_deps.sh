@@ -14,4 +14,4 @@ apt-get install -y -q --no-install-recommends \
   libgtest-dev libgmock-dev \
   libtorch-dev libgloo-dev libopenblas0-pthread python3-torch \
   libssl-dev iproute2 procps openssl \
-  clang-14 libclang-rt-14-dev
+  clang-14 libclang-rt-14-dev gdb

@@ -39,6 +39,7 @@ class FakeProcessLauncher : public ProcessLauncher {
 
   absl::StatusOr<pid_t> Spawn(const SpawnOptions& opts) override;
   void SignalGroup(pid_t pgid, int sig) override;
+  void Signal(pid_t pid, int sig) override { signaled_.push_back(Sent{pid, sig}); }
   bool GroupAlive(pid_t pgid) override;
   std::optional<ChildExit> ReapAny() override;
   void KillAndReap(pid_t pid) override;
@@ -49,6 +50,8 @@ class FakeProcessLauncher : public ProcessLauncher {
 
   const std::vector<SpawnOptions>& spawned() const { return spawned_; }
   const std::vector<Sent>& sent() const { return sent_; }
+  // Signals sent to single processes (Signal), in order.
+  const std::vector<Sent>& signaled() const { return signaled_; }
   // Signals sent to one group, in order.
   std::vector<int> SignalsTo(pid_t pgid) const;
   const std::vector<pid_t>& killed_and_reaped() const { return killed_and_reaped_; }
@@ -64,7 +67,7 @@ class FakeProcessLauncher : public ProcessLauncher {
   std::map<pid_t, Worker> workers_;
   std::vector<ChildExit> ended_;  // ended, not yet reaped
   std::vector<SpawnOptions> spawned_;
-  std::vector<Sent> sent_;
+  std::vector<Sent> sent_, signaled_;
   std::vector<pid_t> killed_and_reaped_;
   UniqueFd exit_event_;
   pid_t next_pid_ = 1000;

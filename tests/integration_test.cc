@@ -533,6 +533,35 @@ TEST(Launch, PythonScriptWithGlooAllreduce) {
   EXPECT_THAT(r.out, HasSubstr("[1]:rank 1/2 allreduce=3"));
 }
 
+// A Python worker that reports through the shipped launch_progress module is watched for hangs
+// like a C++ one: rank 1 stops at step 3 (rank 0 waits for it in all_reduce), the agent has it
+// dump its own Python stacks (faulthandler), names it with its frame, and the restart runs through.
+TEST(Launch, AHungPythonRankIsNamedWithItsPythonStack) {
+  LAUNCH_NEED_PYTHON_TORCH();
+  TempDir dir;
+  auto r = RunCmd({kLaunch, "--nproc-per-node=2", "--max-restarts=1", "--hang-timeout", "2", "--log-dir", dir / "logs",
+                   "--rdzv-id", "pyhang", std::string(TESTS_DIR) + "/python/hang.py"},
+                  {"PYTHON_EXEC=/usr/bin/python3"}, std::chrono::seconds(120));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("rank 1 failed (hung: no step for"));
+  EXPECT_THAT(r.err, HasSubstr("stop_here (hang.py:"));
+  EXPECT_THAT(r.out, HasSubstr("[0]:rank 0 done"));
+  EXPECT_THAT(r.out, HasSubstr("[1]:rank 1 done"));
+  const std::string stacks = ReadFile(dir / "logs/pyhang/attempt_0/1/py_stacks.txt");
+  EXPECT_THAT(stacks, HasSubstr("in stop_here")) << stacks;
+}
+
+// Outside launch the module is a no-op, so a script that uses it runs anywhere.
+TEST(Launch, TheProgressModuleIsANoOpOutsideLaunch) {
+  auto r = RunCmd({"/usr/bin/python3", "-c",
+                   "import sys; sys.path.append('" + std::string(TESTS_DIR) +
+                       "/../worker_sdk/python'); import launch_progress as p; r = p.Reporter(); r.step(1, 0.5); "
+                       "p.step(2); print('enabled', r.enabled)"},
+                  {"LAUNCH_PROGRESS_FD="});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("enabled False"));
+}
+
 TEST(Launch, ModuleFlagRunsPythonDashM) {
   TempDir dir;
   WriteFile(dir / "probe_mod.py", "import os, sys\nprint('module', os.environ['RANK'], sys.stdout.write_through)\n");
@@ -635,6 +664,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"gpu_binding", {"--gpu-binding=spread"}, "--gpu-binding=spread: expected shared or isolate"},
         BadInput{"max_restarts", {"--max-restarts=-2"}, "--max-restarts=-2"},
         BadInput{"stop_timeout", {"--stop-timeout=soon"}, "--stop-timeout=soon"},
+        BadInput{"hang_timeout", {"--hang-timeout=-1"}, "--hang-timeout=-1"},
         BadInput{"rdzv_conf", {"--rdzv-conf=join_timeout"}, "--rdzv-conf=join_timeout"},
         // These exited 1, aborted, or (huge seconds) SIGKILLed the workers at once.
         BadInput{"stop_timeout_huge", {"--stop-timeout=1e10"}, "--stop-timeout=1e10: expected a number of seconds"},

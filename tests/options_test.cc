@@ -190,6 +190,11 @@ TEST(Options, SecondsAreBoundedEverywhere) {
   auto c = Parse({"--stop-timeout=1e7", "--rdzv-conf=last_call_timeout=0", "x"});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->stop_timeout, 1e7);
+  EXPECT_FALSE(c->hang_timeout.has_value());  // automatic
+  auto h = Parse({"--hang-timeout=0", "x"});
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(h->hang_timeout, 0.0);  // off
+  EXPECT_THAT(Error({"--hang-timeout=1e10", "x"}), HasSubstr("--hang-timeout=1e10: expected"));
 }
 
 TEST(Options, RunIdAndWorkerCountAreBounded) {

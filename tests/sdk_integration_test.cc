@@ -1,5 +1,7 @@
 // worker_sdk end to end under the real `launch`: DDP equivalence, kill-and-resume, error files,
 // the profiler's trace.
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <vector>
@@ -85,6 +87,38 @@ RunResult ExpectKillAndResumeMatches(const std::vector<std::string>& flags) {
 }
 
 TEST(Sdk, KillAndResumeEndsWithTheSameParameters) { ExpectKillAndResumeMatches({}); }
+
+// Issue 12's hang: rank 1 sleeps for ever at step 12 of the first attempt while rank 0 waits for it
+// in the next allreduce. With --hang-timeout 3 the agent names rank 1 (its stack is outside any
+// collective), keeps its stack (gdb) with the sleeping frame, restarts, and the job completes
+// from its step-10 checkpoint.
+TEST(Sdk, AHungRankIsNamedWithItsStackAndTheJobResumes) {
+  if (::access("/usr/bin/gdb", X_OK) != 0) GTEST_SKIP() << "no gdb (scripts/install_deps.sh installs it)";
+  TempDir dir;
+  auto r = RunCmd({LAUNCH_BIN, "--nproc-per-node=2", "--max-restarts=1", "--hang-timeout", "3", "--log-dir",
+                   dir / "logs", "--rdzv-id", "hang", TRAIN_MLP_BIN, "--dims", "16,32,4", "--steps", "20", "--warmup",
+                   "0", "--dataset-size", "256", "--checkpoint-dir", dir / "ckpt", "--checkpoint-every", "5",
+                   "--print-every", "0", "--hang-at-step", "12"},
+                  {}, std::chrono::seconds(180));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("fault injection: rank 1 hangs at step 12"));
+  EXPECT_THAT(r.err, HasSubstr("rank 1 failed (hung: no step for"));
+  EXPECT_THAT(r.err, HasSubstr("HangForever (train_mlp.cc:"));
+  EXPECT_THAT(r.out, HasSubstr("resumed from step 10"));
+  const std::string stacks = ReadFile(dir / "logs/hang/attempt_0/1/stacks.txt");
+  EXPECT_THAT(stacks, HasSubstr("HangForever")) << stacks;
+  EXPECT_THAT(stacks, HasSubstr("sleep_for")) << stacks;
+}
+
+// With no restart left, a hung rank ends the job with 124 (as timeout(1)) and the table says so.
+TEST(Sdk, AHungRankWithNoRestartLeftExits124) {
+  TempDir dir;
+  auto r = RunCmd({LAUNCH_BIN, "--nproc-per-node=1", "--hang-timeout", "1", TRAIN_MLP_BIN, "--dims", "16,32,4",
+                   "--steps", "20", "--warmup", "0", "--print-every", "0", "--hang-at-step", "3", "--fail-rank", "0"},
+                  {}, std::chrono::seconds(120));
+  EXPECT_EQ(r.exit_code, 124) << r.err;
+  EXPECT_THAT(r.err, ::testing::ContainsRegex("0 +0 +[0-9]+ +hung .*no step for"));
+}
 
 // Whether the LibTorch the SDK was built against autocasts fp16 on the CPU (2.4 and later).
 bool CpuFp16Autocast() {

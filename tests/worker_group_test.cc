@@ -5,9 +5,12 @@
 #include <signal.h>
 #include <fcntl.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "agent/group_supervisor.h"
+#include "launch_sdk/progress.h"
+#include "tests/test_util.h"
 #include "gtest/gtest.h"
 #include "tests/fake_launcher.h"
 
@@ -16,6 +19,7 @@ namespace {
 
 using std::chrono::milliseconds;
 using testing::FakeProcessLauncher;
+using testing::TempDir;
 using Phase = SupervisorState::Phase;
 
 // ---- The pure supervisor ----
@@ -102,14 +106,56 @@ TEST(Supervisor, LeftoversAreStoppedAndTheGroupStillSucceeds) {
   EXPECT_EQ(r.state.end, GroupEnd::kSucceeded);
 }
 
+TEST(Supervisor, AHungWorkerIsCapturedThenStoppedAndReportedAsTheStacksName) {
+  Sequence r(2);
+  const SupervisorActions a = r.Feed(SupervisorEvent::Hung(0));
+  EXPECT_EQ(r.state.phase, Phase::kCapturing);
+  EXPECT_TRUE(a.capture_stacks);
+  EXPECT_EQ(a.signal_groups, 0);  // nothing is stopped before the stacks are taken
+  EXPECT_EQ(a.report_failure, -1);
+  // The stacks show rank 1 outside the collective rank 0 waits in.
+  const SupervisorActions b = r.Feed(SupervisorEvent::CapturesDone(1));
+  EXPECT_EQ(r.state.phase, Phase::kStopping);
+  EXPECT_EQ(r.state.end, GroupEnd::kFailed);
+  EXPECT_EQ(r.state.root_cause, 1);
+  EXPECT_EQ(r.state.hung, 1);
+  EXPECT_EQ(b.signal_groups, SIGTERM);
+  EXPECT_EQ(b.report_failure, 1);
+}
+
+TEST(Supervisor, CapturesThatTakeTooLongDoNotHoldTheStop) {
+  Sequence r(2);
+  r.stop.capture_grace = milliseconds(7);
+  EXPECT_EQ(*r.Feed(SupervisorEvent::Hung(1)).arm_grace, milliseconds(7));
+  const SupervisorActions a = r.Feed(SupervisorEvent::GraceOver());
+  EXPECT_EQ(a.signal_groups, SIGTERM);
+  EXPECT_EQ(a.report_failure, 1);
+  EXPECT_EQ(r.state.phase, Phase::kStopping);
+}
+
+TEST(Supervisor, ASignalDuringACaptureStopsAtOnceAndAFailureDoesNotTakeTheBlame) {
+  Sequence r(3);
+  r.Feed(SupervisorEvent::Hung(2));
+  EXPECT_EQ(r.Feed(SupervisorEvent::Exited(0, true)).signal_groups, 0);
+  EXPECT_EQ(r.state.root_cause, 2);
+  const SupervisorActions a = r.Feed(SupervisorEvent::Signal(SIGINT));
+  EXPECT_EQ(a.signal_groups, SIGINT);
+  EXPECT_EQ(r.state.end, GroupEnd::kInterrupted);
+  // A hang while stopping for something else is not looked into.
+  Sequence q(2);
+  q.Feed(SupervisorEvent::Exited(0, true));
+  EXPECT_FALSE(q.Feed(SupervisorEvent::Hung(1)).capture_stacks);
+}
+
 TEST(Supervisor, EveryEventInEveryPhaseIsAStep) {
   // The transition function is total: nothing an event can do in any phase is left undefined,
   // and after the end nothing acts.
   const std::vector<SupervisorEvent> events = {
       SupervisorEvent::Exited(0, true), SupervisorEvent::Exited(0, false), SupervisorEvent::Signal(SIGTERM),
       SupervisorEvent::Signal(SIGINT), SupervisorEvent::CoordinatorStop(), SupervisorEvent::GraceOver(),
-      SupervisorEvent::GroupsChecked(true), SupervisorEvent::GroupsChecked(false)};
-  for (Phase phase : {Phase::kRunning, Phase::kStopping, Phase::kDone}) {
+      SupervisorEvent::GroupsChecked(true), SupervisorEvent::GroupsChecked(false), SupervisorEvent::Hung(0),
+      SupervisorEvent::CapturesDone(0)};
+  for (Phase phase : {Phase::kRunning, Phase::kCapturing, Phase::kStopping, Phase::kDone}) {
     for (const SupervisorEvent& e : events) {
       SupervisorState s;
       s.phase = phase;
@@ -125,7 +171,64 @@ TEST(Supervisor, EveryEventInEveryPhaseIsAStep) {
   }
 }
 
+// ---- Stack files ----
+
+TEST(StackFrames, GdbsMainThreadWithSourceLocations) {
+  const std::string gdb =
+      "[New LWP 12]\n"
+      "Thread 2 (Thread 0x7f (LWP 12) \"gloo\"):\n"
+      "#0  0x00007f in epoll_wait () from /lib/x86_64-linux-gnu/libc.so.6\n"
+      "\n"
+      "Thread 1 (Thread 0x7e (LWP 11) \"train_mlp\"):\n"
+      "#0  0x00007f in __GI___clock_nanosleep (clock_id=0) at ../sysdeps/unix/sysv/linux/clock_nanosleep.c:78\n"
+      "#1  0x00007f in __GI___nanosleep (req=0x7ffd) at nanosleep.c:25\n"
+      "#2  0x000055 in std::this_thread::sleep_for<long, std::ratio<3600l, 1l> > (__rtime=...) at "
+      "/usr/include/c++/12/bits/this_thread_sleep.h:80\n"
+      "#3  (anonymous namespace)::HangForever (rank=1, step=5) at /src/examples/train_mlp.cc:42\n"
+      "#4  0x000055 in main (argc=9) at /src/examples/train_mlp.cc:175\n"
+      "[Inferior 1 (process 11) detached]\n";
+  const std::vector<std::string> frames = MainThreadFrames(gdb);
+  ASSERT_EQ(frames.size(), 5u);
+  EXPECT_EQ(frames[0], "__GI___clock_nanosleep (clock_nanosleep.c:78)");
+  EXPECT_EQ(frames[3], "(anonymous namespace)::HangForever (train_mlp.cc:42)");
+  EXPECT_FALSE(WaitsInCollective(frames));
+  EXPECT_EQ(TopFrames(frames, 3),
+            (std::vector<std::string>{"__GI___clock_nanosleep (clock_nanosleep.c:78)",
+                                      "(anonymous namespace)::HangForever (train_mlp.cc:42)",
+                                      "main (train_mlp.cc:175)"}));
+}
+
+TEST(StackFrames, FaulthandlersCurrentThreadAndACollectiveWait) {
+  const std::string py =
+      "Thread 0x00007f01 (most recent call first):\n"
+      "  File \"/usr/lib/python3.11/threading.py\", line 320 in wait\n"
+      "\n"
+      "Current thread 0x00007f00 (most recent call first):\n"
+      "  File \"/usr/lib/python3/dist-packages/torch/distributed/distributed_c10d.py\", line 1536 in all_reduce\n"
+      "  File \"/work/tests/python/hang.py\", line 30 in main\n"
+      "  File \"/work/tests/python/hang.py\", line 40 in <module>\n";
+  const std::vector<std::string> frames = MainThreadFrames(py);
+  ASSERT_EQ(frames.size(), 3u);
+  EXPECT_EQ(frames[0], "all_reduce (distributed_c10d.py:1536)");
+  EXPECT_EQ(frames[1], "main (hang.py:30)");
+  EXPECT_TRUE(WaitsInCollective(frames));
+  EXPECT_TRUE(MainThreadFrames("garbage\n#0 nothing\n").empty());
+}
+
 // ---- WorkerGroup through the fake launcher ----
+
+// The system's time, with a hook run at each reading (to act after so many loop turns).
+class HookClock : public Clock {
+ public:
+  TimePoint Now() const override {
+    if (hook) hook();
+    return system_.Now();
+  }
+  std::function<void()> hook;
+
+ private:
+  SystemClock system_;
+};
 
 class FakeGroupTest : public ::testing::Test {
  protected:
@@ -175,7 +278,7 @@ class FakeGroupTest : public ::testing::Test {
 
   std::optional<SignalFd> signals_;
   FakeProcessLauncher launcher_;
-  SystemClock clock_;
+  HookClock clock_;
   UniqueFd console_read_, console_write_;
   std::unique_ptr<ConsoleStream> console_;
 };
@@ -299,6 +402,80 @@ TEST_F(FakeGroupTest, OutputIsShownWithRankPrefixesAndStderrKeptForTheSummary) {
   const std::string text = ConsoleText();
   EXPECT_NE(text.find("[0]:step 1\n"), std::string::npos) << text;
   EXPECT_NE(text.find("[1]:ValueError: bad\n"), std::string::npos) << text;
+}
+
+// Two workers report step 5 and go silent; the fake debugger's stacks show rank 0 waiting in an
+// allreduce and rank 1 outside any collective: rank 1 is named hung, its stack top is kept, and
+// the group stops only after the captures.
+TEST_F(FakeGroupTest, ASilentWorkerIsHungAndTheStacksNameTheOneOutsideTheCollective) {
+  TempDir dir;
+  launcher_.script = [](int n, const SpawnOptions& so) {
+    FakeProcessLauncher::Script s;
+    if (so.argv[0] != "/fake/gdb") {
+      launch_sdk::ProgressRecord rec;
+      rec.rank = n;
+      rec.step = 5;
+      rec.step_seconds = 0.001;
+      EXPECT_EQ(::send(so.extra_fd, &rec, sizeof rec, 0), static_cast<ssize_t>(sizeof rec));
+      return s;  // then runs silently until stopped
+    }
+    const bool rank0 = so.argv[4] == "1000";
+    s.stdout_text = rank0 ? "Thread 1 (LWP 1):\n#0  0x1 in gloo::transport::tcp::UnboundBuffer::waitRecv () from /lib/libgloo.so\n"
+                          : "Thread 1 (LWP 2):\n#0  0x1 in nanosleep () from /lib/libc.so.6\n"
+                            "#1  HangForever (rank=1) at /src/train_mlp.cc:42\n";
+    s.exit_at_start = 0;
+    return s;
+  };
+  std::vector<WorkerLaunch> l = Launches(2);
+  for (int i = 0; i < 2; ++i) l[i].native_stack_file = dir / ("stacks" + std::to_string(i));
+  WorkerGroup::Options o = Opts();
+  o.hang.timeout = milliseconds(20);
+  o.hang.debugger = "/fake/gdb";
+  std::vector<int> reported;
+  o.on_failure = [&](const WorkerResult& w) { reported.push_back(w.rank); };
+  WorkerGroup group(o, &launcher_, nullptr, &*signals_, &clock_);
+  auto out = group.Run(l);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->kind, GroupEnd::kFailed);
+  EXPECT_EQ(out->root_cause, 1);
+  EXPECT_TRUE(out->workers[1].hung);
+  EXPECT_FALSE(out->workers[0].hung);
+  EXPECT_EQ(out->workers[1].StatusText(), "hung");
+  EXPECT_EQ(out->workers[1].AsExitCode(), WorkerResult::kHungExitCode);
+  EXPECT_EQ(out->workers[1].stack_top, (std::vector<std::string>{"nanosleep (libc.so.6)", "HangForever (train_mlp.cc:42)"}));
+  EXPECT_EQ(reported, std::vector<int>{1});
+  // Both were debugged before anything was signalled.
+  ASSERT_EQ(launcher_.spawned().size(), 4u);
+  EXPECT_EQ(launcher_.SignalsTo(1000), std::vector<int>{SIGTERM});
+  const std::string summary = FailureSummary(*out, "failed");
+  EXPECT_NE(summary.find("hung"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("[1] stack: HangForever (train_mlp.cc:42)"), std::string::npos) << summary;
+}
+
+TEST_F(FakeGroupTest, AWorkerThatNeverReportedIsNeverHung) {
+  launcher_.script = [](int n, const SpawnOptions&) {
+    FakeProcessLauncher::Script s;
+    if (n == 1) s.exit_at_start = 0;
+    return s;
+  };
+  UniqueFd stop(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  WorkerGroup::Options o = Opts();
+  o.hang.timeout = milliseconds(1);
+  o.hang.debugger = "/fake/gdb";
+  o.stop_fd = stop.get();
+  // Stopped from outside once many hang checks have passed without a finding.
+  int checks = 0;
+  clock_.hook = [&] {
+    if (++checks == 200) {
+      const uint64_t one = 1;
+      EXPECT_EQ(::write(stop.get(), &one, sizeof one), 8);
+    }
+  };
+  auto out = RunGroup(o, 2);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->kind, GroupEnd::kCoordinatorStop);
+  EXPECT_FALSE(out->workers[0].hung);
+  EXPECT_EQ(launcher_.spawned().size(), 2u);  // no debugger
 }
 
 TEST_F(FakeGroupTest, EveryWorkerGetsTheProgressSocketAndOnlyRankZeroReadsStdin) {

@@ -15,6 +15,17 @@ struct ProgressRecord {
   double step_seconds = 0;
 };
 
+// Sent once by a worker that writes its own stacks to LAUNCH_STACK_FILE when it gets `signal`
+// (the Python module does, through faulthandler): when the worker hangs, the agent sends it that
+// signal instead of attaching a debugger. Same socket as ProgressRecord, told apart by size and
+// magic.
+struct StackDumpRecord {
+  uint32_t magic = 0x4c53544bu;  // "LSTK"
+  int32_t rank = 0;
+  int32_t signal = 0;
+  int32_t reserved = 0;
+};
+
 class ProgressReporter {
  public:
   // fd < 0: every Report is a no-op.
