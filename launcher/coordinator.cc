@@ -1,5 +1,6 @@
 #include "launcher/coordinator.h"
 
+#include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
@@ -609,9 +610,7 @@ void CoordinatorService::TimerLoop() {
   }
 }
 
-// (No vptr check: see KeepListening, which calls this while descriptors may be exhausted.)
-__attribute__((no_sanitize("vptr"))) std::unique_ptr<grpc::Server> CoordinatorServer::BuildServer(
-    const std::string& address, int* port) {
+std::unique_ptr<grpc::Server> CoordinatorServer::BuildServer(const std::string& address, int* port) {
   grpc::ServerBuilder builder;
   builder.AddListeningPort(address, creds_, port);
   builder.RegisterService(service_.get());
@@ -674,6 +673,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
     spdlog::warn("no lease datagrams ({}): agents heartbeat on their streams", std::string(st.message()));
     s->leases_.reset();
   }
+  s->ReserveDescriptors();
   CoordinatorServer* raw = s.get();
   s->failure_subscription_ = SubscribeListenerFailures([raw] {
     std::lock_guard<std::mutex> lock(raw->keeper_mu_);
@@ -684,10 +684,13 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
   return s;
 }
 
-// No UBSan vptr check here: that check reads the vtable through a pipe, which cannot be made
-// while descriptors are exhausted, the very moment this runs (it then reports every virtual call
-// on grpc::Server as a call on an invalid object; ASan and the rest of UBSan still apply).
-__attribute__((no_sanitize("vptr"))) void CoordinatorServer::KeepListening() {
+void CoordinatorServer::ReserveDescriptors() {
+  for (UniqueFd& fd : spare_fds_) {
+    if (!fd.valid()) fd.Reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  }
+}
+
+void CoordinatorServer::KeepListening() {
   std::unique_lock<std::mutex> lock(keeper_mu_);
   for (;;) {
     keeper_wake_.wait(lock, [&] { return stopping_ || listener_failed_; });
@@ -695,6 +698,9 @@ __attribute__((no_sanitize("vptr"))) void CoordinatorServer::KeepListening() {
     listener_failed_ = false;
     std::unique_ptr<grpc::Server> old = std::move(server_);
     lock.unlock();
+    // The spare descriptors are given back now: the rebuild needs a few while the flood still
+    // holds the rest (and so does UBSan's vptr check, which reads vtables through a pipe).
+    for (UniqueFd& fd : spare_fds_) fd.Reset();
     spdlog::warn("the coordinator at {} stopped accepting connections (out of file descriptors: a connection "
                  "flood?); restarting its listener",
                  address_);
@@ -711,6 +717,7 @@ __attribute__((no_sanitize("vptr"))) void CoordinatorServer::KeepListening() {
       if (server && port == port_) {
         server_ = std::move(server);
         listener_failed_ = false;  // the old listener's failure lines, if any came late
+        ReserveDescriptors();
         spdlog::info("the coordinator at {} accepts connections again", address_);
         break;
       }

@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "common/clock.h"
 #include "common/lease.h"
+#include "common/unique_fd.h"
 #include "launch.grpc.pb.h"
 #include "launcher/rendezvous.h"
 #include "launcher/security.h"
@@ -163,6 +164,9 @@ class CoordinatorServer {
   bool listener_failed_ = false;  // keeper_mu_
   bool stopping_ = false;         // keeper_mu_
   int failure_subscription_ = 0;
+  // Descriptors held in reserve (on /dev/null) for the listener's rebuild; keeper thread only.
+  void ReserveDescriptors();
+  UniqueFd spare_fds_[4];
   std::thread keeper_;
 };
 
