@@ -54,6 +54,8 @@ v1::WorkerExit ToProto(const WorkerResult& w) {
   e.set_exit_code(w.exit_code);
   e.set_signal(w.signal);
   e.set_run_seconds(w.run_seconds);
+  e.set_hung(w.hung);
+  e.set_in_collective(w.in_collective);
   // Bounded on the wire (an exception's message can be a whole tensor's repr): the coordinator
   // refuses messages over 1 MiB, and the first lines are what the failure line shows.
   e.set_error_message(w.error_message.substr(0, kMaxWireErrorMessage));
@@ -260,12 +262,11 @@ int Agent::Run() {
     const AgentState next = NextAgentState(state, event);
     LogMove(state, next, at);
     state = next;
-    if (event.kind == AgentEvent::Kind::kGroupEnded && at.outcome.root_cause >= 0 &&
-        at.outcome.workers[at.outcome.root_cause].hung) {
+    if (event.kind == AgentEvent::Kind::kGroupEnded && at.outcome.stacks_captured) {
       if (dir.temporary()) dir.Keep();
-      spdlog::warn("the stacks of every worker of the hung group are in {}/*/stacks.txt (py_stacks.txt for Python "
-                   "workers that use launch_progress)",
-                   at.dir);
+      spdlog::warn("the stacks of this node's workers{} are in {}/*/stacks.txt (py_stacks.txt for Python workers "
+                   "that use launch_progress)",
+                   at.outcome.kind == GroupEnd::kCoordinatorStop ? ", stopped for a rank hung elsewhere," : "", at.dir);
     }
   }
   return Finish(state, at, dir.temporary());
@@ -349,6 +350,7 @@ AgentEvent Agent::RunWorkers(Attempt* at) {
   gopts.hang.timeout = opts_.hang_timeout;
   gopts.hang.debugger = opts_.debugger;
   gopts.stop_fd = watch.fd();
+  gopts.stop_wants_stacks = [&watch] { return watch.answer().capture_stacks(); };
   // Tell the coordinator at once, not after the group has stopped, so the other nodes stop now;
   // on a thread of its own, so the call never holds up the group's supervision.
   BackgroundCall early_report;
@@ -444,7 +446,8 @@ void Agent::LogMove(const AgentState& from, const AgentState& to, const Attempt&
     const WorkerResult& root = at.outcome.workers[at.outcome.root_cause];
     std::string why = root.error_message.substr(0, root.error_message.find('\n'));
     if (root.hung) {
-      why = absl::StrFormat("no step for %.1f s", root.hung_after_seconds);
+      why = absl::StrFormat("no step for %.1f s%s", root.hung_after_seconds,
+                            root.in_collective ? ", waiting in a collective (for a rank elsewhere?)" : "");
       if (!root.stack_top.empty()) absl::StrAppend(&why, "; in ", absl::StrJoin(root.stack_top, " < "));
     }
     spdlog::warn("rank {} failed ({}{}{}); restarting the group ({} of {} restarts)", root.rank, root.StatusText(),

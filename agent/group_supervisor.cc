@@ -80,10 +80,17 @@ SupervisorStep Supervise(const StopEscalation& stop, const SupervisorState& stat
       return out;
 
     case Kind::kCoordinatorStop:
+      if (s.phase == Phase::kRunning && event.failed) {  // a rank hung elsewhere: stacks first
+        s.phase = Phase::kCapturing;
+        s.end = GroupEnd::kCoordinatorStop;
+        out.actions.capture_stacks = true;
+        out.actions.arm_grace = stop.capture_grace;
+        return out;
+      }
       if (s.phase == Phase::kRunning) BeginStop(stop, GroupEnd::kCoordinatorStop, FirstSignal(stop), &out);
-      // While capturing, the group is failing already (the hung rank is the cause): stop now.
+      // While capturing, the group is stopping already (for its own hung rank, or another node's).
       if (s.phase == Phase::kCapturing) {
-        BeginStop(stop, GroupEnd::kFailed, FirstSignal(stop), &out);
+        BeginStop(stop, s.end, FirstSignal(stop), &out);
         out.actions.report_failure = s.hung;
       }
       return out;
@@ -100,14 +107,14 @@ SupervisorStep Supervise(const StopEscalation& stop, const SupervisorState& stat
 
     case Kind::kCapturesDone:
       if (s.phase != Phase::kCapturing) return out;
-      if (event.worker >= 0) s.root_cause = s.hung = event.worker;
-      BeginStop(stop, GroupEnd::kFailed, FirstSignal(stop), &out);
-      out.actions.report_failure = s.hung;  // as the stacks name it
+      if (event.worker >= 0 && s.hung >= 0) s.root_cause = s.hung = event.worker;
+      BeginStop(stop, s.end, FirstSignal(stop), &out);
+      out.actions.report_failure = s.hung;  // as the stacks name it (-1: not this node's)
       return out;
 
     case Kind::kGraceOver: {
       if (s.phase == Phase::kCapturing) {  // the captures took too long: stop without them
-        BeginStop(stop, GroupEnd::kFailed, FirstSignal(stop), &out);
+        BeginStop(stop, s.end, FirstSignal(stop), &out);
         out.actions.report_failure = s.hung;
         out.actions.warning = absl::StrCat("capturing the stacks took over ", stop.capture_grace.count(),
                                            " ms: stopping the workers without the rest");

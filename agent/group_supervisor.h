@@ -58,13 +58,16 @@ struct SupervisorEvent {
   };
   Kind kind = Kind::kWorkerExited;
   int worker = -1;
-  bool failed = false;
+  bool failed = false;  // kWorkerExited; kCoordinatorStop: capture the stacks first
   int signal = 0;
   bool groups_empty = false;
 
   static SupervisorEvent Exited(int worker, bool failed) { return {Kind::kWorkerExited, worker, failed, 0, false}; }
   static SupervisorEvent Signal(int sig) { return {Kind::kSignal, -1, false, sig, false}; }
-  static SupervisorEvent CoordinatorStop() { return {Kind::kCoordinatorStop, -1, false, 0, false}; }
+  // `capture`: the coordinator wants the stacks first (a rank hung on another node).
+  static SupervisorEvent CoordinatorStop(bool capture = false) {
+    return {Kind::kCoordinatorStop, -1, capture, 0, false};
+  }
   static SupervisorEvent GraceOver() { return {Kind::kGraceOver, -1, false, 0, false}; }
   static SupervisorEvent GroupsChecked(bool empty) { return {Kind::kGroupsChecked, -1, false, 0, empty}; }
   static SupervisorEvent Hung(int worker) { return {Kind::kHung, worker, false, 0, false}; }

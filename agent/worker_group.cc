@@ -238,8 +238,11 @@ std::vector<std::string> MainThreadFrames(const std::string& text) {
 }
 
 bool WaitsInCollective(const std::vector<std::string>& frames) {
+  // Collectives, process groups and data-parallel wrappers (whose Finish or backward hook waits
+  // for the bucket allreduces).
   static const char* kMarks[] = {"allreduce", "all_reduce", "broadcast", "barrier", "allgather", "all_gather",
-                                 "reduce_scatter", "alltoall", "processgroup", "c10d", "gloo", "nccl"};
+                                 "reduce_scatter", "alltoall", "processgroup", "c10d", "gloo", "nccl",
+                                 "distributeddataparallel", "(ddp.cc:", "reducer", "(distributed.py:"};
   for (const std::string& f : frames) {
     const std::string lower = absl::AsciiStrToLower(f);
     for (const char* m : kMarks)
@@ -415,6 +418,7 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
   // event (captures that need no process are done at once): events queue, and are taken in order.
   SupervisorState state;
   StackCaptures captures;
+  bool stacks_captured = false;
   // The captures are done: the hung worker is the one the stacks show outside a collective when
   // the one first silent waits in one (a rank that waits for a hung peer stops reporting too).
   auto CapturesDone = [&] {
@@ -435,7 +439,10 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
         break;
       }
     }
-    if (hung >= 0) slots[hung].result.stack_top = TopFrames(frames[hung], 3);
+    if (hung >= 0) {
+      slots[hung].result.stack_top = TopFrames(frames[hung], 3);
+      slots[hung].result.in_collective = WaitsInCollective(frames[hung]);
+    }
     return SupervisorEvent::CapturesDone(hung);
   };
   std::deque<SupervisorEvent> events_due;
@@ -452,6 +459,7 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
       const SupervisorActions& a = step.actions;
       if (!a.warning.empty()) spdlog::warn("{}", a.warning);
       if (a.capture_stacks) {
+        stacks_captured = true;
         captures.Start(slots, launcher_, opts_.hang.debugger);
         if (captures.done()) events_due.push_back(CapturesDone());
       }
@@ -720,7 +728,7 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
       } else if (tag == kCoordinatorTag) {
         // Level-triggered and never drained: seen once, then out of the set.
         ::epoll_ctl(ep.get(), EPOLL_CTL_DEL, opts_.stop_fd, nullptr);
-        apply(SupervisorEvent::CoordinatorStop());
+        apply(SupervisorEvent::CoordinatorStop(opts_.stop_wants_stacks && opts_.stop_wants_stacks()));
       } else {
         drain(slots[tag & 0xffffffff], (tag & kStderrBit) != 0, false);
       }
@@ -733,6 +741,7 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
     slots[state.hung].result.stack_top = TopFrames(WorkerFrames(*slots[state.hung].launch), 3);
   }
   GroupOutcome outcome;
+  outcome.stacks_captured = stacks_captured;
   outcome.kind = state.end;
   outcome.signal = state.end == GroupEnd::kInterrupted ? state.signal : 0;
   outcome.root_cause = state.end == GroupEnd::kFailed ? state.root_cause : -1;

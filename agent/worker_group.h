@@ -55,6 +55,7 @@ struct WorkerResult {
   // Stopped because it reported no step for longer than its hang timeout.
   bool hung = false;
   double hung_after_seconds = 0;  // how long it had been silent
+  bool in_collective = false;     // a hung worker's stacks show it waiting in a collective
   std::vector<std::string> stack_top;  // a hung worker's top frames ("func (file:line)")
   bool failed() const { return hung || signal != 0 || exit_code != 0; }
   // torchrun's meaning of a worker's status as a process exit code; a hung worker's is
@@ -70,6 +71,7 @@ struct GroupOutcome {
   GroupEnd kind = GroupEnd::kSucceeded;
   int signal = 0;       // kInterrupted: the signal launch got
   int root_cause = -1;  // kFailed: index into workers of the first failure
+  bool stacks_captured = false;  // the workers' stacks were captured before the stop
   std::vector<WorkerResult> workers;
 };
 
@@ -78,8 +80,10 @@ class WorkerGroup {
   struct Options {
     // How the workers are stopped: SIGTERM, the grace (--stop-timeout), SIGKILL.
     StopEscalation stop = StopEscalation::TermThenKill(std::chrono::seconds(30));
-    // Readable when the coordinator wants the group stopped (-1: none).
+    // Readable when the coordinator wants the group stopped (-1: none); then whether it wants the
+    // workers' stacks first (a rank hung on another node).
     int stop_fd = -1;
+    std::function<bool()> stop_wants_stacks;
     // Called as soon as a worker's failure is seen and the others are signalled (to tell the
     // coordinator at once).
     std::function<void(const WorkerResult&)> on_failure;

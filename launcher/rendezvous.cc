@@ -324,6 +324,7 @@ void Rendezvous::FormRound() {
   waiting_ids_.clear();
   last_call_deadline_.reset();
   phase_ = Phase::kRunning;
+  stopped_for_hang_ = false;
 }
 
 std::optional<v1::Assignment> Rendezvous::AssignmentFor(const std::string& node_id,
@@ -432,6 +433,7 @@ v1::HeartbeatResponse Rendezvous::HeartbeatAnswer(const v1::HeartbeatRequest& re
   resp.set_stop_workers(phase_ == Phase::kFailed || current > req.round() || stranger);
   if (stranger) resp.set_reason("this node is not part of the running round");
   else if (resp.stop_workers()) resp.set_reason(reason_);
+  resp.set_capture_stacks(resp.stop_workers() && !stranger && stopped_for_hang_ && req.round() == round_);
   return resp;
 }
 
@@ -457,6 +459,20 @@ bool Rendezvous::RenewLease(const std::string& node_id, long round, uint64_t seq
 
 v1::ReportExitResponse Rendezvous::ReportExit(const v1::ReportExitRequest& req) {
   Member* m = FindMember(req.node_id());
+  // Ranks that wait for a hung peer stop reporting too, and their node may tell first: a hung rank
+  // whose stacks are outside any collective, reported for the same round, is the root cause
+  // instead of one that waits in a collective.
+  if (first_failure_ && req.exits_size() > 0 && req.exits(0).hung() && !req.exits(0).in_collective() &&
+      first_failure_->exit().hung() && first_failure_->exit().in_collective() && first_failure_->round() == req.round() &&
+      first_failure_->node_id() != req.node_id()) {
+    v1::Failure f = *first_failure_;
+    f.set_node_id(req.node_id());
+    auto id = identities_.find(req.node_id());
+    f.set_hostname(id != identities_.end() ? id->second.hostname() : "");
+    f.set_host_address(id != identities_.end() ? id->second.host_address() : "");
+    *f.mutable_exit() = req.exits(0);
+    first_failure_ = f;
+  }
   if (req.round() == round_ && phase_ == Phase::kRunning && m) {
     m->last_seen = clock_->Now();
     if (req.leaving()) {
@@ -482,7 +498,10 @@ v1::ReportExitResponse Rendezvous::ReportExit(const v1::ReportExitRequest& req) 
         *f.mutable_exit() = req.exits(0);
         first_failure_ = f;
       }
-      const std::string who = absl::StrCat("rank ", req.exits(0).rank(), " on ", NodeName(req.node_id()), " failed");
+      const bool hung = req.exits(0).hung();
+      const std::string who =
+          absl::StrCat("rank ", req.exits(0).rank(), " on ", NodeName(req.node_id()), hung ? " hung" : " failed");
+      stopped_for_hang_ = hung;
       if (restart_count_ < config_.max_restarts) {
         ++restart_count_;
         OpenNextRound(who);

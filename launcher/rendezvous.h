@@ -153,6 +153,7 @@ class Rendezvous {
   std::optional<v1::Failure> first_failure_;
   absl::flat_hash_set<std::string> told_end_;
   std::string reason_;  // why the run failed or why the last round was reopened
+  bool stopped_for_hang_ = false;  // the last round was stopped because a rank hung
   Clock::TimePoint ended_at_;
 };
 

@@ -341,6 +341,41 @@ TEST(MultiNode, AConnectionFloodDoesNotDeafenTheCoordinator) {
   for (auto& r : WaitAll(next)) EXPECT_EQ(r.exit_code, 0) << r.err;
 }
 
+#ifdef TRAIN_MLP_BIN
+// A rank that hangs on one node: that node names it with its stack, the other node is asked for
+// its workers' stacks before they stop (rank 0 waits in the allreduce), and the job resumes.
+TEST(MultiNode, AHangOnOneNodeCapturesTheStacksOnEveryNode) {
+  if (::access("/usr/bin/gdb", X_OK) != 0) GTEST_SKIP() << "no gdb (scripts/install_deps.sh installs it)";
+  Coordinator coord;
+  ASSERT_TRUE(coord.ready());
+  TempDir dir;
+  std::vector<std::unique_ptr<Child>> agents;
+  for (int i = 0; i < 2; ++i) {
+    agents.push_back(std::make_unique<Child>(std::vector<std::string>{
+        kLaunch, "--rdzv-endpoint", coord.endpoint(), "--rdzv-id", "hang", "--nnodes=2", "--nproc-per-node=1",
+        "--max-restarts=1", "--hang-timeout", "3", "--log-dir", dir / ("node" + std::to_string(i)), TRAIN_MLP_BIN,
+        "--dims", "16,32,4", "--steps", "20", "--warmup", "0", "--dataset-size", "256", "--checkpoint-dir",
+        dir / "ckpt", "--checkpoint-every", "5", "--print-every", "0", "--hang-at-step", "12"}));
+  }
+  auto results = WaitAll(agents, std::chrono::seconds(120));
+  int hung_lines = 0;
+  for (const auto& r : results) {
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    hung_lines += absl::StrContains(r.err, "rank 1 failed (hung: no step for");
+  }
+  EXPECT_EQ(hung_lines, 1);
+  // Every node kept its worker's stacks of the hung attempt; rank 1's shows where it sleeps.
+  std::string stacks;
+  for (int i = 0; i < 2; ++i) {
+    const std::string file = dir / ("node" + std::to_string(i) + "/hang/attempt_0/0/stacks.txt");
+    const std::string text = ReadFile(file);
+    EXPECT_THAT(text, HasSubstr("Thread 1 ")) << file;
+    stacks += text;
+  }
+  EXPECT_THAT(stacks, HasSubstr("HangForever"));
+}
+#endif
+
 TEST(MultiNode, CoordinatorKilledAndRestartedMidJobTheJobCompletesWithoutARestart) {
   const int port = FreePort();
   auto coord = std::make_unique<Coordinator>(std::vector<std::string>{}, port);

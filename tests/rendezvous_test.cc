@@ -341,6 +341,40 @@ TEST(Rendezvous, OneBudgetUnitPerRoundAndTheFirstFailureNamesItsNode) {
   EXPECT_EQ(r.ReportExit(ask).restart_count(), 1);
 }
 
+// A hang stops the other nodes with a request for their stacks (to see who waits for whom), and
+// a hung rank outside any collective, reported later for the same round, becomes the root cause
+// instead of a rank that was only waiting for it in a collective.
+TEST(Rendezvous, AHangAsksTheOthersForStacksAndTheRankOutsideTheCollectiveIsTheRootCause) {
+  FakeClock clock;
+  Rendezvous r("job", Elastic(2, 2, 5), &clock);
+  ASSERT_TRUE(r.Join(JoinOf("a", 1, 1)).ok());
+  ASSERT_TRUE(r.Join(JoinOf("b", 1, 1)).ok());
+  v1::ReportExitRequest waiting = Report("a", 1, false);
+  waiting.mutable_exits(0)->set_rank(0);
+  waiting.mutable_exits(0)->set_hung(true);
+  waiting.mutable_exits(0)->set_in_collective(true);
+  r.ReportExit(waiting);
+  v1::HeartbeatResponse stop = r.Heartbeat(Beat("b", 1));
+  EXPECT_TRUE(stop.stop_workers());
+  EXPECT_TRUE(stop.capture_stacks());
+  EXPECT_EQ(stop.reason(), "rank 0 on a hung");
+  v1::ReportExitRequest culprit = Report("b", 1, false);
+  culprit.mutable_exits(0)->set_hung(true);
+  auto v = r.ReportExit(culprit);
+  EXPECT_EQ(v.first_failure().node_id(), "b");
+  EXPECT_EQ(v.first_failure().exit().rank(), 1);
+  EXPECT_EQ(v.restart_count(), 1);  // still one budget unit
+  // A failure that is not a hang asks for no stacks, and a new round forgets the last one.
+  ASSERT_TRUE(r.Join(JoinOf("a", 1, 1, 1)).ok());
+  ASSERT_TRUE(r.Join(JoinOf("b", 1, 1, 1)).ok());
+  ASSERT_TRUE(r.AssignmentFor("a", 1).has_value());
+  EXPECT_FALSE(r.Heartbeat(Beat("a", 2)).capture_stacks());
+  r.ReportExit(Report("a", 2, false));
+  const v1::HeartbeatResponse crash = r.Heartbeat(Beat("b", 2));
+  EXPECT_TRUE(crash.stop_workers());
+  EXPECT_FALSE(crash.capture_stacks());
+}
+
 TEST(Rendezvous, LeavingNodeIsAMembershipChange) {
   FakeClock clock;
   Rendezvous r("job", Elastic(1, 2, 0), &clock);

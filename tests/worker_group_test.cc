@@ -147,12 +147,26 @@ TEST(Supervisor, ASignalDuringACaptureStopsAtOnceAndAFailureDoesNotTakeTheBlame)
   EXPECT_FALSE(q.Feed(SupervisorEvent::Hung(1)).capture_stacks);
 }
 
+TEST(Supervisor, AStopForAHangElsewhereCapturesFirstAndBlamesNoLocalWorker) {
+  Sequence r(2);
+  const SupervisorActions a = r.Feed(SupervisorEvent::CoordinatorStop(/*capture=*/true));
+  EXPECT_EQ(r.state.phase, Phase::kCapturing);
+  EXPECT_TRUE(a.capture_stacks);
+  EXPECT_EQ(a.signal_groups, 0);
+  const SupervisorActions b = r.Feed(SupervisorEvent::CapturesDone());
+  EXPECT_EQ(b.signal_groups, SIGTERM);
+  EXPECT_EQ(b.report_failure, -1);
+  EXPECT_EQ(r.state.end, GroupEnd::kCoordinatorStop);
+  EXPECT_EQ(r.state.root_cause, -1);
+}
+
 TEST(Supervisor, EveryEventInEveryPhaseIsAStep) {
   // The transition function is total: nothing an event can do in any phase is left undefined,
   // and after the end nothing acts.
   const std::vector<SupervisorEvent> events = {
       SupervisorEvent::Exited(0, true), SupervisorEvent::Exited(0, false), SupervisorEvent::Signal(SIGTERM),
-      SupervisorEvent::Signal(SIGINT), SupervisorEvent::CoordinatorStop(), SupervisorEvent::GraceOver(),
+      SupervisorEvent::Signal(SIGINT), SupervisorEvent::CoordinatorStop(), SupervisorEvent::CoordinatorStop(true),
+      SupervisorEvent::GraceOver(),
       SupervisorEvent::GroupsChecked(true), SupervisorEvent::GroupsChecked(false), SupervisorEvent::Hung(0),
       SupervisorEvent::CapturesDone(0)};
   for (Phase phase : {Phase::kRunning, Phase::kCapturing, Phase::kStopping, Phase::kDone}) {
@@ -212,6 +226,11 @@ TEST(StackFrames, FaulthandlersCurrentThreadAndACollectiveWait) {
   EXPECT_EQ(frames[0], "all_reduce (distributed_c10d.py:1536)");
   EXPECT_EQ(frames[1], "main (hang.py:30)");
   EXPECT_TRUE(WaitsInCollective(frames));
+  // worker_sdk's DDP waits for its bucket allreduces in Finish; a name that only contains the
+  // letters is not a collective.
+  EXPECT_TRUE(WaitsInCollective({"__futex_abstimed_wait_common64 (futex-internal.c:57)",
+                                 "launch_sdk::DistributedDataParallel::Finish (ddp.cc:157)"}));
+  EXPECT_FALSE(WaitsInCollective({"Mesh::addPoint (geom.cc:3)", "time.sleep (train.py:9)"}));
   EXPECT_TRUE(MainThreadFrames("garbage\n#0 nothing\n").empty());
 }
 
