@@ -88,11 +88,8 @@ SupervisorStep Supervise(const StopEscalation& stop, const SupervisorState& stat
         return out;
       }
       if (s.phase == Phase::kRunning) BeginStop(stop, GroupEnd::kCoordinatorStop, FirstSignal(stop), &out);
-      // While capturing, the group is stopping already (for its own hung rank, or another node's).
-      if (s.phase == Phase::kCapturing) {
-        BeginStop(stop, s.end, FirstSignal(stop), &out);
-        out.actions.report_failure = s.hung;
-      }
+      // While capturing, the stop comes once the stacks are taken: stopping now would kill the
+      // workers under the debugger (another node's hang report often arrives at this moment).
       return out;
 
     case Kind::kHung:

@@ -138,6 +138,9 @@ TEST(Supervisor, ASignalDuringACaptureStopsAtOnceAndAFailureDoesNotTakeTheBlame)
   r.Feed(SupervisorEvent::Hung(2));
   EXPECT_EQ(r.Feed(SupervisorEvent::Exited(0, true)).signal_groups, 0);
   EXPECT_EQ(r.state.root_cause, 2);
+  // The coordinator's stop (another node found the hang too) waits for the stacks.
+  EXPECT_EQ(r.Feed(SupervisorEvent::CoordinatorStop(true)).signal_groups, 0);
+  EXPECT_EQ(r.state.phase, Phase::kCapturing);
   const SupervisorActions a = r.Feed(SupervisorEvent::Signal(SIGINT));
   EXPECT_EQ(a.signal_groups, SIGINT);
   EXPECT_EQ(r.state.end, GroupEnd::kInterrupted);
