@@ -61,6 +61,8 @@ struct WorkerGroupSpec {
   std::optional<TrainScaling> train;
   // Where launch's Python module (launch_progress) is: appended to the workers' PYTHONPATH.
   std::string python_dir;
+  // PyTorch's NCCL flight recorder for GPU workers (--no-flight-recorder turns it off).
+  bool flight_recorder = true;
 };
 
 }  // namespace launch

@@ -72,6 +72,27 @@ std::string FormatDouble(double v) {
 }
 
 // Sets key unless the user already exported it; returns whether it was set.
+bool SetUnlessUserSet(const Env& parent, Env& env, const std::string& key, const std::string& v);
+
+// PyTorch's NCCL flight recorder: a ring of the last collectives, dumped when the watchdog times
+// out, so a hang in NCCL shows which collective each rank was in. Under both of PyTorch's names
+// (TORCH_NCCL_*, and the TORCH_FR_* that newer releases read), each pair taking the user's value
+// of either one; the dump goes to the rank's log directory when there is one.
+void SetFlightRecorder(const Env& parent, const std::string& log_dir, Env& env) {
+  auto pair = [&](const char* old_name, const char* new_name, const std::string& value) {
+    auto o = parent.find(old_name);
+    auto n = parent.find(new_name);
+    const std::string v = o != parent.end() ? o->second : n != parent.end() ? n->second : value;
+    SetUnlessUserSet(parent, env, old_name, v);
+    SetUnlessUserSet(parent, env, new_name, v);
+  };
+  pair("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE", "2000");
+  SetUnlessUserSet(parent, env, "TORCH_NCCL_DUMP_ON_TIMEOUT", "1");
+  if (!log_dir.empty()) {
+    pair("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE", log_dir + "/nccl_trace_rank_");
+  }
+}
+
 bool SetUnlessUserSet(const Env& parent, Env& env, const std::string& key, const std::string& v) {
   if (parent.count(key)) return false;
   env[key] = v;
@@ -181,6 +202,7 @@ absl::StatusOr<WorkerEnvPlan> BuildWorkerEnvs(const Env& parent, const WorkerGro
         env["CUDA_VISIBLE_DEVICES"] = absl::StrJoin(mine, ",");
       }
       if (spec.gpu_pool_is_nvml_indices) SetUnlessUserSet(parent, env, "CUDA_DEVICE_ORDER", "PCI_BUS_ID");
+      if (spec.flight_recorder) SetFlightRecorder(parent, paths[local].log_dir, env);
     }
     if (alloc_conf) SetUnlessUserSet(parent, env, "PYTORCH_CUDA_ALLOC_CONF", *alloc_conf);
 

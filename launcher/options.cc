@@ -62,6 +62,8 @@ const OptionDef kOptions[] = {
     {"role", "--role", Kind::kValue, "ROLE_NAME of the workers (default 'default')"},
     {"module", "-m,--module", Kind::kFlag, "Run PROGRAM as a Python module (python -m)"},
     {"no_python", "--no-python,--no_python", Kind::kFlag, "Run PROGRAM directly, even a .py file"},
+    {"no_flight_recorder", "--no-flight-recorder,--no_flight_recorder", Kind::kFlag,
+     "Do not turn on PyTorch's NCCL flight recorder for GPU workers"},
     {"run_path", "--run-path,--run_path", Kind::kFlag, "Not supported (workers are processes)"},
     {"log_dir", "--log-dir,--log_dir", Kind::kValue,
      "Write <dir>/<run_id>/attempt_<k>/<local_rank>/{stdout,stderr}.log and error.json"},
@@ -404,6 +406,7 @@ absl::StatusOr<LaunchConfig> Validate(RawMap& raw, std::vector<std::string> rema
   }
   c.module = flag("module");
   c.no_python = flag("no_python");
+  c.no_flight_recorder = flag("no_flight_recorder");
   if (flag("run_path")) {
     return absl::InvalidArgumentError(
         "--run-path is not supported: launch starts every worker as its own process; run the "

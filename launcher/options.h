@@ -43,6 +43,7 @@ struct LaunchConfig {
   std::string role = "default";
   bool module = false;
   bool no_python = false;
+  bool no_flight_recorder = false;
   std::string log_dir;
   StdSpec redirects, tee;
   std::optional<std::set<int>> local_ranks_filter;

@@ -261,6 +261,7 @@ absl::StatusOr<LaunchPlan> Plan(const LaunchConfig& c, const HostFacts& host) {
   const std::string path_env = host.env.count("PATH") ? host.env.at("PATH") : "/usr/local/bin:/usr/bin:/bin";
   if (auto gdb = q.ResolveExecutable("gdb", path_env); gdb.ok()) opts.debugger = *gdb;
   opts.spec.python_dir = host.python_dir;
+  opts.spec.flight_recorder = !c.no_flight_recorder;
   opts.dry_run = c.dry_run;
   opts.master_addr = master_addr;
   opts.master_port = c.master_port;

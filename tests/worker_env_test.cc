@@ -150,6 +150,33 @@ TEST(WorkerEnv, SharedBindingSeesThePoolAndGetsAllocConf) {
   }
 }
 
+// GPU workers get PyTorch's NCCL flight recorder under both of its names, its dump in the
+// rank's log directory; a user's setting of either name wins for both; CPU workers get none.
+TEST(WorkerEnv, GpuWorkersGetTheFlightRecorder) {
+  WorkerGroupSpec spec;
+  spec.local_world_size = 1;
+  spec.gpu_pool = {"0"};
+  std::vector<WorkerPaths> paths = ErrorFiles(1);
+  paths[0].log_dir = "/logs/run/attempt_0/0";
+  auto plan = BuildWorkerEnvs({{"TORCH_FR_BUFFER_SIZE", "500"}}, spec, RoundInfo{}, paths);
+  ASSERT_TRUE(plan.ok());
+  const Env& e = plan->envs[0];
+  EXPECT_EQ(e.at("TORCH_NCCL_TRACE_BUFFER_SIZE"), "500");
+  EXPECT_EQ(e.at("TORCH_FR_BUFFER_SIZE"), "500");
+  EXPECT_EQ(e.at("TORCH_NCCL_DUMP_ON_TIMEOUT"), "1");
+  EXPECT_EQ(e.at("TORCH_NCCL_DEBUG_INFO_TEMP_FILE"), "/logs/run/attempt_0/0/nccl_trace_rank_");
+  EXPECT_EQ(e.at("TORCH_FR_DUMP_TEMP_FILE"), "/logs/run/attempt_0/0/nccl_trace_rank_");
+  spec.flight_recorder = false;
+  plan = BuildWorkerEnvs({}, spec, RoundInfo{}, paths);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->envs[0].count("TORCH_NCCL_TRACE_BUFFER_SIZE"), 0u);
+  spec.flight_recorder = true;
+  spec.gpu_pool.clear();
+  plan = BuildWorkerEnvs({}, spec, RoundInfo{}, paths);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->envs[0].count("TORCH_FR_BUFFER_SIZE"), 0u);
+}
+
 TEST(WorkerEnv, IsolateBindingSplitsThePool) {
   WorkerGroupSpec spec;
   spec.local_world_size = 2;
