@@ -159,7 +159,13 @@ TEST(ConsoleStream, AConsoleThatStopsReadingNeverBlocksTheWriter) {
   EXPECT_GT(stream.queued(), ConsoleStream::kLowWater);
   std::string got;
   char buf[65536];
+  // Read until the backlog clears. The writer clears it only after its last write returned, so
+  // the pipe can be empty while the stream still says backlogged: wait on both (a blocking read
+  // here hung under TSan, whose slower writer lost that race).
   while (stream.backlogged()) {
+    pollfd p[2] = {{pipe.read.get(), POLLIN, 0}, {stream.ready_fd(), POLLIN, 0}};
+    ASSERT_GT(::poll(p, 2, -1), 0);
+    if (!(p[0].revents & POLLIN)) continue;
     ssize_t n = ::read(pipe.read.get(), buf, sizeof buf);
     ASSERT_GT(n, 0);
     got.append(buf, static_cast<size_t>(n));
