@@ -262,6 +262,7 @@ int Agent::Run() {
     const AgentState next = NextAgentState(state, event);
     LogMove(state, next, at);
     state = next;
+    if (next.phase == AgentPhase::kDone && monitor_) monitor_->Stop();  // its last events before the end
     if (event.kind == AgentEvent::Kind::kGroupEnded && at.outcome.stacks_captured) {
       if (dir.temporary()) dir.Keep();
       spdlog::warn("the stacks of this node's workers{} are in {}/*/stacks.txt (py_stacks.txt for Python workers "
@@ -350,6 +351,20 @@ AgentEvent Agent::RunWorkers(Attempt* at) {
   gopts.hang.timeout = opts_.hang_timeout;
   gopts.hang.debugger = opts_.debugger;
   gopts.stop_fd = watch.fd();
+  gopts.live = &live_;
+  if (opts_.monitor_interval && !monitor_) {
+    Monitor::Options mo;
+    mo.interval = *opts_.monitor_interval;
+    mo.run_id = opts_.spec.run_id;
+    mo.node_id = opts_.node.node_id();
+    mo.hostname = opts_.node.hostname();
+    if (!opts_.log_dir.empty()) mo.metrics_file = absl::StrCat(run_dir_, "/metrics.jsonl");
+    mo.coordinator = session_.client();
+    mo.gpus = opts_.sample_gpus;
+    monitor_ = std::make_unique<Monitor>(std::move(mo), &live_, clock_);
+    monitor_->Start();
+  }
+  if (monitor_) monitor_->SetRound(a.round());
   gopts.stop_wants_stacks = [&watch] { return watch.answer().capture_stacks(); };
   // Tell the coordinator at once, not after the group has stopped, so the other nodes stop now;
   // on a thread of its own, so the call never holds up the group's supervision.
@@ -465,6 +480,9 @@ void Agent::LogMove(const AgentState& from, const AgentState& to, const Attempt&
 }
 
 int Agent::Finish(const AgentState& state, const Attempt& at, bool temp_dir) {
+  if (std::string table = live_.EndTable(opts_.node.hostname(), at.assignment.restart_count()); !table.empty()) {
+    ConsoleErr().Write(absl::StrCat("launch: per-rank progress on this node:\n", table));
+  }
   // The job failed as the coordinator saw it: say where it failed first and exit with that code.
   auto job_failed = [&](int own_code) {
     if (at.has_verdict && at.verdict.has_first_failure()) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -14,7 +15,9 @@
 #include "agent/coordinator_client.h"
 #include "agent/coordinator_session.h"
 #include "agent/coordinator_watch.h"
+#include "agent/live_ranks.h"
 #include "agent/log_relay.h"
+#include "agent/monitor.h"
 #include "agent/process.h"
 #include "agent/signals.h"
 #include "agent/worker_env.h"
@@ -76,6 +79,8 @@ class Agent {
   std::string run_dir_;       // this run's log (or temporary) directory
   long last_round_ = 0;
   int last_picked_port_ = 0;  // the MASTER_PORT this node last proposed
+  LiveRanks live_;  // the workers' figures (the worker group writes, the monitor reads)
+  std::unique_ptr<Monitor> monitor_;  // from the first attempt on, when --monitor-interval is on
 };
 
 }  // namespace launch

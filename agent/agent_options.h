@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <set>
 #include <string>
@@ -35,6 +36,10 @@ struct AgentOptions {
   // --hang-timeout (nullopt: automatic; zero: off), and the debugger for hung workers' stacks.
   std::optional<std::chrono::milliseconds> hang_timeout;
   std::string debugger;
+  // How often the workers are sampled to metrics.jsonl and the coordinator (nullopt: never).
+  std::optional<std::chrono::milliseconds> monitor_interval;
+  // The GPUs' figures for each sample (unset: none sampled).
+  std::function<std::vector<v1::GpuSample>()> sample_gpus;
   // How often the lease is renewed while the workers run (--rdzv-conf heartbeat_interval).
   std::chrono::milliseconds heartbeat_interval{1000};
   // How long to keep trying an unreachable coordinator once the workers have ended.

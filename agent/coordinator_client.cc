@@ -135,4 +135,14 @@ absl::StatusOr<v1::ReportExitResponse> GrpcCoordinatorClient::ReportExit(const v
   return resp;
 }
 
+absl::StatusOr<v1::SampleResponse> GrpcCoordinatorClient::Sample(const v1::SampleRequest& req,
+                                                                 std::chrono::milliseconds timeout) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, timeout);
+  v1::SampleResponse resp;
+  grpc::Status s = stub_->Sample(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpc(s, absl::StrCat("sample to ", target_));
+  return resp;
+}
+
 }  // namespace launch

@@ -49,6 +49,11 @@ class CoordinatorClient {
   virtual absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req) = 0;
   virtual absl::StatusOr<v1::ReportExitResponse> ReportExit(const v1::ReportExitRequest& req,
                                                             std::chrono::milliseconds timeout) = 0;
+  // A monitor sample; answered with the job's straggler events. Best effort: a client that
+  // cannot send samples (a test's fake) says so.
+  virtual absl::StatusOr<v1::SampleResponse> Sample(const v1::SampleRequest&, std::chrono::milliseconds) {
+    return absl::UnimplementedError("this coordinator client sends no samples");
+  }
   // "host:port" for messages.
   virtual std::string target() const = 0;
 };
@@ -63,6 +68,7 @@ class GrpcCoordinatorClient : public CoordinatorClient {
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req) override;
   absl::StatusOr<v1::ReportExitResponse> ReportExit(const v1::ReportExitRequest& req,
                                                     std::chrono::milliseconds timeout) override;
+  absl::StatusOr<v1::SampleResponse> Sample(const v1::SampleRequest& req, std::chrono::milliseconds timeout) override;
   std::unique_ptr<WatchStream> Watch() override;
   std::string target() const override { return target_; }
 

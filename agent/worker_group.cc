@@ -474,6 +474,7 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
   };
 
   // Spawn every worker; a worker that cannot start stops those already started.
+  if (opts_.live) opts_.live->StartAttempt(launches);
   for (size_t i = 0; i < launches.size(); ++i) {
     const WorkerLaunch& l = launches[i];
     Slot& s = slots[i];
@@ -517,6 +518,7 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
     if (!pid.ok()) return pid.status();
     s.pid = *pid;
     s.result.pid = *pid;
+    if (opts_.live) opts_.live->Spawned(i, *pid);
     ++state.running;
     if (in.write.valid()) {
       ::fcntl(in.write.get(), F_SETFL, O_NONBLOCK);
@@ -558,6 +560,7 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
         Slot& s = slots[i];
         if (s.pid != exit->pid || s.reaped) continue;
         s.reaped = true;
+        if (opts_.live) opts_.live->Exited(i);
         Clock::TimePoint now = clock_->Now();
         s.result.ended = now;
         s.result.run_seconds = SecondsBetween(s.start, now);
@@ -686,19 +689,22 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
         while ((got = ::recv(progress_read.get(), datagram, sizeof datagram, 0)) >= 0) {
           launch_sdk::ProgressRecord rec;
           launch_sdk::StackDumpRecord offer;
-          if (got == static_cast<ssize_t>(sizeof rec)) {
-            std::memcpy(&rec, datagram, sizeof rec);
+          if (got == static_cast<ssize_t>(sizeof rec) || got == static_cast<ssize_t>(launch_sdk::kProgressRecordV1Bytes)) {
+            std::memcpy(&rec, datagram, static_cast<size_t>(got));  // a first-version record: no wait time
             if (rec.magic != launch_sdk::ProgressRecord{}.magic) continue;
-            for (auto& s : slots) {
+            const Clock::TimePoint now = clock_->Now();
+            for (size_t i = 0; i < slots.size(); ++i) {
+              Slot& s = slots[i];
               if (s.result.rank != rec.rank) continue;
               s.result.last_step = rec.step;
               s.result.last_loss = rec.loss;
               s.result.last_step_seconds = rec.step_seconds;
-              s.last_progress = clock_->Now();
+              s.last_progress = now;
               if (rec.step_seconds > 0 && std::isfinite(rec.step_seconds)) {
                 s.step_seconds.push_back(rec.step_seconds);
                 if (s.step_seconds.size() > kStepTimesKept) s.step_seconds.pop_front();
               }
+              if (opts_.live) opts_.live->Progress(i, rec.step, rec.step_seconds, rec.wait_seconds, now);
             }
           } else if (got == static_cast<ssize_t>(sizeof offer)) {
             std::memcpy(&offer, datagram, sizeof offer);

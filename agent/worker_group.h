@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "agent/console.h"
 #include "agent/group_supervisor.h"
+#include "agent/live_ranks.h"
 #include "agent/process.h"
 #include "agent/signals.h"
 #include "common/clock.h"
@@ -104,6 +105,8 @@ class WorkerGroup {
       // The debugger that captures native stacks (gdb); empty: only workers that dump their own.
       std::string debugger;
     } hang;
+    // Where the workers' pids, steps and exits are kept for the monitor (nullptr: nowhere).
+    LiveRanks* live = nullptr;
     // launch's stdin. A terminal is relayed to the worker that reads it through a pipe, while
     // launch is in the terminal's foreground (a worker leads its own process group, so reading
     // the terminal itself would stop it with SIGTTIN); anything else it inherits.

@@ -23,6 +23,10 @@ inline std::chrono::milliseconds SecondsToMs(double s) {
 
 // A run id names a log directory and travels in every RPC.
 inline constexpr size_t kMaxRunIdLength = 128;
+// --straggler-factor: 0 (off) or 1 to this.
+inline constexpr double kMaxStragglerFactor = 1000;
+// The fastest the agent samples its workers (--monitor-interval below it samples this often).
+inline constexpr double kMinMonitorInterval = 1.0;
 // Workers on one node (--nproc-per-node, and a node's local world size on the wire).
 inline constexpr int kMaxWorkersPerNode = 4096;
 // Nodes in one run (--nnodes MAX, and every node count on the wire).

@@ -63,6 +63,8 @@ struct Args {
   long fail_at_step = -1;  // fault injection: SIGKILL itself at this step on the first attempt
   long hang_at_step = -1;  // fault injection: sleep for ever at this step on the first attempt
   int fail_rank = 1;
+  int slow_rank = -1;  // fault injection: this rank sleeps slow_ms at every step (a straggler)
+  int slow_ms = 0;
 };
 
 std::vector<int64_t> ParseDims(const std::string& s) {
@@ -173,6 +175,7 @@ int Train(const Args& a) {
     profiler.BeginStep(step);
     const auto t0 = std::chrono::steady_clock::now();
     if (step == a.hang_at_step && rank == a.fail_rank && ctx->env().restart_count == 0) HangForever(rank, step);
+    if (rank == a.slow_rank) std::this_thread::sleep_for(std::chrono::milliseconds(a.slow_ms));
     if (state.sampler_position + a.batch > static_cast<int64_t>(order.size())) {
       sampler.SetEpoch(++state.epoch);
       order = sampler.Indices();
@@ -214,7 +217,7 @@ int Train(const Args& a) {
       state.scaler_growth_tracker = scaler.growth_tracker();
     }
     last_loss = loss_sum;
-    progress.Report(step, loss_sum, Seconds(t0, std::chrono::steady_clock::now()));
+    progress.Report(step, loss_sum, Seconds(t0, std::chrono::steady_clock::now()), ddp.TakeWaitSeconds());
     if (a.print_every > 0 && (step % a.print_every == 0 || step == a.steps) && rank == 0) {
       std::printf("step %ld loss %.6f\n", step, loss_sum);
       std::fflush(stdout);
@@ -284,6 +287,8 @@ int main(int argc, char** argv) {
   app.add_option("--hang-at-step", a.hang_at_step,
                  "fault injection: sleep for ever at the start of this step, first attempt only");
   app.add_option("--fail-rank", a.fail_rank, "the rank that --fail-at-step kills or --hang-at-step stops");
+  app.add_option("--slow-rank", a.slow_rank, "fault injection: this rank is a straggler (see --slow-ms)");
+  app.add_option("--slow-ms", a.slow_ms, "how long --slow-rank sleeps at every step")->check(CLI::Range(0, 60000));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -285,6 +285,7 @@ grpc::Status CoordinatorService::CheckToken(grpc::CallbackServerContext* ctx, co
 CoordinatorService::Run CoordinatorService::NewRun(const std::string& run_id, const RendezvousConfig& cfg) {
   Run run;
   run.rdzv = std::make_unique<Rendezvous>(run_id, cfg, clock_);
+  run.view = std::make_unique<JobView>(cfg.straggler_factor);
   run.lease_key = NewLeaseKey();
   return run;
 }
@@ -527,6 +528,8 @@ grpc::ServerUnaryReactor* CoordinatorService::ReportExit(grpc::CallbackServerCon
       Run& run = it->second;
       uint64_t v = run.rdzv->version();
       *resp = run.rdzv->ReportExit(*req);
+      for (const v1::WorkerExit& e : req->exits())
+        if (e.hung()) run.view->NoteHung(req->round(), e.rank());
       if (resp->job_succeeded() || resp->job_failed()) run.rdzv->NoteToldEnd(req->node_id());
       TickNow(run);
       if (run.rdzv->version() != v) {
@@ -552,7 +555,53 @@ grpc::ServerUnaryReactor* CoordinatorService::Status(grpc::CallbackServerContext
     if (it == runs_.end()) {
       status = grpc::Status(grpc::StatusCode::NOT_FOUND, absl::StrCat("no run '", req->run_id(), "'"));
     } else {
-      *resp = it->second.rdzv->Status();
+      *resp = StatusLocked(it->second);
+    }
+  }
+  reactor->Finish(status);
+  return reactor;
+}
+
+v1::StatusResponse CoordinatorService::StatusLocked(const Run& run) const {
+  v1::StatusResponse s = run.rdzv->Status();
+  run.view->Fill(&s, clock_->Now());
+  return s;
+}
+
+std::vector<v1::StatusResponse> CoordinatorService::AllStatus() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<v1::StatusResponse> out;
+  for (const auto& [id, run] : runs_) out.push_back(StatusLocked(run));
+  return out;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Sample(grpc::CallbackServerContext* ctx, const v1::SampleRequest* req,
+                                                     v1::SampleResponse* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  grpc::Status status = Admit(ctx, *req, "Sample");
+  absl::Status valid = absl::OkStatus();
+  if (status.ok()) {
+    valid = ValidateIds(req->run_id(), req->node_id());
+    if (valid.ok()) valid = ValidateSample(*req);
+    if (!valid.ok()) {
+      spdlog::warn("rejected sample from {}: {}", ctx->peer(), std::string(valid.message()));
+      status = ToGrpc(valid);
+    }
+  }
+  if (status.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = runs_.find(req->run_id());
+    if (it == runs_.end()) {
+      status = grpc::Status(grpc::StatusCode::NOT_FOUND, absl::StrCat("no run '", req->run_id(), "'"));
+    } else if (!it->second.rdzv->IsMember(req->node_id()) || req->round() > it->second.rdzv->round()) {
+      // Only the nodes of the run's round speak for its ranks.
+      status = grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                            absl::StrCat("node ", Shown(req->node_id()), " is not in round ", req->round(), " of run '",
+                                         req->run_id(), "'"));
+    } else {
+      Run& run = it->second;
+      run.view->Update(*req, clock_->Now());
+      for (v1::StragglerEvent& e : run.view->EventsAfter(req->events_seen())) *resp->add_events() = std::move(e);
     }
   }
   reactor->Finish(status);

@@ -13,12 +13,14 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/clock.h"
 #include "common/lease.h"
 #include "common/unique_fd.h"
 #include "launch.grpc.pb.h"
+#include "launcher/job_view.h"
 #include "launcher/rendezvous.h"
 #include "launcher/security.h"
 
@@ -45,6 +47,11 @@ class CoordinatorService final : public v1::Rendezvous::CallbackService {
                                    v1::StatusResponse* resp) override;
   grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse>* Watch(
       grpc::CallbackServerContext* ctx) override;
+  grpc::ServerUnaryReactor* Sample(grpc::CallbackServerContext* ctx, const v1::SampleRequest* req,
+                                   v1::SampleResponse* resp) override;
+
+  // Every run's status as the Status RPC answers it (for the metrics endpoint).
+  std::vector<v1::StatusResponse> AllStatus();
 
   // Starts the timer thread (last calls, leases, spares, closing ended runs).
   void Start();
@@ -66,6 +73,7 @@ class CoordinatorService final : public v1::Rendezvous::CallbackService {
   class WatchReactor;
   struct Run {
     std::unique_ptr<Rendezvous> rdzv;
+    std::unique_ptr<JobView> view;  // the nodes' monitor samples, stragglers
     std::set<HeldCall*> held;  // joins waiting for their round
     std::set<WatchReactor*> watchers;
     // When the run's Tick is due (its last answer); nullopt: no timer. Heartbeats only push
@@ -106,6 +114,8 @@ class CoordinatorService final : public v1::Rendezvous::CallbackService {
   absl::StatusOr<Run*> HeartbeatLocked(const std::string& peer, const v1::HeartbeatRequest& req,
                                        v1::HeartbeatResponse* ans, Finishes* f);
   void Cancelled(HeldCall* call);
+  // The run's status with its nodes' latest samples; mu_ held.
+  v1::StatusResponse StatusLocked(const Run& run) const;
   // Ticks the run now and notes when it is due again; mu_ held.
   void TickNow(Run& run);
   void TimerLoop();

@@ -58,7 +58,12 @@ const OptionDef kOptions[] = {
     {"max_restarts", "--max-restarts,--max_restarts", Kind::kValue,
      "Restarts of the worker group before failing (default 0)"},
     {"monitor_interval", "--monitor-interval,--monitor_interval", Kind::kValue,
-     "Accepted for torchrun compatibility; exits are seen as they happen"},
+     "Seconds between samples of the workers (step times, CPU, memory, GPUs) to metrics.jsonl and the "
+     "coordinator (default 5; at least 1; 0: off)"},
+    {"straggler_factor", "--straggler-factor,--straggler_factor", Kind::kValue,
+     "A rank whose own work per step is this many times the job's median is a straggler (default 1.2; 0: off)"},
+    {"metrics_port", "--metrics-port,--metrics_port", Kind::kValue,
+     "Serve the coordinator's Prometheus metrics on this port (needs the rendezvous token as bearer token)"},
     {"role", "--role", Kind::kValue, "ROLE_NAME of the workers (default 'default')"},
     {"module", "-m,--module", Kind::kFlag, "Run PROGRAM as a Python module (python -m)"},
     {"no_python", "--no-python,--no_python", Kind::kFlag, "Run PROGRAM directly, even a .py file"},
@@ -400,6 +405,20 @@ absl::StatusOr<LaunchConfig> Validate(RawMap& raw, std::vector<std::string> rema
   if (is("monitor_interval")) {
     ASSIGN_OR_RETURN(c.monitor_interval, ParseSeconds(raw["monitor_interval"]));
   }
+  if (is("straggler_factor")) {
+    const RawValue& v = raw["straggler_factor"];
+    double f;
+    if (!absl::SimpleAtod(absl::StripAsciiWhitespace(v.value), &f) || !std::isfinite(f) ||
+        (f != 0 && (f < 1 || f > kMaxStragglerFactor))) {
+      return Bad(v, absl::StrCat("0 (off) or a factor in 1..", kMaxStragglerFactor));
+    }
+    c.straggler_factor = f;
+  }
+  if (is("metrics_port")) {
+    ASSIGN_OR_RETURN(int port, ParseInt(raw["metrics_port"], 1, "a port in 1..65535"));
+    if (port > 65535) return Bad(raw["metrics_port"], "a port in 1..65535");
+    c.metrics_port = port;
+  }
   if (is("role")) {
     c.role = raw["role"].value;
     if (c.role.empty()) return Bad(raw["role"], "a non-empty role name");
@@ -599,6 +618,9 @@ absl::StatusOr<ParsedCoordinatorArgs> ParseCoordinatorArgs(const std::vector<std
   app.add_option("--tls-key,--tls_key", c.tls_key, "PEM private key of --tls-cert");
   app.add_option("--tls-ca,--tls_ca", c.tls_ca, "PEM CA: require agents' client certificates signed by it (mTLS)");
   app.add_flag("--insecure", c.insecure, "Serve a non-loopback address without token or TLS");
+  app.add_option("--metrics-port,--metrics_port", c.metrics_port,
+                 "Serve Prometheus metrics on this port of the --listen host (bearer token: the rendezvous token)")
+      ->check(CLI::Range(1, 65535));
   std::vector<std::string> args(argv.rbegin(), argv.rend() - 2);
   try {
     app.parse(args);

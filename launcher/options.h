@@ -39,7 +39,11 @@ struct LaunchConfig {
   bool insecure = false;
   bool standalone = false;
   int max_restarts = 0;
-  double monitor_interval = 0.1;
+  // Seconds between the agent's samples of its workers (0: none); below kMinMonitorInterval
+  // samples come every kMinMonitorInterval (torchrun's default of 0.1 is its exit poll).
+  double monitor_interval = 5;
+  double straggler_factor = 1.2;  // 0: off
+  std::optional<int> metrics_port;
   std::string role = "default";
   bool module = false;
   bool no_python = false;
@@ -78,6 +82,7 @@ struct CoordinatorConfig {
   std::string rdzv_token_file;
   std::string tls_cert, tls_key, tls_ca;
   bool insecure = false;
+  std::optional<int> metrics_port;
 };
 struct ParsedCoordinatorArgs {
   bool help = false;

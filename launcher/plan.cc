@@ -134,6 +134,7 @@ RendezvousConfig RendezvousSettings(const LaunchConfig& c, bool multi) {
   r.min_nodes = multi ? c.min_nodes : 1;
   r.max_nodes = multi ? c.max_nodes : 1;
   r.max_restarts = c.max_restarts;
+  r.straggler_factor = c.straggler_factor;
   r.join_timeout = ms(c.rdzv.join_timeout);
   r.last_call_timeout = ms(c.rdzv.last_call_timeout);
   r.close_timeout = ms(c.rdzv.close_timeout);
@@ -257,6 +258,9 @@ absl::StatusOr<LaunchPlan> Plan(const LaunchConfig& c, const HostFacts& host) {
   opts.stop_timeout = SecondsToMs(c.stop_timeout);
   opts.restart_backoff = SecondsToMs(c.restart_backoff);
   if (c.hang_timeout) opts.hang_timeout = SecondsToMs(*c.hang_timeout);
+  if (c.monitor_interval > 0) {
+    opts.monitor_interval = SecondsToMs(std::max(c.monitor_interval, kMinMonitorInterval));
+  }
   // gdb captures the native stacks of hung workers; without it only Python workers' own dumps.
   const std::string path_env = host.env.count("PATH") ? host.env.at("PATH") : "/usr/local/bin:/usr/bin:/bin";
   if (auto gdb = q.ResolveExecutable("gdb", path_env); gdb.ok()) opts.debugger = *gdb;

@@ -25,6 +25,12 @@ absl::StatusOr<Ms> FromSecs(double s, const char* what, bool positive) {
 }
 }  // namespace
 
+absl::StatusOr<double> CheckStragglerFactor(double f) {
+  if (f == 0 || (std::isfinite(f) && f >= 1 && f <= kMaxStragglerFactor)) return f;
+  return absl::InvalidArgumentError(absl::StrCat("straggler factor ", f, ": expected 0 (off) or 1-",
+                                                 kMaxStragglerFactor));
+}
+
 const char* PhaseName(Rendezvous::Phase p) {
   switch (p) {
     case Rendezvous::Phase::kWaiting: return "waiting";
@@ -44,6 +50,7 @@ v1::RunSpec RendezvousConfig::ToSpec() const {
   s.set_last_call_timeout_s(Secs(last_call_timeout));
   s.set_close_timeout_s(Secs(close_timeout));
   s.set_heartbeat_timeout_s(Secs(heartbeat_timeout));
+  s.set_straggler_factor(straggler_factor);
   return s;
 }
 
@@ -60,6 +67,7 @@ absl::StatusOr<RendezvousConfig> RendezvousConfig::FromSpec(const v1::RunSpec& s
   if (s.max_restarts() < 0) {
     return absl::InvalidArgumentError(absl::StrCat("max_restarts=", s.max_restarts(), ": expected >= 0"));
   }
+  ASSIGN_OR_RETURN(c.straggler_factor, CheckStragglerFactor(s.straggler_factor()));
   c.min_nodes = s.min_nodes();
   c.max_nodes = s.max_nodes();
   c.max_restarts = s.max_restarts();

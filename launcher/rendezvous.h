@@ -31,10 +31,15 @@ struct RendezvousConfig {
   // A running node that has not been heard from for this long is lost.
   std::chrono::milliseconds heartbeat_timeout{3000};
   int max_restarts = 0;
+  // --straggler-factor (0: stragglers are not looked for).
+  double straggler_factor = 1.2;
 
   v1::RunSpec ToSpec() const;
   static absl::StatusOr<RendezvousConfig> FromSpec(const v1::RunSpec& spec);
 };
+
+// A straggler factor as --straggler-factor and the run spec take it: 0 (off) or 1-kMaxStragglerFactor.
+absl::StatusOr<double> CheckStragglerFactor(double f);
 
 // "--nnodes 2:4, max_restarts 3, ..." for mismatch errors.
 std::string DescribeSpec(const v1::RunSpec& spec);

@@ -24,13 +24,14 @@ ProgressReporter ProgressReporter::FromEnv() {
   return ProgressReporter(NonNegative(std::getenv("LAUNCH_PROGRESS_FD"), -1), NonNegative(std::getenv("RANK"), 0));
 }
 
-void ProgressReporter::Report(int64_t step, double loss, double step_seconds) {
+void ProgressReporter::Report(int64_t step, double loss, double step_seconds, double wait_seconds) {
   if (fd_ < 0) return;
   ProgressRecord r;
   r.rank = rank_;
   r.step = step;
   r.loss = loss;
   r.step_seconds = step_seconds;
+  r.wait_seconds = wait_seconds;
   // A full socket buffer drops the report: progress must never slow training down.
   if (send(fd_, &r, sizeof r, MSG_DONTWAIT | MSG_NOSIGNAL) < 0 && errno == EBADF) fd_ = -1;
 }

@@ -25,7 +25,7 @@ import time
 
 __all__ = ["Reporter", "step"]
 
-_PROGRESS = struct.Struct("=Iiqdd")  # magic, rank, step, loss, step_seconds
+_PROGRESS = struct.Struct("=Iiqddd")  # magic, rank, step, loss, step_seconds, wait_seconds
 _STACKS = struct.Struct("=Iiii")  # magic, rank, signal, reserved
 _PROGRESS_MAGIC = 0x4C50524F  # "LPRO"
 _STACKS_MAGIC = 0x4C53544B  # "LSTK"
@@ -54,15 +54,21 @@ class Reporter:
     def enabled(self):
         return self._fd >= 0
 
-    def step(self, step, loss=0.0, step_seconds=None):
-        """Reports that `step` is done; its time is measured from the previous call if not given."""
+    def step(self, step, loss=0.0, step_seconds=None, wait_seconds=0.0):
+        """Reports that `step` is done; its time is measured from the previous call if not given.
+
+        wait_seconds: of the step's time, how much was spent waiting for the other ranks (e.g. in
+        all-reduces), where the script measures it. launch compares the rest (each rank's own
+        work) across ranks to find stragglers: under DDP every rank's whole step takes as long as
+        the slowest one's."""
         if self._fd < 0:
             return
         now = time.monotonic()
         if step_seconds is None:
             step_seconds = 0.0 if self._last is None else now - self._last
         self._last = now
-        self._send(_PROGRESS.pack(_PROGRESS_MAGIC, self._rank, int(step), float(loss), float(step_seconds)))
+        self._send(_PROGRESS.pack(_PROGRESS_MAGIC, self._rank, int(step), float(loss), float(step_seconds),
+                                  float(wait_seconds)))
 
     def _send(self, data):
         try:
@@ -87,9 +93,9 @@ class Reporter:
 _default = None
 
 
-def step(step, loss=0.0, step_seconds=None):
+def step(step, loss=0.0, step_seconds=None, wait_seconds=0.0):
     """Reports through one Reporter for the whole process."""
     global _default
     if _default is None:
         _default = Reporter()
-    _default.step(step, loss, step_seconds)
+    _default.step(step, loss, step_seconds, wait_seconds)

@@ -5,7 +5,9 @@
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <chrono>
 #include <stdexcept>
+#include <utility>
 
 #include "launch_sdk/context.h"
 
@@ -149,6 +151,7 @@ void DistributedDataParallel::Finish() {
     b.ready = true;
   }
   LaunchReadyBuckets();
+  const auto wait_start = std::chrono::steady_clock::now();
   for (auto& b : buckets_) {
     if (b.local_work) {
       b.local_work->wait();
@@ -165,9 +168,15 @@ void DistributedDataParallel::Finish() {
     b.pending = b.params.size();
     b.ready = false;
   }
+  wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
   std::fill(seen_.begin(), seen_.end(), false);
   next_bucket_ = 0;
   finish_queued_ = false;
+}
+
+double DistributedDataParallel::TakeWaitSeconds() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::exchange(wait_seconds_, 0.0);
 }
 
 void DistributedDataParallel::SyncBuffers() {

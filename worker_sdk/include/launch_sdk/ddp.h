@@ -55,6 +55,9 @@ class DistributedDataParallel {
   // Broadcasts rank 0's buffers (batch-norm statistics); call before a forward when they matter.
   void SyncBuffers();
   size_t num_buckets() const { return buckets_.size(); }
+  // Seconds spent waiting for the gradient all-reduces since the last call: the time this rank
+  // waited for the others (progress reports it, so that stragglers can be told apart).
+  double TakeWaitSeconds();
   bool uses_shared_memory() const { return opts_.local_allreduce != nullptr; }
   torch::nn::Module& module() { return *module_; }
 
@@ -86,6 +89,7 @@ class DistributedDataParallel {
   size_t next_bucket_ = 0;
   bool sync_ = true;
   bool finish_queued_ = false;
+  double wait_seconds_ = 0;  // mu_
   std::mutex mu_;
 };
 

@@ -2,18 +2,25 @@
 // one non-blocking send per call, a no-op when not run under `launch`.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace launch_sdk {
 
-// The wire format (host byte order; agent and workers share a machine).
+// The wire format (host byte order; agent and workers share a machine). Records of the first
+// version end after step_seconds (32 bytes); the agent reads both.
 struct ProgressRecord {
   uint32_t magic = 0x4c50524fu;  // "LPRO"
   int32_t rank = 0;
   int64_t step = 0;
   double loss = 0;
   double step_seconds = 0;
+  // Of step_seconds, the time spent waiting for the other ranks (in gradient all-reduces): the
+  // rest is the rank's own work, which is what tells a straggler (under DDP every rank's step
+  // takes as long as the slowest one's).
+  double wait_seconds = 0;
 };
+constexpr size_t kProgressRecordV1Bytes = 32;
 
 // Sent once by a worker that writes its own stacks to LAUNCH_STACK_FILE when it gets `signal`
 // (the Python module does, through faulthandler): when the worker hangs, the agent sends it that
@@ -32,7 +39,7 @@ class ProgressReporter {
   ProgressReporter(int fd, int rank) : fd_(fd), rank_(rank) {}
   static ProgressReporter FromEnv();
   bool enabled() const { return fd_ >= 0; }
-  void Report(int64_t step, double loss, double step_seconds);
+  void Report(int64_t step, double loss, double step_seconds, double wait_seconds = 0);
 
  private:
   int fd_;
