@@ -96,6 +96,22 @@ struct DrainConsoleAtExit {
   }
 };
 
+// A subcommand that needs only its parsed flags and the signals: exit 2 on bad flags.
+template <typename Parsed, typename Run>
+int RunSubcommand(const char* name, const absl::StatusOr<Parsed>& parsed, Run run) {
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "%s: %s\n", name, std::string(parsed.status().message()).c_str());
+    return 2;
+  }
+  if (parsed->help) return 0;
+  auto signals = launch::SignalFd::Create();
+  if (!signals.ok()) {
+    std::fprintf(stderr, "%s: %s\n", name, std::string(signals.status().message()).c_str());
+    return 1;
+  }
+  return run(parsed->config, &*signals);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -109,18 +125,10 @@ int main(int argc, char** argv) {
   launch::InstallGrpcLogBridge();  // gRPC's own lines in launch's format
   std::vector<std::string> args(argv, argv + argc);
   if (args.size() > 1 && args[1] == "coordinator") {
-    auto parsed = launch::ParseCoordinatorArgs(args);
-    if (!parsed.ok()) {
-      std::fprintf(stderr, "launch coordinator: %s\n", std::string(parsed.status().message()).c_str());
-      return 2;
-    }
-    if (parsed->help) return 0;
-    auto signals = launch::SignalFd::Create();
-    if (!signals.ok()) {
-      std::fprintf(stderr, "launch coordinator: %s\n", std::string(signals.status().message()).c_str());
-      return 1;
-    }
-    return launch::RunCoordinator(parsed->config, &*signals);
+    return RunSubcommand("launch coordinator", launch::ParseCoordinatorArgs(args), launch::RunCoordinator);
+  }
+  if (args.size() > 1 && args[1] == "status") {
+    return RunSubcommand("launch status", launch::ParseStatusArgs(args), launch::RunStatus);
   }
   auto parsed = launch::ParseLaunchArgs(args);
   if (!parsed.ok()) {

@@ -641,4 +641,40 @@ absl::StatusOr<ParsedCoordinatorArgs> ParseCoordinatorArgs(const std::vector<std
   return out;
 }
 
+absl::StatusOr<ParsedStatusArgs> ParseStatusArgs(const std::vector<std::string>& argv) {
+  CLI::App app{"launch status: a running job as its coordinator sees it (nodes, ranks, steps, CPU, memory, GPUs)",
+               "launch status"};
+  ParsedStatusArgs out;
+  StatusConfig& c = out.config;
+  app.add_option("--rdzv-endpoint,--rdzv_endpoint", c.rdzv_endpoint, "The job's coordinator HOST[:PORT]")->required();
+  app.add_option("--rdzv-id,--rdzv_id", c.rdzv_id, "The job's id")->required();
+  app.add_flag("--watch", c.watch, "Refresh until the job ends (Ctrl-C to stop)");
+  app.add_option("--interval", c.interval, "Seconds between --watch screens (default 1)")
+      ->check(CLI::Range(0.1, 3600.0));
+  app.add_flag("--json", c.json, "The coordinator's answer as JSON");
+  app.add_option("--rdzv-token-file,--rdzv_token_file", c.rdzv_token_file,
+                 "File whose first line is the job's rendezvous token (else LAUNCH_RDZV_TOKEN)");
+  app.add_option("--tls-cert,--tls_cert", c.tls_cert, "PEM client certificate (mutual TLS)");
+  app.add_option("--tls-key,--tls_key", c.tls_key, "PEM private key of --tls-cert");
+  app.add_option("--tls-ca,--tls_ca", c.tls_ca, "PEM CA the coordinator's certificate is signed by");
+  std::vector<std::string> args(argv.rbegin(), argv.rend() - 2);
+  try {
+    app.parse(args);
+  } catch (const CLI::CallForHelp&) {
+    std::cout << app.help();
+    out.help = true;
+    return out;
+  } catch (const CLI::ParseError& e) {
+    std::string what = e.what();
+    std::replace(what.begin(), what.end(), '\n', ' ');
+    return absl::InvalidArgumentError(absl::StrCat(what, " (see launch status --help)"));
+  }
+  RETURN_IF_ERROR(ParseHostPort(c.rdzv_endpoint, "--rdzv-endpoint").status());
+  if (c.rdzv_id.empty() || c.rdzv_id.size() > kMaxRunIdLength) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--rdzv-id=", c.rdzv_id, ": expected 1 to ", kMaxRunIdLength, " characters"));
+  }
+  return out;
+}
+
 }  // namespace launch

@@ -91,4 +91,23 @@ struct ParsedCoordinatorArgs {
 // argv[0] is "launch", argv[1] "coordinator".
 absl::StatusOr<ParsedCoordinatorArgs> ParseCoordinatorArgs(const std::vector<std::string>& argv);
 
+// `launch status --rdzv-endpoint HOST:PORT --rdzv-id ID [--watch]`: a running job as its
+// coordinator sees it.
+struct StatusConfig {
+  std::string rdzv_endpoint;
+  std::string rdzv_id;
+  bool watch = false;
+  double interval = 1;  // --watch: seconds between screens
+  bool json = false;
+  std::string rdzv_token_file;
+  std::string tls_cert, tls_key, tls_ca;
+  bool insecure = false;
+};
+struct ParsedStatusArgs {
+  bool help = false;
+  StatusConfig config;
+};
+// argv[0] is "launch", argv[1] "status".
+absl::StatusOr<ParsedStatusArgs> ParseStatusArgs(const std::vector<std::string>& argv);
+
 }  // namespace launch

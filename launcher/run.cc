@@ -23,6 +23,8 @@
 #include "launcher/coordinator.h"
 #include "launcher/plan.h"
 #include "launcher/security.h"
+#include "launcher/status_view.h"
+#include "google/protobuf/util/json_util.h"
 #include "spdlog/spdlog.h"
 
 namespace launch {
@@ -209,6 +211,52 @@ int RunCoordinator(const CoordinatorConfig& c, SignalFd* signals) {
       spdlog::info("stopped by {}", SignalName(sig));
       server->reset();
       return 128 + sig;
+    }
+  }
+}
+
+int RunStatus(const StatusConfig& c, SignalFd* signals) {
+  auto loaded = SecurityFrom(c);
+  if (!loaded.ok()) return UsageError(std::string(loaded.status().message()));
+  auto hp = ParseHostPort(c.rdzv_endpoint, "--rdzv-endpoint");
+  if (!hp.ok()) return UsageError(std::string(hp.status().message()));
+  const std::string target = JoinHostPort(hp->host, hp->port.value_or(kDefaultRendezvousPort));
+  auto creds = MakeChannelCredentials(*loaded);
+  if (!creds.ok()) return UsageError(std::string(creds.status().message()));
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kGrpcReceiveLimitBytes);
+  auto stub = v1::Rendezvous::NewStub(grpc::CreateCustomChannel(target, *creds, args));
+  const bool tty = ::isatty(STDOUT_FILENO);
+  for (;;) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    if (!loaded->token.empty()) ctx.AddMetadata("x-launch-token", loaded->token);
+    v1::StatusRequest req;
+    req.set_run_id(c.rdzv_id);
+    v1::StatusResponse resp;
+    if (grpc::Status st = stub->Status(&ctx, req, &resp); !st.ok()) {
+      std::fprintf(stderr, "launch status: %s\n", std::string(FromGrpc(st, absl::StrCat("coordinator at ", target)).message()).c_str());
+      return 1;
+    }
+    std::string screen;
+    if (c.json) {
+      google::protobuf::util::JsonPrintOptions o;
+      o.preserve_proto_field_names = true;
+      (void)google::protobuf::util::MessageToJsonString(resp, &screen, o);
+      screen += '\n';
+    } else {
+      screen = RenderStatus(resp);
+      if (c.watch && tty) screen = absl::StrCat("\033[H\033[2J", screen);  // the screen redrawn in place
+      else if (c.watch) screen += '\n';
+    }
+    std::fwrite(screen.data(), 1, screen.size(), stdout);
+    std::fflush(stdout);
+    if (!c.watch || resp.state() == "succeeded" || resp.state() == "failed") return 0;
+    pollfd p{signals->fd(), POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(c.interval * 1000)) > 0) {
+      while (int sig = signals->Read()) {
+        if (sig != SIGCHLD) return 128 + sig;
+      }
     }
   }
 }

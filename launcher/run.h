@@ -14,4 +14,8 @@ int RunLaunch(const LaunchConfig& config, OrphanGuard* guard, SignalFd* signals)
 // `launch coordinator`: serves until SIGINT/SIGTERM; returns the exit code.
 int RunCoordinator(const CoordinatorConfig& config, SignalFd* signals);
 
+// `launch status`: prints the job's screen (again every --interval with --watch, until the job
+// ends or a signal); returns the exit code (1: the coordinator cannot be asked).
+int RunStatus(const StatusConfig& config, SignalFd* signals);
+
 }  // namespace launch
