@@ -14,6 +14,7 @@
 #include "agent/coordinator_client.h"
 #include "agent/coordinator_session.h"
 #include "agent/coordinator_watch.h"
+#include "agent/file_timer.h"
 #include "agent/log_relay.h"
 #include "agent/process.h"
 #include "agent/signals.h"
@@ -76,6 +77,9 @@ class Agent {
   std::string run_dir_;       // this run's log (or temporary) directory
   long last_round_ = 0;
   int last_picked_port_ = 0;  // the MASTER_PORT this node last proposed
+  // torchrun's file timer (TORCHELASTIC_ENABLE_FILE_TIMER=1): one for the run, every attempt's
+  // workers registered with it; null when not asked for.
+  std::unique_ptr<FileTimerServer> file_timer_;
 };
 
 }  // namespace launch
