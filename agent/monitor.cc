@@ -270,7 +270,9 @@ void Monitor::Send(const v1::SampleRequest& s) {
     return;
   }
   send_failed_ = false;
+  const uint64_t seen = events_seen_;
   for (const v1::StragglerEvent& e : resp->events()) {
+    if (e.seq() <= seen) continue;  // told before
     events_seen_ = std::max(events_seen_, e.seq());
     if (e.round() != s.round()) continue;  // an episode of an earlier round: its workers are gone
     if (!e.recovered()) ranks_->NoteStraggler(e.rank());
