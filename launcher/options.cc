@@ -606,6 +606,25 @@ absl::StatusOr<ParsedArgs> ParseLaunchArgs(const std::vector<std::string>& argv)
 
 namespace launch {
 
+namespace {
+// A subcommand's flags (argv[0] is "launch", argv[1] the subcommand): true when help was asked for
+// and printed; a bad flag is one line that points at `NAME --help`.
+absl::StatusOr<bool> ParseSubcommandArgs(CLI::App& app, const std::vector<std::string>& argv, const char* name) {
+  std::vector<std::string> args(argv.rbegin(), argv.rend() - 2);
+  try {
+    app.parse(args);
+  } catch (const CLI::CallForHelp&) {
+    std::cout << app.help();
+    return true;
+  } catch (const CLI::ParseError& e) {
+    std::string what = e.what();
+    std::replace(what.begin(), what.end(), '\n', ' ');
+    return absl::InvalidArgumentError(absl::StrCat(what, " (see ", name, " --help)"));
+  }
+  return false;
+}
+}  // namespace
+
 absl::StatusOr<ParsedCoordinatorArgs> ParseCoordinatorArgs(const std::vector<std::string>& argv) {
   CLI::App app{"launch coordinator: a standalone rendezvous coordinator for any number of jobs",
                "launch coordinator"};
@@ -621,18 +640,8 @@ absl::StatusOr<ParsedCoordinatorArgs> ParseCoordinatorArgs(const std::vector<std
   app.add_option("--metrics-port,--metrics_port", c.metrics_port,
                  "Serve Prometheus metrics on this port of the --listen host (bearer token: the rendezvous token)")
       ->check(CLI::Range(1, 65535));
-  std::vector<std::string> args(argv.rbegin(), argv.rend() - 2);
-  try {
-    app.parse(args);
-  } catch (const CLI::CallForHelp&) {
-    std::cout << app.help();
-    out.help = true;
-    return out;
-  } catch (const CLI::ParseError& e) {
-    std::string what = e.what();
-    std::replace(what.begin(), what.end(), '\n', ' ');
-    return absl::InvalidArgumentError(absl::StrCat(what, " (see launch coordinator --help)"));
-  }
+  ASSIGN_OR_RETURN(out.help, ParseSubcommandArgs(app, argv, "launch coordinator"));
+  if (out.help) return out;
   auto hp = ParseHostPort(c.listen, "--listen");
   if (!hp.ok()) return hp.status();
   if (!hp->port) {
@@ -657,18 +666,8 @@ absl::StatusOr<ParsedStatusArgs> ParseStatusArgs(const std::vector<std::string>&
   app.add_option("--tls-cert,--tls_cert", c.tls_cert, "PEM client certificate (mutual TLS)");
   app.add_option("--tls-key,--tls_key", c.tls_key, "PEM private key of --tls-cert");
   app.add_option("--tls-ca,--tls_ca", c.tls_ca, "PEM CA the coordinator's certificate is signed by");
-  std::vector<std::string> args(argv.rbegin(), argv.rend() - 2);
-  try {
-    app.parse(args);
-  } catch (const CLI::CallForHelp&) {
-    std::cout << app.help();
-    out.help = true;
-    return out;
-  } catch (const CLI::ParseError& e) {
-    std::string what = e.what();
-    std::replace(what.begin(), what.end(), '\n', ' ');
-    return absl::InvalidArgumentError(absl::StrCat(what, " (see launch status --help)"));
-  }
+  ASSIGN_OR_RETURN(out.help, ParseSubcommandArgs(app, argv, "launch status"));
+  if (out.help) return out;
   RETURN_IF_ERROR(ParseHostPort(c.rdzv_endpoint, "--rdzv-endpoint").status());
   if (c.rdzv_id.empty() || c.rdzv_id.size() > kMaxRunIdLength) {
     return absl::InvalidArgumentError(
