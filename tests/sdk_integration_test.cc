@@ -96,7 +96,7 @@ TEST(Sdk, AHungRankIsNamedWithItsStackAndTheJobResumes) {
   if (::access("/usr/bin/gdb", X_OK) != 0) GTEST_SKIP() << "no gdb (scripts/install_deps.sh installs it)";
   TempDir dir;
   auto r = RunCmd({LAUNCH_BIN, "--nproc-per-node=2", "--max-restarts=1", "--hang-timeout", "3", "--log-dir",
-                   dir / "logs", "--rdzv-id", "hang", TRAIN_MLP_BIN, "--dims", "16,32,4", "--steps", "20", "--warmup",
+                   dir / "logs", "--rdzv-id", "hang", TRAIN_MLP_BIN, "--dims", "16,32,4", "--steps", "22", "--warmup",
                    "0", "--dataset-size", "256", "--checkpoint-dir", dir / "ckpt", "--checkpoint-every", "5",
                    "--print-every", "0", "--hang-at-step", "12"},
                   {}, std::chrono::seconds(180));
