@@ -92,7 +92,7 @@ class SystemHostQueries : public HostQueries {
 HostFacts GatherHostFacts(HostQueries* queries) {
   HostFacts h;
   h.env = CurrentEnv();
-  NvmlInventory nvml;
+  NvmlInventory nvml(NvmlLibraryFromEnv());
   h.gpus = nvml.ListGpus(&h.why_no_gpu);
   h.usable_cpus = UsableCpuCount();
   h.hostname = Hostname();
