@@ -21,6 +21,7 @@
 #include "common/net.h"
 #include "common/status_macros.h"
 #include "launcher/coordinator.h"
+#include "launcher/doctor.h"
 #include "launcher/plan.h"
 #include "launcher/security.h"
 #include "launcher/status_view.h"
@@ -261,12 +262,36 @@ int RunStatus(const StatusConfig& c, SignalFd* signals) {
   }
 }
 
+int RunDoctor(const DoctorConfig& c, SignalFd*) {
+  DoctorRequest request;
+  request.nproc = c.nproc;
+  request.exclude_gpus = c.exclude_gpus;
+  request.log_dir = c.log_dir;
+  request.checkpoint_dir = c.checkpoint_dir;
+  SystemDoctorProbe probe;
+  return DoctorCommand(request, c.json, &probe, stdout);
+}
+
 int RunLaunch(const LaunchConfig& c, OrphanGuard* guard, SignalFd* signals) {
   SystemHostQueries queries;
   auto planned = PlanLaunch(c, GatherHostFacts(&queries));
   if (!planned.ok()) return UsageError(std::string(planned.status().message()));
   LaunchPlan& plan = *planned;
   for (const auto& w : plan.warnings) spdlog::warn("{}", w);
+  if (c.preflight) {
+    // The plan's own values: its workers, threads, GPUs, log files, and the torch they use.
+    DoctorRequest request;
+    request.nproc = plan.agent.spec.local_world_size;
+    request.threads_per_worker = c.threads_per_worker;
+    request.gpu_pool = plan.gpu_pool_indices;
+    request.log_files = !c.log_dir.empty() || c.redirects.Any() || c.tee.Any();
+    request.log_dir = plan.agent.log_dir;
+    request.check_python = !plan.python.empty();
+    request.check_libtorch = plan.python.empty();
+    request.python = plan.python;
+    SystemDoctorProbe probe;
+    if (Preflight(request, &probe, stderr) == 2) return kUsageError;
+  }
 
   AgentOptions opts = std::move(plan.agent);
   if (plan.make_temp_log_dir) {
