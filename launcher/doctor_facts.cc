@@ -30,6 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/time/time.h"
 #include "agent/cpus.h"
 #include "agent/process.h"
 #include "common/unique_fd.h"
@@ -55,8 +56,6 @@ constexpr int kMaxListedEntries = 1024;            // entries of one directory
 constexpr int kMaxDirectoryDepth = 256;            // ancestors walked up from --log-dir
 constexpr size_t kMaxProbeOutput = 64 * 1024;
 constexpr size_t kMaxProbeErrorOutput = 4 * 1024;
-// `import torch` takes a few seconds, more on a cold cache with CUDA libraries to map.
-constexpr std::chrono::seconds kPythonProbeTimeout{30};
 
 // At most `max` bytes of a regular file (also /proc and /sys files); never blocks on a FIFO.
 std::optional<std::string> ReadBounded(const std::string& path, size_t max) {
@@ -113,8 +112,8 @@ std::string EnvOr(const Env& env, const char* name, const std::string& fallback 
 // ---- Subprocesses ----
 
 struct Captured {
-  bool exited = false;  // false: killed at the deadline
-  int status = 0;       // waitpid's
+  bool timed_out = false;  // killed at the deadline
+  int status = 0;          // waitpid's
   std::string out, err;
 };
 
@@ -173,17 +172,24 @@ absl::StatusOr<Captured> RunCaptured(const std::vector<std::string>& argv, const
       }
     }
   }
+  // Output still open at the deadline: the child, or something it left behind holding its
+  // pipes, is stuck; its whole process group goes.
+  if (out.read.valid() || err.read.valid()) {
+    c.timed_out = true;
+    launcher.SignalGroup(*pid, SIGKILL);
+  }
   // Output closed: give it until the deadline to exit, then kill it.
-  while (true) {
+  bool reaped = false;
+  while (!reaped) {
     const pid_t r = ::waitpid(*pid, &c.status, WNOHANG);
-    if (r == *pid) {
-      c.exited = true;
-      break;
-    }
-    if (r < 0 || left_ms() == 0) break;
+    reaped = r == *pid;
+    if (reaped || r < 0 || left_ms() == 0) break;
     ::poll(nullptr, 0, std::min(left_ms(), 10));
   }
-  if (!c.exited) launcher.KillAndReap(*pid);
+  if (!reaped) {
+    c.timed_out = true;
+    launcher.KillAndReap(*pid);
+  }
   return c;
 }
 
@@ -473,23 +479,29 @@ void GatherPython(const DoctorRequest& request, const Env& env, TorchFacts* t) {
     return;
   }
   t->where = *python;
-  auto run = RunCaptured({*python, "-c", kPythonProbe}, env, kPythonProbeTimeout);
+  auto run = RunCaptured({*python, "-c", kPythonProbe}, env, request.python_timeout);
   if (!run.ok()) {
     t->error = absl::StrCat("cannot run ", *python, ": ", run.status().message());
     return;
   }
-  if (!run->exited) {
-    t->error = absl::StrCat(*python, " did not answer within ", kPythonProbeTimeout.count(), " s");
+  const std::string out(absl::StripAsciiWhitespace(run->out));
+  const size_t last_newline = out.rfind('\n');
+  const absl::Status parsed =
+      ParsePythonProbe(out.substr(last_newline == std::string::npos ? 0 : last_newline + 1), t);
+  if (parsed.ok()) return;
+  if (run->timed_out) {
+    t->error = absl::StrCat(*python, " did not answer within ",
+                            absl::FormatDuration(absl::FromChrono(request.python_timeout)));
     return;
   }
-  const std::string out(absl::StripAsciiWhitespace(run->out));
-  const std::string last_line =
-      out.substr(out.rfind('\n') == std::string::npos ? 0 : out.rfind('\n') + 1);
-  if (auto st = ParsePythonProbe(last_line, t); !st.ok()) {
-    std::string err(absl::StripAsciiWhitespace(run->err));
-    if (err.rfind('\n') != std::string::npos) err = err.substr(err.rfind('\n') + 1);
-    t->error = absl::StrCat(*python, ": ", err.empty() ? std::string(st.message()) : err);
+  if (WIFSIGNALED(run->status)) {
+    t->error = absl::StrCat(*python, " was killed by ", SignalName(WTERMSIG(run->status)));
+    return;
   }
+  // Its last line on stderr says why (a traceback's last line is the exception).
+  std::string err(absl::StripAsciiWhitespace(run->err));
+  if (err.rfind('\n') != std::string::npos) err = err.substr(err.rfind('\n') + 1);
+  t->error = absl::StrCat(*python, ": ", err.empty() ? std::string(parsed.message()) : err);
 }
 
 // ---- Host ----

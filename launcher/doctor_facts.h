@@ -2,6 +2,7 @@
 // Python's torch, /dev/shm, CPUs, NUMA, limits, directories), gathered once behind DoctorProbe.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -24,8 +25,10 @@ struct DoctorRequest {
   bool log_files = false;  // the run writes per-worker log files (open descriptors)
   std::string log_dir, checkpoint_dir;
   bool check_libtorch = true, check_python = true;  // --preflight asks about the workers' kind only
-  std::string
-      python;  // the interpreter to ask about torch; empty: PYTHON_EXEC, else python3 on PATH
+  // The interpreter to ask about torch (empty: PYTHON_EXEC, else python3 on PATH), and how long
+  // it may take: `import torch` takes seconds, more on a cold cache with CUDA libraries to map.
+  std::string python;
+  std::chrono::milliseconds python_timeout{30000};
 };
 
 // A library loaded with dlopen and asked its version.

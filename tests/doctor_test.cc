@@ -4,6 +4,7 @@
 #include "launcher/doctor.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -948,6 +949,97 @@ TEST(ElfFacts, HostileFilesAreErrorsOrEmptyNeverCrashes) {
   EXPECT_FALSE(ReadElfFacts(fifo).ok());
   ::close(fd);
   ::unlink(fifo.c_str());
+}
+
+// ---- The Python probe through a real subprocess ----
+
+// A python3 stand-in: a shell script with `body`.
+std::string FakePython(const std::string& name, const std::string& body) {
+  const std::string path = WriteTemp(name, "#!/bin/sh\n" + body);
+  ::chmod(path.c_str(), 0755);
+  return path;
+}
+
+bool Alive(pid_t pid) {
+  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const size_t close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() && line[close + 2] != 'Z';
+}
+
+pid_t ReadPid(const std::string& path) {
+  std::ifstream f(path);
+  pid_t pid = 0;
+  f >> pid;
+  return pid;
+}
+
+TorchFacts ProbePython(const std::string& python,
+                       std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+  DoctorRequest request;
+  request.check_libtorch = false;
+  request.python = python;
+  request.python_timeout = timeout;
+  return SystemDoctorProbe().Gather(request).python_torch;
+}
+
+TEST(DoctorPythonProbe, ATorchAnswers) {
+  const TorchFacts t = ProbePython(FakePython("answers", R"(echo "noise from a sitecustomize"
+echo '{"version": "2.1.0+cu121", "cuda": "12.1", "arch_list": ["sm_80", "sm_90"]}')"));
+  EXPECT_TRUE(t.found) << t.error << t.missing;
+  EXPECT_EQ(t.version, "2.1.0+cu121");
+  EXPECT_THAT(t.arch_list, ElementsAre("sm_80", "sm_90"));
+}
+
+TEST(DoctorPythonProbe, AHangingInterpreterIsKilledAtTheDeadline) {
+  const std::string pid_file = absl::StrCat(::testing::TempDir(), "doctor_hang_pid_", getpid());
+  const auto start = std::chrono::steady_clock::now();
+  const TorchFacts t =
+      ProbePython(FakePython("hangs", absl::StrCat("echo $$ > ", pid_file, "\nexec sleep 100\n")),
+                  std::chrono::milliseconds(300));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  EXPECT_FALSE(t.found);
+  EXPECT_THAT(t.error, HasSubstr("did not answer within 300ms"));
+  const pid_t pid = ReadPid(pid_file);
+  ASSERT_GT(pid, 0);
+  EXPECT_FALSE(Alive(pid));  // killed and reaped
+}
+
+TEST(DoctorPythonProbe, WhatItLeavesHoldingItsOutputIsKilledToo) {
+  const std::string pid_file = absl::StrCat(::testing::TempDir(), "doctor_leftover_pid_", getpid());
+  const TorchFacts t =
+      ProbePython(FakePython("leaves", absl::StrCat(R"(echo '{"version": "2.1.0", "cuda": ""}'
+sleep 100 &
+echo $! > )",
+                                                    pid_file, "\n")),
+                  std::chrono::milliseconds(300));
+  EXPECT_TRUE(t.found) << t.error;  // it did answer
+  const pid_t pid = ReadPid(pid_file);
+  ASSERT_GT(pid, 0);
+  bool gone = false;
+  for (int i = 0; i < 500 && !gone; ++i) {  // reparented to init, which reaps it
+    gone = !Alive(pid);
+    if (!gone) ::usleep(10000);
+  }
+  EXPECT_TRUE(gone);
+}
+
+TEST(DoctorPythonProbe, GarbageAndCrashesAreOneLine) {
+  TorchFacts t =
+      ProbePython(FakePython("traceback",
+                             "echo 'not json'\necho 'Traceback:' >&2\necho 'ImportError: "
+                             "libcudart.so.12: cannot open' >&2\nexit 1\n"));
+  EXPECT_FALSE(t.found);
+  EXPECT_THAT(t.error, HasSubstr(": ImportError: libcudart.so.12: cannot open"));
+  t = ProbePython(FakePython("flood", "head -c 1000000 /dev/zero | tr '\\0' x\n"));
+  EXPECT_FALSE(t.found);
+  EXPECT_THAT(t.error, HasSubstr("printed no JSON"));
+  t = ProbePython(FakePython("segv", "kill -SEGV $$\n"));
+  EXPECT_THAT(t.error, HasSubstr("was killed by SIGSEGV"));
+  t = ProbePython("/nonexistent/python3");
+  EXPECT_FALSE(t.found);
+  EXPECT_THAT(t.missing, HasSubstr("/nonexistent/python3"));
 }
 
 // ---- Flags ----
