@@ -726,7 +726,9 @@ DoctorRow NumaRow(const Context& c) {
 
 DoctorRow OpenFilesRow(const Context& c) {
   const DoctorFacts& f = c.f;
-  const long needed = DescriptorsNeeded(c.nproc, f.request.log_files || !f.request.log_dir.empty());
+  const long needed = f.request.descriptors_needed > 0
+                          ? f.request.descriptors_needed
+                          : DescriptorsNeeded(c.nproc, !f.request.log_dir.empty());
   // launch raises its soft limit to the hard one at start, and its workers inherit it.
   const std::optional<uint64_t> limit = f.open_files_hard;
   const std::string text = [&](const std::optional<uint64_t>& v) {

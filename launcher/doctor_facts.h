@@ -22,7 +22,8 @@ struct DoctorRequest {
   // --preflight: the NVML indices of the run's GPU pool; nullopt: every GPU (narrowed by an
   // inherited CUDA_VISIBLE_DEVICES and --exclude-gpus, as launch would).
   std::optional<std::vector<int>> gpu_pool;
-  bool log_files = false;  // the run writes per-worker log files (open descriptors)
+  long descriptors_needed =
+      0;  // the run's plan's count; 0: as launch would count for nproc workers
   std::string log_dir, checkpoint_dir;
   bool check_libtorch = true, check_python = true;  // --preflight asks about the workers' kind only
   // The interpreter to ask about torch (empty: PYTHON_EXEC, else python3 on PATH), and how long

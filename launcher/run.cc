@@ -279,12 +279,12 @@ int RunLaunch(const LaunchConfig& c, OrphanGuard* guard, SignalFd* signals) {
   LaunchPlan& plan = *planned;
   for (const auto& w : plan.warnings) spdlog::warn("{}", w);
   if (c.preflight) {
-    // The plan's own values: its workers, threads, GPUs, log files, and the torch they use.
+    // The plan's own values: its workers, threads, GPUs, descriptors, and the torch they use.
     DoctorRequest request;
     request.nproc = plan.agent.spec.local_world_size;
     request.threads_per_worker = c.threads_per_worker;
     request.gpu_pool = plan.gpu_pool_indices;
-    request.log_files = !c.log_dir.empty() || c.redirects.Any() || c.tee.Any();
+    request.descriptors_needed = plan.descriptors_needed;
     request.log_dir = plan.agent.log_dir;
     request.check_python = !plan.python.empty();
     request.check_libtorch = plan.python.empty();

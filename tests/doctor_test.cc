@@ -449,6 +449,12 @@ TEST(Diagnose, OneFactAwayFromHealthy) {
        CheckStatus::kFail,
        {"open files: 200", "100 workers need about 264"},
        "at least 264"},
+      {"--preflight checks the plan's own descriptor count",
+       [](DoctorFacts& f) {
+         f.request.descriptors_needed = 5000;
+         f.open_files_hard = 4096;
+       },
+       "limits.nofile", CheckStatus::kFail, {"2 workers need about 5000"}, "at least 5000"},
       {"a low open-file limit",
        [](DoctorFacts& f) { f.open_files_hard = 4096; },
        "limits.nofile",
