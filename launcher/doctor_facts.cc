@@ -33,6 +33,7 @@
 #include "absl/time/time.h"
 #include "agent/cpus.h"
 #include "agent/process.h"
+#include "agent/signals.h"
 #include "common/unique_fd.h"
 #include "google/protobuf/util/json_util.h"
 #include "launch.pb.h"
@@ -113,16 +114,18 @@ std::string EnvOr(const Env& env, const char* name, const std::string& fallback 
 
 struct Captured {
   bool timed_out = false;  // killed at the deadline
+  int stopped_by = 0;      // a signal to launch that stopped the wait (the child was killed)
   int status = 0;          // waitpid's
   std::string out, err;
 };
 
 // Runs argv (argv[0] a path) with the environment `env`, stdin from /dev/null, and collects at most
 // kMaxProbeOutput of stdout and kMaxProbeErrorOutput of stderr until it exits or `timeout`
-// passes; then its process group is killed. Only this child is waited for: launch's other children
+// passes, or a signal other than SIGCHLD arrives on `signals` (when given); then its process group
+// is killed. Only this child is waited for: launch's other children
 // (the orphan guard) are left to their owners.
 absl::StatusOr<Captured> RunCaptured(const std::vector<std::string>& argv, const Env& env,
-                                     std::chrono::milliseconds timeout) {
+                                     std::chrono::milliseconds timeout, SignalFd* signals) {
   Pipe out, err;
   if (!MakePipe(&out) || !MakePipe(&err)) return absl::InternalError("pipe failed");
   UniqueFd null(::open("/dev/null", O_RDONLY | O_CLOEXEC));
@@ -150,14 +153,21 @@ absl::StatusOr<Captured> RunCaptured(const std::vector<std::string>& argv, const
     std::string* text;
     size_t max;
   } streams[] = {{&out.read, &c.out, kMaxProbeOutput}, {&err.read, &c.err, kMaxProbeErrorOutput}};
-  while ((out.read.valid() || err.read.valid()) && left_ms() > 0) {
-    pollfd p[2];
+  while ((out.read.valid() || err.read.valid()) && left_ms() > 0 && c.stopped_by == 0) {
+    pollfd p[3];
     int n = 0;
     for (auto& s : streams) {
       if (s.fd->valid()) p[n++] = {s.fd->get(), POLLIN, 0};
     }
+    if (signals != nullptr) p[n++] = {signals->fd(), POLLIN, 0};
     if (::poll(p, n, left_ms()) <= 0) continue;
     for (int i = 0; i < n; ++i) {
+      if (signals != nullptr && p[i].fd == signals->fd() && (p[i].revents & POLLIN)) {
+        while (const int sig = signals->Read()) {
+          if (sig != SIGCHLD) c.stopped_by = sig;  // SIGCHLD: this child's own, waited for below
+        }
+        continue;
+      }
       if (!(p[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       for (auto& s : streams) {
         if (!s.fd->valid() || s.fd->get() != p[i].fd) continue;
@@ -175,7 +185,7 @@ absl::StatusOr<Captured> RunCaptured(const std::vector<std::string>& argv, const
   // Output still open at the deadline: the child, or something it left behind holding its
   // pipes, is stuck; its whole process group goes.
   if (out.read.valid() || err.read.valid()) {
-    c.timed_out = true;
+    c.timed_out = c.stopped_by == 0;
     launcher.SignalGroup(*pid, SIGKILL);
   }
   // Output closed: give it until the deadline to exit, then kill it.
@@ -469,7 +479,8 @@ else:
 print(json.dumps(out))
 )PY";
 
-void GatherPython(const DoctorRequest& request, const Env& env, TorchFacts* t) {
+void GatherPython(const DoctorRequest& request, const Env& env, SignalFd* signals, int* stopped_by,
+                  TorchFacts* t) {
   // As launch runs .py workers: PYTHON_EXEC (unless empty), else python3 on PATH.
   std::string name = request.python.empty() ? EnvOr(env, "PYTHON_EXEC") : request.python;
   if (name.empty()) name = "python3";
@@ -479,7 +490,7 @@ void GatherPython(const DoctorRequest& request, const Env& env, TorchFacts* t) {
     return;
   }
   t->where = *python;
-  auto run = RunCaptured({*python, "-c", kPythonProbe}, env, request.python_timeout);
+  auto run = RunCaptured({*python, "-c", kPythonProbe}, env, request.python_timeout, signals);
   if (!run.ok()) {
     t->error = absl::StrCat("cannot run ", *python, ": ", run.status().message());
     return;
@@ -489,6 +500,11 @@ void GatherPython(const DoctorRequest& request, const Env& env, TorchFacts* t) {
   const absl::Status parsed =
       ParsePythonProbe(out.substr(last_newline == std::string::npos ? 0 : last_newline + 1), t);
   if (parsed.ok()) return;
+  if (run->stopped_by != 0) {
+    *stopped_by = run->stopped_by;
+    t->error = absl::StrCat("stopped by ", SignalName(run->stopped_by), " while asking ", *python);
+    return;
+  }
   if (run->timed_out) {
     t->error = absl::StrCat(*python, " did not answer within ",
                             absl::FormatDuration(absl::FromChrono(request.python_timeout)));
@@ -768,7 +784,7 @@ DoctorFacts SystemDoctorProbe::Gather(const DoctorRequest& request) {
   std::vector<std::string> cudart;
   if (request.check_libtorch) cudart = GatherLibTorch(search, &f.libtorch);
   GatherCuda(f.env, cudart, &f);
-  if (request.check_python) GatherPython(request, f.env, &f.python_torch);
+  if (request.check_python) GatherPython(request, f.env, signals_, &stopped_by_, &f.python_torch);
   if (kTriplet[0] != '\0') {
     const std::string openblas =
         absl::StrCat("/usr/lib/", kTriplet, "/openblas-pthread/libblas.so.3");

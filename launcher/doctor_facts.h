@@ -135,6 +135,8 @@ struct DoctorFacts {
 };
 
 // Gathers the facts: the one place `launch doctor` touches the machine.
+class SignalFd;
+
 class DoctorProbe {
  public:
   virtual ~DoctorProbe() = default;
@@ -147,7 +149,15 @@ class DoctorProbe {
 // learned is recorded as such.
 class SystemDoctorProbe : public DoctorProbe {
  public:
+  // `signals` (launch's; may be null): a signal other than SIGCHLD while the interpreter is asked
+  // stops the wait, so Ctrl-C is never held up by a hanging `import torch`.
+  explicit SystemDoctorProbe(SignalFd* signals = nullptr) : signals_(signals) {}
   DoctorFacts Gather(const DoctorRequest& request) override;
+  int stopped_by() const { return stopped_by_; }  // that signal; 0: none came
+
+ private:
+  SignalFd* signals_;
+  int stopped_by_ = 0;
 };
 
 // ---- Pure pieces of the gathering, tested on their own. ----

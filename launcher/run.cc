@@ -262,14 +262,15 @@ int RunStatus(const StatusConfig& c, SignalFd* signals) {
   }
 }
 
-int RunDoctor(const DoctorConfig& c, SignalFd*) {
+int RunDoctor(const DoctorConfig& c, SignalFd* signals) {
   DoctorRequest request;
   request.nproc = c.nproc;
   request.exclude_gpus = c.exclude_gpus;
   request.log_dir = c.log_dir;
   request.checkpoint_dir = c.checkpoint_dir;
-  SystemDoctorProbe probe;
-  return DoctorCommand(request, c.json, &probe, stdout);
+  SystemDoctorProbe probe(signals);
+  const int code = DoctorCommand(request, c.json, &probe, stdout);
+  return probe.stopped_by() != 0 ? 128 + probe.stopped_by() : code;
 }
 
 int RunLaunch(const LaunchConfig& c, OrphanGuard* guard, SignalFd* signals) {
@@ -289,8 +290,10 @@ int RunLaunch(const LaunchConfig& c, OrphanGuard* guard, SignalFd* signals) {
     request.check_python = !plan.python.empty();
     request.check_libtorch = plan.python.empty();
     request.python = plan.python;
-    SystemDoctorProbe probe;
-    if (Preflight(request, &probe, stderr) == 2) return kUsageError;
+    SystemDoctorProbe probe(signals);
+    const int code = Preflight(request, &probe, stderr);
+    if (probe.stopped_by() != 0) return 128 + probe.stopped_by();
+    if (code == 2) return kUsageError;
   }
 
   AgentOptions opts = std::move(plan.agent);

@@ -2,6 +2,7 @@
 // against a fake NVML (LAUNCH_NVML_LIBRARY, tests/fake_nvml.cc) and a fake python3 first on PATH
 // that play GPUs and a torch, through the same dlopen and subprocess paths as on a GPU machine.
 #include <dlfcn.h>
+#include <signal.h>
 #include <sys/stat.h>
 
 #include <filesystem>
@@ -67,17 +68,28 @@ class FakeMachine {
     return dir_ / "train.py";
   }
 
+  // The environment launch runs in: the fakes, and nothing of the test's own that would change it.
+  std::vector<std::string> Env() const {
+    const char* path = std::getenv("PATH");
+    return {absl::StrCat("LAUNCH_NVML_LIBRARY=", FAKE_NVML_LIB),
+            "FAKE_NVML_FILE=" + (dir_ / "nvml.txt"),
+            absl::StrCat("PATH=", dir_ / "bin", ":", path ? path : "/usr/bin:/bin"),
+            "PYTHON_EXEC",
+            "CUDA_VISIBLE_DEVICES",
+            "CUDA_HOME=" + (dir_ / "bin"),
+            "OMP_NUM_THREADS"};
+  }
   RunResult Run(std::vector<std::string> args) const {
     args.insert(args.begin(), kLaunch);
-    const char* path = std::getenv("PATH");
-    return RunCmd(
-        args,
-        {absl::StrCat("LAUNCH_NVML_LIBRARY=", FAKE_NVML_LIB),
-         "FAKE_NVML_FILE=" + (dir_ / "nvml.txt"),
-         absl::StrCat("PATH=", dir_ / "bin", ":", path ? path : "/usr/bin:/bin"), "PYTHON_EXEC",
-         "CUDA_VISIBLE_DEVICES", "CUDA_HOME=" + (dir_ / "bin"), "OMP_NUM_THREADS"},
-        std::chrono::seconds(60));
+    return RunCmd(args, Env(), std::chrono::seconds(60));
   }
+  // A python3 whose `import torch` never returns; it writes its pid first.
+  void HangingTorch() {
+    const std::string python = dir_ / "bin/python3";
+    WriteFile(python, absl::StrCat("#!/bin/sh\necho $$ > '", PidFile(), "'\nexec sleep 1000\n"));
+    ::chmod(python.c_str(), 0755);
+  }
+  std::string PidFile() const { return dir_ / "python.pid"; }
 
  private:
   TempDir dir_;
@@ -183,6 +195,22 @@ gpu name="NVIDIA H100 80GB HBM3" uuid=GPU-cccc mem_total_mib=81559 mem_used_mib=
   EXPECT_EQ(Check(report, "gpu.stack").status(), "ok");
   for (const auto& c : report.checks())
     EXPECT_NE(c.status(), "fail") << c.id() << ": " << c.found();
+}
+
+TEST(DoctorFakeGpus, CtrlCIsNotHeldUpByAHangingImportTorch) {
+  FakeMachine m;
+  m.Gpus(kTwoUnequalGpus);
+  m.HangingTorch();
+  Child doctor({kLaunch, "doctor"}, m.Env());
+  ASSERT_TRUE(WaitUntil([&] { return !ReadFile(m.PidFile()).empty(); }, std::chrono::seconds(20)));
+  const pid_t python = std::atoi(ReadFile(m.PidFile()).c_str());
+  const auto start = std::chrono::steady_clock::now();
+  ::kill(doctor.pid(), SIGINT);
+  const RunResult r = doctor.Wait(std::chrono::seconds(20));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));  // not the 30 s deadline
+  EXPECT_EQ(r.exit_code, 128 + SIGINT) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("stopped by SIGINT while asking"));
+  EXPECT_TRUE(WaitUntil([&] { return !ProcessAlive(python); }, std::chrono::seconds(5)));
 }
 
 TEST(DoctorFakeGpus, BadFlagsAreOneLineAndExitTwo) {
