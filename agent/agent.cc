@@ -127,6 +127,9 @@ absl::StatusOr<std::vector<WorkerLaunch>> Agent::PrepareAttempt(const v1::Assign
   round.master_port = a.master_port();
   round.restart_count = a.restart_count();
   ASSIGN_OR_RETURN(WorkerEnvPlan plan, BuildWorkerEnvs(parent_env_, opts_.spec, round, paths));
+  if (file_timer_) {
+    for (Env& env : plan.envs) env[kTimerFileEnv] = file_timer_->path();
+  }
   if (a.restart_count() == 0) {
     for (const auto& note : plan.notes) spdlog::info("{}", note);
   }
@@ -247,6 +250,14 @@ int Agent::Run() {
     return 1;
   }
   run_dir_ = dir.path();
+  if (!opts_.dry_run) {
+    auto timer = StartFileTimer(parent_env_);
+    if (!timer.ok()) {
+      spdlog::error("{}", std::string(timer.status().message()));
+      return 2;
+    }
+    file_timer_ = std::move(*timer);
+  }
   AgentState state;
   Attempt at;
   while (state.phase != AgentPhase::kDone) {
@@ -270,7 +281,9 @@ int Agent::Run() {
                    at.outcome.kind == GroupEnd::kCoordinatorStop ? ", stopped for a rank hung elsewhere," : "", at.dir);
     }
   }
-  return Finish(state, at, dir.temporary());
+  const int code = Finish(state, at, dir.temporary());
+  file_timer_.reset();  // the FIFO goes with the run (the agent may stay to serve the coordinator)
+  return code;
 }
 
 AgentEvent Agent::Join(Attempt* at) {
@@ -380,8 +393,12 @@ AgentEvent Agent::RunWorkers(Attempt* at) {
     });
     if (!st.ok()) spdlog::warn("cannot tell the coordinator of the failure early: {}", std::string(st.message()));
   };
+  if (file_timer_) {
+    gopts.on_spawned = [this](const WorkerResult& w) { file_timer_->AddWorker(w.pid, w.rank); };
+  }
   WorkerGroup group(gopts, launcher_, guard_, signals_, clock_);
   auto outcome = group.Run(at->workers);
+  if (file_timer_) file_timer_->ClearWorkers();  // the next attempt's workers start with no timers
   early_report.Wait();  // the early report stays the first the coordinator hears
   watch.Stop();
   if (!outcome.ok()) {

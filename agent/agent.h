@@ -15,6 +15,7 @@
 #include "agent/coordinator_client.h"
 #include "agent/coordinator_session.h"
 #include "agent/coordinator_watch.h"
+#include "agent/file_timer.h"
 #include "agent/live_ranks.h"
 #include "agent/log_relay.h"
 #include "agent/monitor.h"
@@ -81,6 +82,9 @@ class Agent {
   int last_picked_port_ = 0;  // the MASTER_PORT this node last proposed
   LiveRanks live_;  // the workers' figures (the worker group writes, the monitor reads)
   std::unique_ptr<Monitor> monitor_;  // from the first attempt on, when --monitor-interval is on
+  // torchrun's file timer (TORCHELASTIC_ENABLE_FILE_TIMER=1): one for the run, every attempt's
+  // workers registered with it; null when not asked for.
+  std::unique_ptr<FileTimerServer> file_timer_;
 };
 
 }  // namespace launch

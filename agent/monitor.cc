@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "google/protobuf/util/json_util.h"
@@ -86,6 +87,37 @@ std::optional<double> ParseLoadavg(absl::string_view text) {
   double load;
   if (f.empty() || !absl::SimpleAtod(f[0], &load) || !std::isfinite(load) || load < 0) return std::nullopt;
   return load;
+}
+
+v1::GpuSample ToGpuSample(const GpuFigures& g) {
+  v1::GpuSample s;
+  s.set_index(g.index);
+  s.set_name(g.name);
+  s.set_uuid(g.uuid);
+  s.set_utilization_percent(g.utilization_percent);
+  s.set_memory_used_bytes(g.memory_used_bytes);
+  s.set_memory_total_bytes(g.memory_total_bytes);
+  s.set_temperature_c(g.temperature_c);
+  s.set_power_watts(g.power_watts);
+  s.set_sm_clock_mhz(g.sm_clock_mhz);
+  s.set_memory_clock_mhz(g.memory_clock_mhz);
+  s.set_ecc_uncorrected_errors(g.ecc_uncorrected_errors);
+  for (int x : g.xids) s.add_xids(x);
+  return s;
+}
+
+std::function<std::vector<v1::GpuSample>()> NvmlGpuSampler(std::shared_ptr<Nvml> nvml) {
+  return [nvml] {
+    std::vector<v1::GpuSample> out;
+    for (const GpuFigures& g : nvml->Sample()) {
+      out.push_back(ToGpuSample(g));
+      if (!g.xids.empty()) {
+        spdlog::warn("GPU {} ({}) reported XID error(s) {}: see NVIDIA's XID table; the GPU may need a reset", g.index,
+                     g.name, absl::StrJoin(g.xids, ", "));
+      }
+    }
+    return out;
+  };
 }
 
 std::string DescribeStragglerEvent(const v1::StragglerEvent& e) {
@@ -238,7 +270,9 @@ void Monitor::Send(const v1::SampleRequest& s) {
     return;
   }
   send_failed_ = false;
+  const uint64_t seen = events_seen_;
   for (const v1::StragglerEvent& e : resp->events()) {
+    if (e.seq() <= seen) continue;  // told before
     events_seen_ = std::max(events_seen_, e.seq());
     if (e.round() != s.round()) continue;  // an episode of an earlier round: its workers are gone
     if (!e.recovered()) ranks_->NoteStraggler(e.rank());

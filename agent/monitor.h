@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -19,6 +20,7 @@
 
 #include "agent/coordinator_client.h"
 #include "agent/live_ranks.h"
+#include "agent/nvml.h"
 #include "common/clock.h"
 #include "common/unique_fd.h"
 #include "launch.pb.h"
@@ -42,6 +44,11 @@ struct MemInfo {
 std::optional<MemInfo> ParseMeminfo(absl::string_view text);
 // /proc/loadavg: the 1-minute load.
 std::optional<double> ParseLoadavg(absl::string_view text);
+
+// NVML's figures of one GPU as a sample carries them.
+v1::GpuSample ToGpuSample(const GpuFigures& g);
+// Samples the GPUs through `nvml` (shared: the monitor's thread calls it).
+std::function<std::vector<v1::GpuSample>()> NvmlGpuSampler(std::shared_ptr<Nvml> nvml);
 
 // A straggler event as the console shows it.
 std::string DescribeStragglerEvent(const v1::StragglerEvent& e);

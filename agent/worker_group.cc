@@ -519,6 +519,7 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
     s.pid = *pid;
     s.result.pid = *pid;
     if (opts_.live) opts_.live->Spawned(i, *pid);
+    if (opts_.on_spawned) opts_.on_spawned(s.result);
     ++state.running;
     if (in.write.valid()) {
       ::fcntl(in.write.get(), F_SETFL, O_NONBLOCK);

@@ -88,6 +88,8 @@ class WorkerGroup {
     // Called as soon as a worker's failure is seen and the others are signalled (to tell the
     // coordinator at once).
     std::function<void(const WorkerResult&)> on_failure;
+    // Called as each worker is spawned (its rank and pid set), before it can be reaped.
+    std::function<void(const WorkerResult&)> on_spawned;
     std::string console_prefix_format = "[{rank}]:";
     size_t stderr_tail_lines = 5;
     // Where shown output goes (nullptr: launch's ConsoleOut() / ConsoleErr()).

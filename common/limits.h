@@ -38,4 +38,14 @@ inline constexpr size_t kMaxHostLength = 255;
 // A worker's error-file message as an agent reports it to the coordinator.
 inline constexpr size_t kMaxWireErrorMessage = 16 * 1024;
 
+// torch's file-timer requests (agent/file_timer.h): one JSON line a request, which torch's client
+// refuses to write over PIPE_BUF (4096) bytes, newline aside; a scope's name, which must fit in
+// such a line; the timers one agent holds at once (each up to a scope's name in memory); signals
+// as Linux numbers them (1..64, SIGRTMAX).
+inline constexpr size_t kMaxTimerRequestBytes = 4096;
+inline constexpr size_t kMaxTimerScopeLength = 1024;
+static_assert(kMaxTimerScopeLength < kMaxTimerRequestBytes, "a scope must fit in one request");
+inline constexpr size_t kMaxLiveTimers = 4096;
+inline constexpr int kMaxSignal = 64;
+
 }  // namespace launch

@@ -609,11 +609,11 @@ absl::StatusOr<ParsedArgs> ParseLaunchArgs(const std::vector<std::string>& argv)
 }  // namespace launch
 
 namespace launch {
-namespace {
 
-// Parses a subcommand's flags (argv[2] on) with `app`, whose name is the subcommand's: true when
-// help was asked for (and printed), an error on bad flags.
-absl::StatusOr<bool> ParseSubcommand(CLI::App& app, const std::vector<std::string>& argv) {
+namespace {
+// A subcommand's flags (argv[0] is "launch", argv[1] the subcommand): true when help was asked for
+// and printed; a bad flag is one line that points at `NAME --help`.
+absl::StatusOr<bool> ParseSubcommandArgs(CLI::App& app, const std::vector<std::string>& argv, const char* name) {
   std::vector<std::string> args(argv.rbegin(), argv.rend() - 2);
   try {
     app.parse(args);
@@ -623,11 +623,10 @@ absl::StatusOr<bool> ParseSubcommand(CLI::App& app, const std::vector<std::strin
   } catch (const CLI::ParseError& e) {
     std::string what = e.what();
     std::replace(what.begin(), what.end(), '\n', ' ');
-    return absl::InvalidArgumentError(absl::StrCat(what, " (see ", app.get_name(), " --help)"));
+    return absl::InvalidArgumentError(absl::StrCat(what, " (see ", name, " --help)"));
   }
   return false;
 }
-
 }  // namespace
 
 absl::StatusOr<ParsedCoordinatorArgs> ParseCoordinatorArgs(const std::vector<std::string>& argv) {
@@ -645,7 +644,7 @@ absl::StatusOr<ParsedCoordinatorArgs> ParseCoordinatorArgs(const std::vector<std
   app.add_option("--metrics-port,--metrics_port", c.metrics_port,
                  "Serve Prometheus metrics on this port of the --listen host (bearer token: the rendezvous token)")
       ->check(CLI::Range(1, 65535));
-  ASSIGN_OR_RETURN(out.help, ParseSubcommand(app, argv));
+  ASSIGN_OR_RETURN(out.help, ParseSubcommandArgs(app, argv, "launch coordinator"));
   if (out.help) return out;
   auto hp = ParseHostPort(c.listen, "--listen");
   if (!hp.ok()) return hp.status();
@@ -671,7 +670,7 @@ absl::StatusOr<ParsedStatusArgs> ParseStatusArgs(const std::vector<std::string>&
   app.add_option("--tls-cert,--tls_cert", c.tls_cert, "PEM client certificate (mutual TLS)");
   app.add_option("--tls-key,--tls_key", c.tls_key, "PEM private key of --tls-cert");
   app.add_option("--tls-ca,--tls_ca", c.tls_ca, "PEM CA the coordinator's certificate is signed by");
-  ASSIGN_OR_RETURN(out.help, ParseSubcommand(app, argv));
+  ASSIGN_OR_RETURN(out.help, ParseSubcommandArgs(app, argv, "launch status"));
   if (out.help) return out;
   RETURN_IF_ERROR(ParseHostPort(c.rdzv_endpoint, "--rdzv-endpoint").status());
   if (c.rdzv_id.empty() || c.rdzv_id.size() > kMaxRunIdLength) {
@@ -696,7 +695,7 @@ absl::StatusOr<ParsedDoctorArgs> ParseDoctorArgs(const std::vector<std::string>&
   app.add_option("--log-dir,--log_dir", c.log_dir, "The run's --log-dir: its filesystem, space and permissions");
   app.add_option("--checkpoint-dir,--checkpoint_dir", c.checkpoint_dir, "Where the run writes checkpoints: likewise");
   app.add_flag("--json", c.json, "The checks as JSON");
-  ASSIGN_OR_RETURN(out.help, ParseSubcommand(app, argv));
+  ASSIGN_OR_RETURN(out.help, ParseSubcommandArgs(app, argv, "launch doctor"));
   if (out.help) return out;
   if (nproc_option->count() > 0) c.nproc = nproc;
   c.exclude_gpus = SplitCommaList(exclude);

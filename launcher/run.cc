@@ -24,6 +24,8 @@
 #include "launcher/doctor.h"
 #include "launcher/plan.h"
 #include "launcher/security.h"
+#include "launcher/metrics_server.h"
+#include "launcher/metrics_text.h"
 #include "launcher/status_view.h"
 #include "google/protobuf/util/json_util.h"
 #include "spdlog/spdlog.h"
@@ -185,6 +187,18 @@ absl::StatusOr<SecurityOptions> SecurityFrom(const Config& c) {
   return s;
 }
 
+absl::StatusOr<std::unique_ptr<MetricsServer>> ServeMetrics(CoordinatorService* service, const std::string& host,
+                                                           int port, const SecurityOptions& security) {
+  MetricsServer::Options mo;
+  mo.host = host;
+  mo.port = port;
+  mo.token = security.token;
+  mo.tls_cert_file = security.tls_cert_file;
+  mo.tls_key_file = security.tls_key_file;
+  mo.render = [service] { return PrometheusText(service->AllStatus()); };
+  return MetricsServer::Start(std::move(mo));
+}
+
 }  // namespace
 
 int RunCoordinator(const CoordinatorConfig& c, SignalFd* signals) {
@@ -200,6 +214,12 @@ int RunCoordinator(const CoordinatorConfig& c, SignalFd* signals) {
     if (absl::IsInvalidArgument(server.status())) return UsageError(std::string(server.status().message()));
     std::fprintf(stderr, "launch coordinator: %s\n", std::string(server.status().message()).c_str());
     return 1;
+  }
+  std::unique_ptr<MetricsServer> metrics;
+  if (c.metrics_port) {
+    auto served = ServeMetrics((*server)->service(), hp->host, *c.metrics_port, security);
+    if (!served.ok()) return UsageError(std::string(served.status().message()));
+    metrics = std::move(*served);
   }
   std::printf("launch coordinator: listening on %s%s%s\n", (*server)->address().c_str(),
               security.tls() ? " (TLS)" : "", security.token.empty() ? "" : " (token required)");
@@ -327,8 +347,24 @@ int RunLaunch(const LaunchConfig& c, OrphanGuard* guard, SignalFd* signals) {
     spdlog::error("{}", std::string(link.status().message()));
     return 1;
   }
+  std::unique_ptr<MetricsServer> metrics;
+  if (c.metrics_port && !link->server) {
+    spdlog::warn("--metrics-port: the coordinator is not on this node; its metrics are served where it runs");
+  } else if (c.metrics_port) {
+    auto served = ServeMetrics(link->server->service(), multi ? plan.rdzv_host : "127.0.0.1", *c.metrics_port, security);
+    if (!served.ok()) return UsageError(std::string(served.status().message()));
+    metrics = std::move(*served);
+  }
   // The other nodes learn that this agent hosts the coordinator: when it is gone, so is the job.
   if (multi && link->server) opts.node.set_hosts_coordinator(true);
+  if (opts.monitor_interval) {
+    // The GPUs' figures go with every sample where a driver is there to give them.
+    if (auto nvml = Nvml::Load(NvmlLibraryFromEnv()); nvml.ok()) {
+      opts.sample_gpus = NvmlGpuSampler(std::shared_ptr<Nvml>(std::move(*nvml)));
+    } else {
+      spdlog::debug("samples carry no GPU figures: {}", std::string(nvml.status().message()));
+    }
+  }
   PosixProcessLauncher launcher;
   Agent agent(std::move(opts), link->client.get(), &launcher, guard, signals, &clock);
   int code = agent.Run();

@@ -16,7 +16,7 @@ cache=${LAUNCH_ROOT_CACHE:-/var/cache/launch}
 packages=(
   cmake ninja-build g++ pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libyaml-cpp-dev libspdlog-dev libcli11-dev libabsl-dev
+  libyaml-cpp-dev libspdlog-dev libcli11-dev libabsl-dev libcpp-httplib-dev
   libgtest-dev libgmock-dev
   libtorch-dev libgloo-dev libopenblas0-pthread python3-torch
   libssl-dev libzstd-dev iproute2 procps openssl gdb

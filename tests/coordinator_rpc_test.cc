@@ -352,3 +352,78 @@ TEST(GrpcLogBridge, OnlyAFailedAcceptReportsADeadListener) {
 
 }  // namespace
 }  // namespace launch
+
+namespace launch {
+namespace {
+
+v1::SampleRequest SampleFrom(const std::string& node, int64_t round, double busy0, double busy1) {
+  v1::SampleRequest s;
+  s.set_run_id("job");
+  s.set_node_id(node);
+  s.set_hostname("host-" + node);
+  s.set_round(round);
+  for (double busy : {busy0, busy1}) {
+    v1::RankSample* r = s.add_ranks();
+    r->set_rank(s.ranks_size() - 1);
+    r->set_state("running");
+    r->set_steps(100);
+    r->set_step_seconds(0.3);
+    r->set_busy_seconds(busy);
+  }
+  return s;
+}
+
+TEST_F(CoordinatorRpc, SamplesComeOnlyFromTheRunsNodesAndAnswerWithStragglerEvents) {
+  Start("the-token");
+  v1::SampleResponse resp;
+  v1::SampleRequest sample = SampleFrom("a", 1, 0.1, 0.3);
+  EXPECT_EQ(stub_->Sample(Ctx().get(), sample, &resp).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(stub_->Sample(Ctx("the-token").get(), sample, &resp).error_code(), grpc::StatusCode::NOT_FOUND);
+  v1::JoinResponse joined;
+  v1::JoinRequest j = Join("job", "a");
+  j.mutable_spec()->set_straggler_factor(1.5);
+  ASSERT_TRUE(stub_->Join(Ctx("the-token").get(), j, &joined).ok());
+  EXPECT_EQ(stub_->Sample(Ctx("the-token").get(), SampleFrom("stranger", 1, 0.1, 0.3), &resp).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(stub_->Sample(Ctx("the-token").get(), SampleFrom("a", 2, 0.1, 0.3), &resp).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);  // a round that has not formed
+  v1::SampleRequest bad = sample;
+  bad.mutable_ranks(0)->set_rank(-4);
+  EXPECT_EQ(stub_->Sample(Ctx("the-token").get(), bad, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+
+  for (int i = 0; i < JobView::kSlowSamples; ++i) {
+    resp.Clear();
+    ASSERT_TRUE(stub_->Sample(Ctx("the-token").get(), sample, &resp).ok());
+  }
+  ASSERT_EQ(resp.events_size(), 1);
+  EXPECT_EQ(resp.events(0).rank(), 1);
+  EXPECT_EQ(resp.events(0).hostname(), "host-a");
+  EXPECT_NEAR(resp.events(0).ratio(), 3, 1e-9);
+  // Told once: a node that has seen it gets nothing more.
+  sample.set_events_seen(resp.events(0).seq());
+  resp.Clear();
+  ASSERT_TRUE(stub_->Sample(Ctx("the-token").get(), sample, &resp).ok());
+  EXPECT_EQ(resp.events_size(), 0);
+
+  v1::StatusRequest sreq;
+  sreq.set_run_id("job");
+  v1::StatusResponse st;
+  ASSERT_TRUE(stub_->Status(Ctx("the-token").get(), sreq, &st).ok());
+  ASSERT_EQ(st.nodes_size(), 1);
+  EXPECT_EQ(st.nodes(0).sample().ranks_size(), 2);
+  EXPECT_THAT(st.straggling_ranks(), ::testing::ElementsAre(1));
+  EXPECT_DOUBLE_EQ(st.straggler_factor(), 1.5);
+}
+
+TEST_F(CoordinatorRpc, AStragglerFactorOutOfRangeIsRefusedAtTheJoin) {
+  Start();
+  v1::JoinResponse resp;
+  v1::JoinRequest j = Join("job", "a");
+  j.mutable_spec()->set_straggler_factor(0.5);
+  auto st = stub_->Join(Ctx().get(), j, &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(), HasSubstr("straggler factor 0.5: expected 0 (off) or 1-1000"));
+}
+
+}  // namespace
+}  // namespace launch

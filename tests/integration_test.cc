@@ -552,6 +552,37 @@ TEST(Launch, AHungPythonRankIsNamedWithItsPythonStack) {
 }
 
 // Outside launch the module is a no-op, so a script that uses it runs anywhere.
+// Where NVML answers (the fake library here, through launch's real loader), every sample carries
+// each GPU's figures, and an XID the driver queued is a warning naming the GPU, once.
+TEST(Launch, SamplesCarryTheGpusFiguresAndAnXidIsAWarning) {
+  TempDir dir;
+  WriteFile(dir / "gpus.txt",
+            "system driver=550.54.15 cuda=12040\n"
+            "gpu name=\"Fake A\" uuid=GPU-aaaa mem_total_mib=81559 mem_used_mib=1024 util=0 temp=45 "
+            "power_mw=350000 sm_clock=1980 mem_clock=2619 cc=9.0 sms=132 ecc=0 xid=\n"
+            "gpu name=\"Fake B\" uuid=GPU-bbbb mem_total_mib=40960 mem_used_mib=0 util=97 temp=50 "
+            "power_mw=200000 sm_clock=1410 mem_clock=1215 cc=8.0 sms=108 ecc=2 xid=79\n");
+  const std::string samples = dir / "logs/gpus/metrics.jsonl";
+  auto r = RunCmd({LAUNCH_BIN, "--nproc-per-node=1", "--monitor-interval", "1", "--log-dir", dir / "logs", "--rdzv-id",
+                   "gpus", TEST_WORKER_BIN, "--wait-lines", samples, "3"},
+                  {std::string("LAUNCH_NVML_LIBRARY=") + FAKE_NVML_LIB, "FAKE_NVML_FILE=" + (dir / "gpus.txt")});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("GPU 1 (Fake B) reported XID error(s) 79"));
+  EXPECT_THAT(r.err, Not(HasSubstr("GPU 0 (Fake A) reported")));
+  int lines = 0, xids = 0;
+  for (const std::string& line : std::vector<std::string>(absl::StrSplit(ReadFile(samples), '\n', absl::SkipEmpty()))) {
+    ++lines;
+    EXPECT_THAT(line, HasSubstr("\"gpus\":[{\"index\":0,\"name\":\"Fake A\",\"uuid\":\"GPU-aaaa\","
+                                "\"utilization_percent\":0,\"memory_used_bytes\":\"1073741824\","
+                                "\"memory_total_bytes\":\"85520809984\",\"temperature_c\":45,\"power_watts\":350,"
+                                "\"sm_clock_mhz\":1980,\"memory_clock_mhz\":2619,\"ecc_uncorrected_errors\":\"0\","
+                                "\"xids\":[]},{\"index\":1,\"name\":\"Fake B\""));
+    xids += absl::StrContains(line, "\"xids\":[79]");
+  }
+  EXPECT_GE(lines, 3);
+  EXPECT_EQ(xids, 1);  // drained by the first sample that read it
+}
+
 TEST(Launch, TheProgressModuleIsANoOpOutsideLaunch) {
   auto r = RunCmd({"/usr/bin/python3", "-c",
                    "import sys; sys.path.append('" + std::string(TESTS_DIR) +
@@ -579,6 +610,56 @@ TEST(Launch, PythonRecordErrorFileReachesTheSummary) {
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_THAT(r.err, HasSubstr("ValueError: rank 1 found a bad batch"));
   EXPECT_THAT(r.err, HasSubstr("<- root cause"));
+}
+
+// torchrun's file timer (TORCHELASTIC_ENABLE_FILE_TIMER=1) with torch's own client: rank 1 takes a
+// 1 s timer and sleeps for an hour; launch kills it with the timer's signal (SIGKILL) at once, the
+// table names it as the root cause, and the FIFO is gone at the end.
+TEST(Launch, APythonWorkerPastItsFileTimerIsKilledWithItsSignal) {
+  LAUNCH_NEED_PYTHON_TORCH();
+  TempDir dir;
+  const auto start = std::chrono::steady_clock::now();
+  auto r = RunCmd({kLaunch, "--nproc-per-node=2", std::string(TESTS_DIR) + "/python/file_timer.py", "expire"},
+                  {"PYTHON_EXEC=/usr/bin/python3", "TORCHELASTIC_ENABLE_FILE_TIMER=1",
+                   "TORCHELASTIC_TIMER_FILE=" + dir / "timer"},
+                  std::chrono::seconds(120));
+  const auto took = std::chrono::steady_clock::now() - start;
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("[1]:in the timed scope"));
+  EXPECT_THAT(r.err, ::testing::ContainsRegex("timer \"stuck step\" of pid [0-9]+ \\(rank 1\\) expired: sent SIGKILL"));
+  EXPECT_THAT(r.err, ::testing::ContainsRegex("  1 +1 +[0-9]+ +SIGKILL .*<- root cause"));
+  EXPECT_LT(took, std::chrono::seconds(60)) << "the worker was to sleep for an hour";
+  EXPECT_NE(::access((dir / "timer").c_str(), F_OK), 0) << "the FIFO outlived the run";
+}
+
+// Workers that leave their timed scopes in time run to the end; without TORCHELASTIC_TIMER_FILE
+// the FIFO is a fresh one in TMPDIR, given to every worker, and removed at the end.
+TEST(Launch, PythonWorkersThatReleaseTheirFileTimersInTimeExit0) {
+  LAUNCH_NEED_PYTHON_TORCH();
+  TempDir dir;
+  auto r = RunCmd({kLaunch, "--nproc-per-node=2", std::string(TESTS_DIR) + "/python/file_timer.py", "release"},
+                  {"PYTHON_EXEC=/usr/bin/python3", "TORCHELASTIC_ENABLE_FILE_TIMER=1", "TORCHELASTIC_TIMER_FILE=",
+                   "TMPDIR=" + dir.path()},
+                  std::chrono::seconds(120));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("[0]:rank 0 released in time"));
+  EXPECT_THAT(r.out, HasSubstr("[1]:rank 1 released in time"));
+  EXPECT_THAT(r.err, HasSubstr("file timer: the workers' timers go through " + dir.path() + "/watchdog_timer_"));
+  EXPECT_THAT(r.err, Not(HasSubstr("expired")));
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path())) << "the FIFO outlived the run";
+}
+
+// A TORCHELASTIC_TIMER_FILE that is no FIFO of the user's is left alone, and nothing starts.
+TEST(Launch, AFileTimerPathThatIsNotAFifoIsBadInput) {
+  TempDir dir;
+  WriteFile(dir / "timer", "keep me");
+  auto r = RunCmd(Cmd({"--nproc-per-node=1"}, {"--print-env", "RANK"}),
+                  {"TORCHELASTIC_ENABLE_FILE_TIMER=1", "TORCHELASTIC_TIMER_FILE=" + dir / "timer"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("TORCHELASTIC_TIMER_FILE: " + dir / "timer" + " exists and is not a FIFO of this user's"));
+  EXPECT_THAT(r.out, Not(HasSubstr("RANK=")));
+  EXPECT_EQ(ReadFile(dir / "timer"), "keep me");
 }
 
 // ---- bad input: one line naming the value, exit 2, nothing started ----

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <regex>
 #include <random>
 #include <set>
 #include <thread>
@@ -24,6 +25,7 @@
 #include "common/net.h"
 #include "common/unique_fd.h"
 #include "gmock/gmock.h"
+#include "httplib.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
 
@@ -374,6 +376,60 @@ TEST(MultiNode, AHangOnOneNodeCapturesTheStacksOnEveryNode) {
   }
   EXPECT_THAT(stacks, HasSubstr("HangForever"));
 }
+// The live view of a running 2-node job: `launch status` shows both nodes and every rank's step
+// and figures, and the coordinator's Prometheus endpoint serves their step rates to a scraper
+// with the token (and to nobody else).
+TEST(MultiNode, StatusAndTheMetricsEndpointShowARunningTwoNodeJob) {
+  const int metrics_port = FreePort();
+  const std::vector<std::string> env = {"LAUNCH_RDZV_TOKEN=a-token-for-the-job"};
+  Coordinator coord({"--metrics-port", std::to_string(metrics_port)}, 0, env);
+  ASSERT_TRUE(coord.ready()) << coord.child().err();
+  std::vector<std::unique_ptr<Child>> agents;
+  for (int i = 0; i < 2; ++i) {
+    agents.push_back(std::make_unique<Child>(
+        std::vector<std::string>{kLaunch, "--rdzv-endpoint", coord.endpoint(), "--rdzv-id", "live", "--nnodes=2",
+                                 "--nproc-per-node=1", "--monitor-interval", "1", TRAIN_MLP_BIN, "--dims", "16,32,4",
+                                 "--steps", "100000", "--warmup", "0", "--print-every", "0", "--slow-rank", "0",
+                                 "--slow-ms", "20"},
+        env));
+  }
+  const std::vector<std::string> status = {kLaunch, "status", "--rdzv-endpoint", coord.endpoint(), "--rdzv-id", "live"};
+  RunResult shown;
+  const bool both = WaitUntil(
+      [&] {
+        for (auto& a : agents) a->Pump(100);
+        shown = RunCmd(status, env);
+        return std::regex_search(shown.out, std::regex("\n0 +[^ ]+ +running +[1-9][0-9]* ")) &&
+               std::regex_search(shown.out, std::regex("\n1 +[^ ]+ +running +[1-9][0-9]* "));
+      },
+      std::chrono::seconds(60));
+  EXPECT_TRUE(both) << shown.out << shown.err;
+  EXPECT_THAT(shown.out, HasSubstr("run live  round 1  running  restarts 0/0"));
+  EXPECT_EQ(Lines(shown.out).size(), 7u) << shown.out;  // the job; nodes (header, 2); ranks (header, 2)
+  EXPECT_EQ(RunCmd(status).exit_code, 1);  // no token: refused, one line
+  auto json = RunCmd({kLaunch, "status", "--rdzv-endpoint", coord.endpoint(), "--rdzv-id", "live", "--json"}, env);
+  EXPECT_THAT(json.out, HasSubstr("\"run_id\":\"live\""));
+
+  httplib::Client scraper("127.0.0.1", metrics_port);
+  auto denied = scraper.Get("/metrics");
+  ASSERT_TRUE(denied) << "no answer from the metrics port";
+  EXPECT_EQ(denied->status, 401);
+  auto page = scraper.Get("/metrics", {{"Authorization", "Bearer a-token-for-the-job"}});
+  ASSERT_TRUE(page);
+  EXPECT_EQ(page->status, 200);
+  EXPECT_THAT(page->get_header_value("Content-Type"), HasSubstr("text/plain; version=0.0.4"));
+  for (int rank : {0, 1}) {
+    EXPECT_TRUE(std::regex_search(
+        page->body, std::regex(absl::StrCat("\nlaunch_rank_steps_per_second\\{run=\"live\",rank=\"", rank,
+                                            "\",node=\"[^\"]+\"\\} [0-9.e+]+\n"))))
+        << page->body;
+  }
+  EXPECT_THAT(page->body, HasSubstr("launch_run_info{run=\"live\",state=\"running\"} 1\n"));
+  EXPECT_THAT(page->body, HasSubstr("launch_run_nodes{run=\"live\"} 2\n"));
+  for (auto& a : agents) ::kill(a->pid(), SIGTERM);
+  for (auto& r : WaitAll(agents)) EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.err;
+}
+
 #endif
 
 TEST(MultiNode, CoordinatorKilledAndRestartedMidJobTheJobCompletesWithoutARestart) {

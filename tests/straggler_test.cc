@@ -1,0 +1,61 @@
+// Stragglers, end to end with train_mlp. These run alone (RUN_SERIAL): a rank that gets less CPU
+// than the other because a test next to it takes the cores is a straggler too, truly, and a
+// normal run must be normal to report none.
+#include <filesystem>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace launch::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A rank that sleeps at every step is a straggler: its own work (its step less its wait in the
+// all-reduce) is far over the other rank's, though under DDP both ranks' steps take as long.
+TEST(Sdk, ASlowRankIsReportedAsAStragglerOnceWithItsRatio) {
+  TempDir dir;
+  auto r = RunCmd({LAUNCH_BIN, "--nproc-per-node=2", "--monitor-interval", "1", "--log-dir", dir / "logs", "--rdzv-id",
+                   "slow", TRAIN_MLP_BIN, "--dims", "64,128,10", "--steps", "60", "--warmup", "0", "--print-every", "0",
+                   "--slow-rank", "1", "--slow-ms", "80"},
+                  {}, std::chrono::seconds(180));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, ::testing::ContainsRegex("rank 1 \\(on [^)]+\\) is a straggler: its own work per step takes "
+                                              "[0-9.]+x the job's median"));
+  EXPECT_THAT(r.err, ::testing::Not(HasSubstr("rank 0 (on")));
+  // The end-of-run table: rank 1 with one episode, rank 0 with none.
+  EXPECT_THAT(r.err, ::testing::ContainsRegex("\n1 +[^ ]+ +60 +[0-9.]+ ms +1x +0\n"));
+  EXPECT_THAT(r.err, ::testing::ContainsRegex("\n0 +[^ ]+ +60 +[0-9.]+ ms +- +0\n"));
+}
+
+TEST(Sdk, ANormalRunReportsNoStragglerAndWritesItsSamples) {
+  TempDir dir;
+  auto r = RunCmd({LAUNCH_BIN, "--nproc-per-node=2", "--monitor-interval", "1", "--log-dir", dir / "logs", "--rdzv-id",
+                   "even", TRAIN_MLP_BIN, "--steps", "60", "--warmup", "0", "--print-every", "0"},
+                  {}, std::chrono::seconds(180));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, ::testing::Not(HasSubstr("is a straggler")));
+  EXPECT_THAT(r.err, ::testing::ContainsRegex("\n1 +[^ ]+ +60 +[0-9.]+ ms +- +0\n"));
+  const std::string samples = ReadFile(dir / "logs/even/metrics.jsonl");
+  int lines = 0, running = 0;
+  for (absl::string_view line : absl::StrSplit(samples, '\n', absl::SkipEmpty())) {
+    ++lines;
+    EXPECT_TRUE(absl::StartsWith(line, "{\"run_id\":\"even\"") && absl::EndsWith(line, "}")) << line;
+    // While rank 1 runs, its memory is sampled.
+    if (std::regex_search(std::string(line), std::regex("\"rank\":1,[^}]*\"state\":\"running\""))) {
+      ++running;
+      EXPECT_THAT(std::string(line), ::testing::ContainsRegex("\"rank\":1,[^}]*\"rss_bytes\":\"[1-9][0-9]*\""));
+    }
+  }
+  EXPECT_GE(running, 1) << samples;
+  EXPECT_GE(lines, running);
+}
+
+}  // namespace
+}  // namespace launch::testing
