@@ -1,7 +1,5 @@
 #include "agent/devices.h"
 
-#include <dlfcn.h>
-
 #include <algorithm>
 #include <map>
 #include <set>
@@ -16,42 +14,6 @@
 
 namespace launch {
 namespace {
-
-// The few NVML declarations used here (nvml.h ABI), so the build needs no driver headers.
-using nvmlReturn_t = int;
-using nvmlDevice_t = void*;
-struct nvmlMemory_t {
-  unsigned long long total, free, used;
-};
-struct nvmlDeviceAttributes_t {
-  unsigned int multiprocessorCount, sharedCopyEngineCount, sharedDecoderCount,
-      sharedEncoderCount, sharedJpegCount, sharedOfaCount, gpuInstanceSliceCount,
-      computeInstanceSliceCount;
-  unsigned long long memorySizeMB;
-};
-
-class NvmlLibrary {
- public:
-  NvmlLibrary() { handle_ = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL); }
-  ~NvmlLibrary() {
-    if (handle_ && initialized_) Sym<nvmlReturn_t (*)()>("nvmlShutdown")();
-    if (handle_) dlclose(handle_);
-  }
-  bool loaded() const { return handle_ != nullptr; }
-  template <typename F>
-  F Sym(const char* name) const {
-    return handle_ ? reinterpret_cast<F>(dlsym(handle_, name)) : nullptr;
-  }
-  bool Init() {
-    auto init = Sym<nvmlReturn_t (*)()>("nvmlInit_v2");
-    initialized_ = init && init() == 0;
-    return initialized_;
-  }
-
- private:
-  void* handle_ = nullptr;
-  bool initialized_ = false;
-};
 
 std::string Describe(const GpuInfo& g) {
   std::string s = absl::StrCat(g.name.empty() ? "GPU" : g.name, ", ",
@@ -86,46 +48,48 @@ std::string Known(const std::vector<GpuInfo>& all) {
 
 }  // namespace
 
+GpuInfo GpuInfoFrom(const GpuFigures& f) {
+  GpuInfo g;
+  g.index = f.index;
+  g.uuid = f.uuid;
+  g.name = f.name;
+  g.memory_bytes = f.memory_total_bytes > 0 ? static_cast<uint64_t>(f.memory_total_bytes) : 0;
+  g.sm_count = f.multiprocessor_count;
+  return g;
+}
+
 std::vector<GpuInfo> NvmlInventory::ListGpus(std::string* why_none) {
   std::vector<GpuInfo> out;
-  NvmlLibrary nvml;
-  if (!nvml.loaded()) {
-    if (why_none) *why_none = "no NVIDIA driver (libnvidia-ml.so.1 not found)";
+  auto nvml = Nvml::Load(library_);
+  if (!nvml.ok()) {
+    if (why_none) *why_none = std::string(nvml.status().message());
     return out;
   }
-  if (!nvml.Init()) {
-    if (why_none) *why_none = "the NVIDIA driver did not initialize (nvmlInit failed)";
-    return out;
+  for (const GpuFigures& f : (*nvml)->Sample()) {
+    if (f.error.empty()) out.push_back(GpuInfoFrom(f));  // a lost GPU is no GPU to plan on
   }
-  auto count_fn = nvml.Sym<nvmlReturn_t (*)(unsigned*)>("nvmlDeviceGetCount_v2");
-  auto handle_fn =
-      nvml.Sym<nvmlReturn_t (*)(unsigned, nvmlDevice_t*)>("nvmlDeviceGetHandleByIndex_v2");
-  auto uuid_fn = nvml.Sym<nvmlReturn_t (*)(nvmlDevice_t, char*, unsigned)>("nvmlDeviceGetUUID");
-  auto name_fn = nvml.Sym<nvmlReturn_t (*)(nvmlDevice_t, char*, unsigned)>("nvmlDeviceGetName");
-  auto mem_fn = nvml.Sym<nvmlReturn_t (*)(nvmlDevice_t, nvmlMemory_t*)>("nvmlDeviceGetMemoryInfo");
-  auto attr_fn = nvml.Sym<nvmlReturn_t (*)(nvmlDevice_t, nvmlDeviceAttributes_t*)>(
-      "nvmlDeviceGetAttributes_v2");
-  unsigned count = 0;
-  if (!count_fn || !handle_fn || count_fn(&count) != 0 || count == 0) {
-    if (why_none) *why_none = "the NVIDIA driver reports no GPU";
-    return out;
+  if (out.empty() && why_none) *why_none = "the NVIDIA driver reports no usable GPU";
+  return out;
+}
+
+std::optional<GpuImbalance> FindImbalance(const std::vector<GpuInfo>& gpus) {
+  using Key = std::tuple<uint64_t, int>;
+  std::map<Key, std::vector<const GpuInfo*>> kinds;
+  for (const auto& g : gpus) kinds[{g.memory_bytes / (1024ull * 1024 * 1024), g.sm_count}].push_back(&g);
+  if (kinds.size() < 2) return std::nullopt;
+  GpuImbalance out;
+  const auto best = std::prev(kinds.end());
+  std::vector<std::string> groups, slower;
+  for (const auto& [key, gs] : kinds) {
+    std::vector<std::string> ids;
+    for (auto* g : gs) ids.push_back(std::to_string(g->index));
+    groups.push_back(absl::StrCat(absl::StrJoin(ids, ","), " (", Describe(*gs.front()), ")"));
+    if (key == best->first) continue;
+    for (auto* g : gs) out.slower.push_back(g->index);
   }
-  for (unsigned i = 0; i < count; ++i) {
-    nvmlDevice_t dev;
-    if (handle_fn(i, &dev) != 0) continue;
-    GpuInfo g;
-    g.index = static_cast<int>(i);
-    char buf[96] = {0};
-    if (uuid_fn && uuid_fn(dev, buf, sizeof buf) == 0) g.uuid = buf;
-    char name[96] = {0};
-    if (name_fn && name_fn(dev, name, sizeof name) == 0) g.name = name;
-    nvmlMemory_t mem{};
-    if (mem_fn && mem_fn(dev, &mem) == 0) g.memory_bytes = mem.total;
-    nvmlDeviceAttributes_t attr{};
-    if (attr_fn && attr_fn(dev, &attr) == 0) g.sm_count = static_cast<int>(attr.multiprocessorCount);
-    out.push_back(std::move(g));
-  }
-  if (out.empty() && why_none) *why_none = "no GPU could be opened through NVML";
+  std::sort(out.slower.begin(), out.slower.end());
+  out.kinds = absl::StrJoin(groups, " vs ");
+  out.exclude_list = absl::StrJoin(out.slower, ",");
   return out;
 }
 
@@ -189,24 +153,10 @@ absl::StatusOr<GpuPool> SelectGpuPool(const std::vector<GpuInfo>& all, const Gpu
     pool.gpus.push_back(*m.second);
   }
 
-  // Imbalance: data parallelism runs at the pace of the slowest GPU.
-  using Key = std::tuple<uint64_t, int>;
-  std::map<Key, std::vector<const GpuInfo*>> kinds;
-  for (const auto& g : pool.gpus) kinds[{g.memory_bytes / (1024ull * 1024 * 1024), g.sm_count}].push_back(&g);
-  if (kinds.size() > 1) {
-    // The largest kind (most memory, then most SMs) stays; the rest are the ones to exclude.
-    auto best = std::prev(kinds.end());
-    std::vector<std::string> groups, slower;
-    for (const auto& [key, gs] : kinds) {
-      std::vector<std::string> ids;
-      for (auto* g : gs) ids.push_back(std::to_string(g->index));
-      groups.push_back(absl::StrCat(absl::StrJoin(ids, ","), " (", Describe(*gs.front()), ")"));
-      if (key != best->first)
-        for (auto* g : gs) slower.push_back(std::to_string(g->index));
-    }
-    pool.warnings.push_back(absl::StrCat(
-        "the GPU pool is imbalanced: ", absl::StrJoin(groups, " vs "),
-        "; every step waits for the slowest, consider --exclude-gpus=", absl::StrJoin(slower, ",")));
+  if (auto imbalance = FindImbalance(pool.gpus)) {
+    pool.warnings.push_back(absl::StrCat("the GPU pool is imbalanced: ", imbalance->kinds,
+                                         "; every step waits for the slowest, consider --exclude-gpus=",
+                                         imbalance->exclude_list));
   }
   return pool;
 }

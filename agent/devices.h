@@ -1,5 +1,6 @@
-// GPU discovery (NVML through dlopen, so nothing links the driver) and the choice of the GPU pool
-// this node's workers use: inherited CUDA_VISIBLE_DEVICES, --gpus, --exclude-gpus, imbalance checks.
+// GPU discovery (through agent/nvml.h, loaded at run time, so nothing links the driver) and the
+// choice of the GPU pool this node's workers use: inherited CUDA_VISIBLE_DEVICES, --gpus,
+// --exclude-gpus, imbalance checks.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "agent/nvml.h"
 
 namespace launch {
 
@@ -26,10 +28,17 @@ class DeviceInventory {
   virtual std::vector<GpuInfo> ListGpus(std::string* why_none) = 0;
 };
 
-// Reads the GPUs through libnvidia-ml.so.1, loaded at run time.
+// What the pool needs to know of one GPU as NVML reports it.
+GpuInfo GpuInfoFrom(const GpuFigures& figures);
+
+// Reads the GPUs through NVML (Nvml::Load: `library`, empty for the driver's own).
 class NvmlInventory : public DeviceInventory {
  public:
+  explicit NvmlInventory(std::string library = "") : library_(std::move(library)) {}
   std::vector<GpuInfo> ListGpus(std::string* why_none) override;
+
+ private:
+  std::string library_;
 };
 
 class FakeInventory : public DeviceInventory {
@@ -56,6 +65,16 @@ struct GpuSelection {
   std::vector<std::string> gpus;     // --gpus: indices or UUIDs (empty: all)
   std::vector<std::string> exclude;  // --exclude-gpus
 };
+
+// GPUs that differ in memory or SM count: data parallelism runs at the pace of the slowest, so
+// all but the largest kind (most memory, then most SMs) are the ones to leave out.
+struct GpuImbalance {
+  std::string kinds;          // "0,2 (H100, 80 GiB, 132 SMs) vs 1 (A100, 40 GiB, 108 SMs)"
+  std::vector<int> slower;    // NVML indices of the GPUs to exclude
+  std::string exclude_list;   // the same as --exclude-gpus takes them: "1"
+};
+// nullopt when every GPU is alike (or there are fewer than two).
+std::optional<GpuImbalance> FindImbalance(const std::vector<GpuInfo>& gpus);
 
 // The pool: the inherited CUDA_VISIBLE_DEVICES if set, else every GPU, narrowed by --gpus and
 // minus --exclude-gpus. Names that match no GPU are errors naming the value.

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 
@@ -94,6 +95,11 @@ abi::nvmlReturn_t Ask(abi::nvmlErrorString_fn* error_string, GpuFigures* g, F* f
 }
 
 }  // namespace
+
+std::string NvmlLibraryFromEnv() {
+  const char* library = std::getenv("LAUNCH_NVML_LIBRARY");
+  return library ? library : "";
+}
 
 void Nvml::Functions::Resolve(void* library) {
 #define LAUNCH_NVML_RESOLVE(symbol) ResolveSymbol(library, #symbol, &symbol)

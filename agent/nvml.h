@@ -47,6 +47,10 @@ struct nvmlDevice_st;
 struct nvmlEventSet_st;
 }  // namespace nvml_abi
 
+// The library launch and `launch doctor` load: LAUNCH_NVML_LIBRARY (a path) when set, so a test or
+// an unusual install can name another; else empty, which Load() reads as the driver's soname.
+std::string NvmlLibraryFromEnv();
+
 // One loaded and initialized NVML. Thread-compatible: Sample() drains the XID queue, so one
 // thread at a time; two Nvml objects may coexist (NVML counts its initializations).
 class Nvml {

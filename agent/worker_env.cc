@@ -101,6 +101,24 @@ bool SetUnlessUserSet(const Env& parent, Env& env, const std::string& key, const
 
 }  // namespace
 
+ThreadPlan PlanThreads(const Env& parent, std::optional<int> threads_per_worker, int usable_cpus,
+                       int workers) {
+  ThreadPlan plan;
+  // The CPUs this process may use, divided among the local workers.
+  plan.threads = threads_per_worker ? *threads_per_worker : std::max(1, usable_cpus / std::max(1, workers));
+  plan.value = std::to_string(plan.threads);
+  // A user's OMP_NUM_THREADS is their choice for the other two libraries as well (torch sizes
+  // MKL's and OpenBLAS's pools from theirs when set), unless those are set themselves.
+  if (auto omp = parent.find("OMP_NUM_THREADS"); omp != parent.end()) {
+    int user = 0;
+    if (absl::SimpleAtoi(omp->second, &user) && user >= 1) {
+      plan.value = std::to_string(user);
+      plan.from_user = true;
+    }
+  }
+  return plan;
+}
+
 absl::StatusOr<WorkerEnvPlan> BuildWorkerEnvs(const Env& parent, const WorkerGroupSpec& spec,
                                               const RoundInfo& round,
                                               const std::vector<WorkerPaths>& paths) {
@@ -126,16 +144,9 @@ absl::StatusOr<WorkerEnvPlan> BuildWorkerEnvs(const Env& parent, const WorkerGro
     }
   }
 
-  // Threads: the CPUs this process may use, divided among the local workers.
-  int threads = spec.threads_per_worker ? *spec.threads_per_worker
-                                        : std::max(1, spec.usable_cpus / n);
-  // A user's OMP_NUM_THREADS is their choice for the other two libraries as well (torch sizes
-  // MKL's and OpenBLAS's pools from theirs when set), unless those are set themselves.
-  std::string threads_text = std::to_string(threads);
-  if (auto omp = parent.find("OMP_NUM_THREADS"); omp != parent.end()) {
-    int user = 0;
-    if (absl::SimpleAtoi(omp->second, &user) && user >= 1) threads_text = std::to_string(user);
-  }
+  const ThreadPlan thread_plan = PlanThreads(parent, spec.threads_per_worker, spec.usable_cpus, n);
+  const int threads = thread_plan.threads;
+  const std::string& threads_text = thread_plan.value;
   std::vector<std::string> thread_vars_set, thread_vars_user;
 
   // PYTORCH_CUDA_ALLOC_CONF: the user's, else --cuda-alloc-conf, else a default when GPUs are used.

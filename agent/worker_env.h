@@ -57,6 +57,16 @@ struct WorkerPaths {
   std::string stack_file;  // LAUNCH_STACK_FILE (a hung Python worker's stacks); empty: not set
 };
 
+// The threads each worker's OMP/MKL/OpenBLAS pools get: --threads-per-worker, else the usable
+// CPUs divided among the local workers (at least 1); a user's OMP_NUM_THREADS overrides both.
+struct ThreadPlan {
+  int threads = 1;         // what launch would choose
+  std::string value;       // what the workers get: `threads`, or the user's OMP_NUM_THREADS
+  bool from_user = false;  // value is the user's OMP_NUM_THREADS
+};
+ThreadPlan PlanThreads(const Env& parent, std::optional<int> threads_per_worker, int usable_cpus,
+                       int workers);
+
 // paths[i] is local rank i's.
 absl::StatusOr<WorkerEnvPlan> BuildWorkerEnvs(const Env& parent, const WorkerGroupSpec& spec,
                                               const RoundInfo& round,

@@ -130,6 +130,9 @@ int main(int argc, char** argv) {
   if (args.size() > 1 && args[1] == "status") {
     return RunSubcommand("launch status", launch::ParseStatusArgs(args), launch::RunStatus);
   }
+  if (args.size() > 1 && args[1] == "doctor") {
+    return RunSubcommand("launch doctor", launch::ParseDoctorArgs(args), launch::RunDoctor);
+  }
   auto parsed = launch::ParseLaunchArgs(args);
   if (!parsed.ok()) {
     std::fprintf(stderr, "launch: %s\n", std::string(parsed.status().message()).c_str());

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <iostream>
 #include <map>
@@ -100,6 +101,8 @@ const OptionDef kOptions[] = {
     {"threads_per_worker", "--threads-per-worker,--threads_per_worker", Kind::kValue,
      "OMP/MKL/OPENBLAS threads per worker (default: usable CPUs / local workers)"},
     {"dry_run", "--dry-run,--dry_run", Kind::kFlag, "Print each worker's argv and env; start nothing"},
+    {"preflight", "--preflight", Kind::kFlag,
+     "Run launch doctor's checks for this run first: print them, and start nothing when one fails (exit 2)"},
     {"rdzv_token_file", "--rdzv-token-file,--rdzv_token_file", Kind::kValue,
      "File whose first line is the job's rendezvous token (else LAUNCH_RDZV_TOKEN)"},
     {"tls_cert", "--tls-cert,--tls_cert", Kind::kValue,
@@ -485,6 +488,7 @@ absl::StatusOr<LaunchConfig> Validate(RawMap& raw, std::vector<std::string> rema
     c.threads_per_worker = t;
   }
   c.dry_run = flag("dry_run");
+  c.preflight = flag("preflight");
   if (is("rdzv_token_file")) c.rdzv_token_file = raw["rdzv_token_file"].value;
   if (is("tls_cert")) c.tls_cert = raw["tls_cert"].value;
   if (is("tls_key")) c.tls_key = raw["tls_key"].value;
@@ -672,6 +676,34 @@ absl::StatusOr<ParsedStatusArgs> ParseStatusArgs(const std::vector<std::string>&
   if (c.rdzv_id.empty() || c.rdzv_id.size() > kMaxRunIdLength) {
     return absl::InvalidArgumentError(
         absl::StrCat("--rdzv-id=", c.rdzv_id, ": expected 1 to ", kMaxRunIdLength, " characters"));
+  }
+  return out;
+}
+
+absl::StatusOr<ParsedDoctorArgs> ParseDoctorArgs(const std::vector<std::string>& argv) {
+  CLI::App app{"launch doctor: whether this machine is ready for a run (driver, CUDA, torch, GPUs, /dev/shm, "
+               "CPUs, limits, directories, BLAS); exit 0 all ok, 1 a warning, 2 a failure",
+               "launch doctor"};
+  ParsedDoctorArgs out;
+  DoctorConfig& c = out.config;
+  int nproc = 0;
+  auto* nproc_option = app.add_option("--nproc-per-node,--nproc_per_node", nproc,
+                                      "Workers planned on this node (default: the GPUs in the pool, else 1)")
+                           ->check(CLI::Range(1, kMaxWorkersPerNode));
+  std::string exclude;
+  app.add_option("--exclude-gpus,--exclude_gpus", exclude, "GPUs the run will not use (as launch takes them)");
+  app.add_option("--log-dir,--log_dir", c.log_dir, "The run's --log-dir: its filesystem, space and permissions");
+  app.add_option("--checkpoint-dir,--checkpoint_dir", c.checkpoint_dir, "Where the run writes checkpoints: likewise");
+  app.add_flag("--json", c.json, "The checks as JSON");
+  ASSIGN_OR_RETURN(out.help, ParseSubcommandArgs(app, argv, "launch doctor"));
+  if (out.help) return out;
+  if (nproc_option->count() > 0) c.nproc = nproc;
+  c.exclude_gpus = SplitCommaList(exclude);
+  for (const auto& [flag, dir] : {std::pair<const char*, const std::string*>{"--log-dir", &c.log_dir},
+                                  {"--checkpoint-dir", &c.checkpoint_dir}}) {
+    if (dir->size() >= PATH_MAX) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, ": expected a path shorter than ", PATH_MAX, " bytes"));
+    }
   }
   return out;
 }

@@ -63,6 +63,7 @@ struct LaunchConfig {
   std::optional<std::string> cuda_alloc_conf;
   std::optional<int> threads_per_worker;
   bool dry_run = false;
+  bool preflight = false;  // run launch doctor's checks for this plan first; stop on a failure
   std::optional<TrainScaling> train;
   std::string program;
   std::vector<std::string> args;
@@ -109,5 +110,20 @@ struct ParsedStatusArgs {
 };
 // argv[0] is "launch", argv[1] "status".
 absl::StatusOr<ParsedStatusArgs> ParseStatusArgs(const std::vector<std::string>& argv);
+
+// `launch doctor [--nproc-per-node N] [--log-dir DIR] [--checkpoint-dir DIR] [--json]`: this
+// machine's readiness for a run, one row per check.
+struct DoctorConfig {
+  std::optional<int> nproc;  // unset: the GPUs in the pool, else 1
+  std::vector<std::string> exclude_gpus;
+  std::string log_dir, checkpoint_dir;
+  bool json = false;
+};
+struct ParsedDoctorArgs {
+  bool help = false;
+  DoctorConfig config;
+};
+// argv[0] is "launch", argv[1] "doctor".
+absl::StatusOr<ParsedDoctorArgs> ParseDoctorArgs(const std::vector<std::string>& argv);
 
 }  // namespace launch

@@ -19,13 +19,9 @@ absl::Status AsUsage(const absl::Status& st) {
   return absl::InvalidArgumentError(st.message());
 }
 
-// What launch holds open per worker while it runs: the read ends of its stdout and stderr
-// pipes, and its two log files when there are any; plus a margin for launch itself (gRPC, epoll,
-// the signal and console descriptors) and for one spawn's pipes in flight.
+// The margin DescriptorsNeeded() keeps for launch itself (gRPC, epoll, the signal and console
+// descriptors) and for one spawn's pipes in flight.
 constexpr long kOwnDescriptors = 64;
-long DescriptorsNeeded(int nproc, bool log_files) {
-  return kOwnDescriptors + nproc * (log_files ? 4L : 2L);
-}
 
 // A plan that cannot have its descriptors started about 10,000 workers of 12,000 before it failed
 // (and said "nothing started"): it is refused before anything starts.
@@ -43,13 +39,17 @@ absl::Status CheckDescriptorBudget(int nproc, bool log_files, const HostFacts& h
       "); expected at most ", fit, " workers, or a higher limit"));
 }
 
+bool RunsThroughPython(const LaunchConfig& c) {
+  return c.module || (!c.no_python && absl::EndsWith(c.program, ".py"));
+}
+
 // The worker command line: a .py script or -m module through $PYTHON_EXEC -u, like torchrun;
 // anything else (or --no-python) directly.
 absl::StatusOr<std::vector<std::string>> WorkerArgv(const LaunchConfig& c, const HostFacts& host) {
   const Env& env = host.env;
   HostQueries& q = *host.queries;
   std::string path = env.count("PATH") ? env.at("PATH") : "/usr/local/bin:/usr/bin:/bin";
-  const bool python = c.module || (!c.no_python && absl::EndsWith(c.program, ".py"));
+  const bool python = RunsThroughPython(c);
   std::vector<std::string> argv;
   if (python) {
     std::string py = env.count("PYTHON_EXEC") ? env.at("PYTHON_EXEC") : "python3";
@@ -162,6 +162,7 @@ absl::StatusOr<LaunchPlan> Plan(const LaunchConfig& c, const HostFacts& host) {
   }
   ASSIGN_OR_RETURN(GpuPool pool, SelectGpuPool(gpus, sel));
   plan.warnings = pool.warnings;
+  for (const GpuInfo& g : pool.gpus) plan.gpu_pool_indices.push_back(g.index);
 
   // Workers on this node.
   const int cpus = host.usable_cpus;
@@ -192,6 +193,7 @@ absl::StatusOr<LaunchPlan> Plan(const LaunchConfig& c, const HostFacts& host) {
   }
 
   ASSIGN_OR_RETURN(opts.argv, WorkerArgv(c, host));
+  if (RunsThroughPython(c)) plan.python = opts.argv.front();
   const bool redirecting = c.redirects.Any() || c.tee.Any();
   if (!c.dry_run) {
     const bool log_files = !c.log_dir.empty() || redirecting;
@@ -312,6 +314,10 @@ absl::StatusOr<LaunchPlan> Plan(const LaunchConfig& c, const HostFacts& host) {
 }
 
 }  // namespace
+
+long DescriptorsNeeded(int nproc, bool log_files) {
+  return kOwnDescriptors + nproc * (log_files ? 4L : 2L);
+}
 
 absl::StatusOr<LaunchPlan> PlanLaunch(const LaunchConfig& config, const HostFacts& host) {
   if (host.queries == nullptr) return absl::InternalError("PlanLaunch: no HostQueries");

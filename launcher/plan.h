@@ -91,7 +91,15 @@ struct LaunchPlan {
   // What launch expects to hold open while its workers run (0: not counted, as under --dry-run).
   long descriptors_needed = 0;
   std::vector<std::string> warnings;  // one log line each
+  // What --preflight checks: the NVML indices of the GPUs the workers use, and the interpreter of
+  // .py and -m workers (empty: the workers run directly, so LibTorch is what they use).
+  std::vector<int> gpu_pool_indices;
+  std::string python;
 };
+
+// What launch holds open while its workers run: per worker the read ends of its stdout and stderr
+// pipes, and its two log files when there are any, plus a margin for launch itself.
+long DescriptorsNeeded(int nproc, bool log_files);
 
 // Every refusal is a one-line InvalidArgument (bad flags for this machine) or FailedPrecondition
 // (the machine's state, such as a port in use), which `launch` reports with exit status 2.

@@ -21,6 +21,7 @@
 #include "common/net.h"
 #include "common/status_macros.h"
 #include "launcher/coordinator.h"
+#include "launcher/doctor.h"
 #include "launcher/plan.h"
 #include "launcher/security.h"
 #include "launcher/metrics_server.h"
@@ -94,7 +95,7 @@ class SystemHostQueries : public HostQueries {
 HostFacts GatherHostFacts(HostQueries* queries) {
   HostFacts h;
   h.env = CurrentEnv();
-  NvmlInventory nvml;
+  NvmlInventory nvml(NvmlLibraryFromEnv());
   h.gpus = nvml.ListGpus(&h.why_no_gpu);
   h.usable_cpus = UsableCpuCount();
   h.hostname = Hostname();
@@ -281,12 +282,39 @@ int RunStatus(const StatusConfig& c, SignalFd* signals) {
   }
 }
 
+int RunDoctor(const DoctorConfig& c, SignalFd* signals) {
+  DoctorRequest request;
+  request.nproc = c.nproc;
+  request.exclude_gpus = c.exclude_gpus;
+  request.log_dir = c.log_dir;
+  request.checkpoint_dir = c.checkpoint_dir;
+  SystemDoctorProbe probe(signals);
+  const int code = DoctorCommand(request, c.json, &probe, stdout);
+  return probe.stopped_by() != 0 ? 128 + probe.stopped_by() : code;
+}
+
 int RunLaunch(const LaunchConfig& c, OrphanGuard* guard, SignalFd* signals) {
   SystemHostQueries queries;
   auto planned = PlanLaunch(c, GatherHostFacts(&queries));
   if (!planned.ok()) return UsageError(std::string(planned.status().message()));
   LaunchPlan& plan = *planned;
   for (const auto& w : plan.warnings) spdlog::warn("{}", w);
+  if (c.preflight) {
+    // The plan's own values: its workers, threads, GPUs, descriptors, and the torch they use.
+    DoctorRequest request;
+    request.nproc = plan.agent.spec.local_world_size;
+    request.threads_per_worker = c.threads_per_worker;
+    request.gpu_pool = plan.gpu_pool_indices;
+    request.descriptors_needed = plan.descriptors_needed;
+    request.log_dir = plan.agent.log_dir;
+    request.check_python = !plan.python.empty();
+    request.check_libtorch = plan.python.empty();
+    request.python = plan.python;
+    SystemDoctorProbe probe(signals);
+    const int code = Preflight(request, &probe, stderr);
+    if (probe.stopped_by() != 0) return 128 + probe.stopped_by();
+    if (code == 2) return kUsageError;
+  }
 
   AgentOptions opts = std::move(plan.agent);
   if (plan.make_temp_log_dir) {
@@ -331,8 +359,7 @@ int RunLaunch(const LaunchConfig& c, OrphanGuard* guard, SignalFd* signals) {
   if (multi && link->server) opts.node.set_hosts_coordinator(true);
   if (opts.monitor_interval) {
     // The GPUs' figures go with every sample where a driver is there to give them.
-    const char* lib = std::getenv("LAUNCH_NVML_LIBRARY");
-    if (auto nvml = Nvml::Load(lib ? lib : ""); nvml.ok()) {
+    if (auto nvml = Nvml::Load(NvmlLibraryFromEnv()); nvml.ok()) {
       opts.sample_gpus = NvmlGpuSampler(std::shared_ptr<Nvml>(std::move(*nvml)));
     } else {
       spdlog::debug("samples carry no GPU figures: {}", std::string(nvml.status().message()));

@@ -18,4 +18,7 @@ int RunCoordinator(const CoordinatorConfig& config, SignalFd* signals);
 // ends or a signal); returns the exit code (1: the coordinator cannot be asked).
 int RunStatus(const StatusConfig& config, SignalFd* signals);
 
+// `launch doctor`: prints this machine's checks; returns 0 (all ok), 1 (a warning) or 2 (a failure).
+int RunDoctor(const DoctorConfig& config, SignalFd* signals);
+
 }  // namespace launch

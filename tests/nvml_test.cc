@@ -1,6 +1,7 @@
 // The NVML loader through the real dlopen path, against libfake_nvml.so (tests/fake_nvml.cc), whose
 // GPUs each test describes in the file FAKE_NVML_FILE names.
 #include "agent/nvml.h"
+#include "agent/devices.h"
 
 #include <dlfcn.h>
 #include <stdlib.h>
@@ -232,6 +233,40 @@ TEST_F(NvmlTest, ReleasesWhatItTakes) {
   third->reset();
   EXPECT_EQ(open_objects(), 0);
   dlclose(fake);
+}
+
+// The launch plan's GPU discovery goes through the same loader: two unequal GPUs come out as the
+// pool sees them, a lost one is left out, and a missing library says why there is none.
+TEST_F(NvmlTest, InventoryReadsTheGpusThroughTheSameLoader) {
+  Machine(R"(system driver=550.54.15 cuda=12040
+gpu name="NVIDIA H100 80GB HBM3" uuid=GPU-aaaa mem_total_mib=81920 sms=132
+gpu name=lost uuid=GPU-cccc lost=1
+gpu name="NVIDIA A100-SXM4-40GB" uuid=GPU-bbbb mem_total_mib=40960 sms=108
+)");
+  std::string why;
+  const std::vector<GpuInfo> gpus = NvmlInventory(FAKE_NVML_LIB).ListGpus(&why);
+  ASSERT_EQ(gpus.size(), 2u) << why;
+  EXPECT_EQ(gpus[0].index, 0);
+  EXPECT_EQ(gpus[0].uuid, "GPU-aaaa");
+  EXPECT_EQ(gpus[0].name, "NVIDIA H100 80GB HBM3");
+  EXPECT_EQ(gpus[0].memory_bytes, 81920ull << 20);
+  EXPECT_EQ(gpus[0].sm_count, 132);
+  EXPECT_EQ(gpus[1].index, 2);
+  EXPECT_EQ(gpus[1].sm_count, 108);
+  auto imbalance = FindImbalance(gpus);
+  ASSERT_TRUE(imbalance.has_value());
+  EXPECT_EQ(imbalance->exclude_list, "2");
+
+  EXPECT_TRUE(NvmlInventory("/nonexistent/libnvidia-ml.so.1").ListGpus(&why).empty());
+  EXPECT_THAT(why, StartsWith("no NVIDIA driver: cannot load /nonexistent/libnvidia-ml.so.1"));
+}
+
+TEST_F(NvmlTest, LaunchNvmlLibraryNamesTheLibrary) {
+  unsetenv("LAUNCH_NVML_LIBRARY");
+  EXPECT_EQ(NvmlLibraryFromEnv(), "");
+  setenv("LAUNCH_NVML_LIBRARY", FAKE_NVML_LIB, 1);
+  EXPECT_EQ(NvmlLibraryFromEnv(), FAKE_NVML_LIB);
+  unsetenv("LAUNCH_NVML_LIBRARY");
 }
 
 }  // namespace
