@@ -42,7 +42,7 @@ std::unique_ptr<grpc::ClientContext> Ctx() {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static Fixture* f = new Fixture();  // one coordinator for the whole run, as in production
   if (size == 0) return 0;
-  const uint8_t op = data[0] % 5;
+  const uint8_t op = data[0] % 6;
   const void* body = data + 1;
   const int n = static_cast<int>(size - 1);
   switch (op) {
@@ -87,6 +87,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       while (stream->Read(&resp)) {
       }
       (void)stream->Finish();
+      break;
+    }
+    case 5: {
+      launch::v1::SampleRequest req;
+      req.ParseFromArray(body, n);
+      launch::v1::SampleResponse resp;
+      (void)f->stub->Sample(Ctx().get(), req, &resp);
       break;
     }
   }
