@@ -14,6 +14,7 @@
 #include "agent/console.h"
 #include "agent/process.h"
 #include "agent/signals.h"
+#include "agent/worker_env.h"
 #include "launcher/grpc_log.h"
 #include "launcher/options.h"
 #include "launcher/run.h"
@@ -133,7 +134,7 @@ int main(int argc, char** argv) {
   if (args.size() > 1 && args[1] == "doctor") {
     return RunSubcommand("launch doctor", launch::ParseDoctorArgs(args), launch::RunDoctor);
   }
-  auto parsed = launch::ParseLaunchArgs(args);
+  auto parsed = launch::ParseLaunchArgs(args, launch::CurrentEnv());
   if (!parsed.ok()) {
     std::fprintf(stderr, "launch: %s\n", std::string(parsed.status().message()).c_str());
     return 2;

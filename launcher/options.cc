@@ -557,9 +557,33 @@ absl::Status CheckEmptyValues(const std::vector<std::string>& argv) {
   return absl::OkStatus();
 }
 
+// torchrun's environment for its flags: PET_<KEY>, the key upper-cased (PET_NPROC_PER_NODE). A
+// flag on the command line wins. For on/off flags (PET_STANDALONE) an empty value or a non-zero
+// integer is on, 0 is off, anything else an error naming the variable.
+absl::Status FillFromEnvironment(const std::map<std::string, std::string>& env,
+                                 const std::map<std::string, CLI::Option*>& cli,
+                                 const std::map<std::string, bool>& flags, RawMap* raw) {
+  for (const auto& [key, opt] : cli) {
+    RawValue& v = (*raw)[key];
+    if (v.set) continue;
+    const std::string name = absl::StrCat("PET_", absl::AsciiStrToUpper(key));
+    auto it = env.find(name);
+    if (it == env.end()) continue;
+    v = RawValue{it->second, {}, true, name};
+    if (!flags.count(key)) continue;
+    int on = 1;
+    if (!it->second.empty() && !absl::SimpleAtoi(it->second, &on)) {
+      return Bad(v, "an empty value or an integer (0: off, else on), as torchrun reads it");
+    }
+    v.value = on ? "true" : "false";
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
-absl::StatusOr<ParsedArgs> ParseLaunchArgs(const std::vector<std::string>& argv) {
+absl::StatusOr<ParsedArgs> ParseLaunchArgs(const std::vector<std::string>& argv,
+                                           const std::map<std::string, std::string>& env) {
   RETURN_IF_ERROR(CheckEmptyValues(argv));
   CLI::App app{"launch: start and supervise distributed training workers (torchrun's flags)", "launch"};
   app.prefix_command(true);
@@ -594,11 +618,19 @@ absl::StatusOr<ParsedArgs> ParseLaunchArgs(const std::vector<std::string>& argv)
     v.origin = opt->get_name();
     if (flags.count(key)) v.value = flags[key] ? "true" : "false";
   }
+  // Then torchrun's PET_<FLAG> variables (what Kubeflow's operators set), for flags not given.
+  RETURN_IF_ERROR(FillFromEnvironment(env, cli, flags, &raw));
   if (raw["config"].set) {
     std::string file = raw["config"].value;
     ASSIGN_OR_RETURN(RawMap from_file, LoadYaml(file));
     for (auto& [key, v] : from_file) {
       if (!raw[key].set) raw[key] = std::move(v);
+    }
+  }
+  // An indexed Job's pod (Kubernetes JobSet, Trainer v2) knows its place only from this.
+  if (!raw["node_rank"].set) {
+    if (auto it = env.find("JOB_COMPLETION_INDEX"); it != env.end()) {
+      raw["node_rank"] = RawValue{it->second, {}, true, "JOB_COMPLETION_INDEX"};
     }
   }
   ASSIGN_OR_RETURN(LaunchConfig config, Validate(raw, app.remaining()));

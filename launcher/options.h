@@ -3,6 +3,7 @@
 // sections allowed; flags override the file. Every bad value is a one-line error naming it.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -74,8 +75,12 @@ struct ParsedArgs {
   LaunchConfig config;
 };
 
-// argv[0] is the program name. Errors are InvalidArgument with a one-line message.
-absl::StatusOr<ParsedArgs> ParseLaunchArgs(const std::vector<std::string>& argv);
+// argv[0] is the program name. Errors are InvalidArgument with a one-line message. `env`: the
+// environment, for torchrun's PET_<FLAG> variables (a flag given on the command line wins over
+// them, they win over --config's file) and JOB_COMPLETION_INDEX (the node rank where nothing
+// else gives one).
+absl::StatusOr<ParsedArgs> ParseLaunchArgs(const std::vector<std::string>& argv,
+                                           const std::map<std::string, std::string>& env = {});
 
 // `launch coordinator --listen HOST:PORT ...`: a standalone coordinator for any number of jobs.
 struct CoordinatorConfig {

@@ -503,6 +503,19 @@ TEST(Launch, DryRunPrintsArgvAndEnvAndStartsNothing) {
   EXPECT_FALSE(std::filesystem::exists(dir / "pids"));
 }
 
+// Kubeflow's PyTorchJob gives torchrun its topology as PET_<FLAG> variables; launch reads them
+// the same way.
+TEST(Launch, PetVariablesPlanTheWorkersAsTorchrunsFlagsWould) {
+  auto r = RunCmd(Cmd({"--dry-run"}, {}), {"PET_NPROC_PER_NODE=2", "PET_RDZV_ID=from-pet"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("rank 1 (local rank 1):"));
+  EXPECT_THAT(r.out, Not(HasSubstr("rank 2 (local rank 2):")));
+  EXPECT_THAT(r.out, HasSubstr("TORCHELASTIC_RUN_ID=from-pet"));
+  auto bad = RunCmd(Cmd({"--dry-run"}, {}), {"PET_NPROC_PER_NODE=many"});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.err, HasSubstr("PET_NPROC_PER_NODE=many"));
+}
+
 TEST(Launch, ConfigFileSetsFlagsAndFlagsOverrideIt) {
   TempDir dir;
   WriteFile(dir / "job.yaml",

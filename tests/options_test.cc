@@ -225,3 +225,81 @@ TEST(Limits, SecondsToMsSaturates) {
 
 }  // namespace
 }  // namespace launch
+
+namespace launch {
+namespace {
+
+absl::StatusOr<LaunchConfig> ParseWithEnv(std::vector<std::string> args, std::map<std::string, std::string> env) {
+  args.insert(args.begin(), "launch");
+  auto p = ParseLaunchArgs(args, env);
+  if (!p.ok()) return p.status();
+  return p->config;
+}
+
+// torchrun's PET_<FLAG> variables, as Kubeflow's PyTorchJob sets them.
+TEST(OptionsFromEnvironment, PetVariablesFillWhatTheFlagsLeaveUnset) {
+  auto c = ParseWithEnv({"./train"}, {{"PET_NPROC_PER_NODE", "2"},
+                                      {"PET_NNODES", "2:4"},
+                                      {"PET_RDZV_ENDPOINT", "master-0:23456"},
+                                      {"PET_RDZV_ID", "pytorchjob-7"},
+                                      {"PET_RDZV_CONF", "join_timeout=60"},
+                                      {"PET_MAX_RESTARTS", "3"},
+                                      {"PET_MASTER_PORT", "29501"}});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->nproc, 2);
+  EXPECT_EQ(c->min_nodes, 2);
+  EXPECT_EQ(c->max_nodes, 4);
+  EXPECT_EQ(c->rdzv_endpoint, "master-0:23456");
+  EXPECT_EQ(c->rdzv_id, "pytorchjob-7");
+  EXPECT_EQ(c->rdzv.join_timeout, 60);
+  EXPECT_EQ(c->max_restarts, 3);
+  EXPECT_EQ(c->master_port, 29501);
+}
+
+TEST(OptionsFromEnvironment, AFlagWinsAndTheVariableWinsOverTheConfigFile) {
+  char path[] = "/tmp/launch-pet-XXXXXX";
+  const int fd = ::mkstemp(path);
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  std::ofstream(path) << "nproc_per_node: 5\nmax_restarts: 7\n";
+  auto c = ParseWithEnv({"--config", path, "--nproc-per-node", "3", "./train"},
+                        {{"PET_NPROC_PER_NODE", "2"}, {"PET_MAX_RESTARTS", "1"}});
+  ::unlink(path);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->nproc, 3);
+  EXPECT_EQ(c->max_restarts, 1);
+}
+
+TEST(OptionsFromEnvironment, OnOffVariablesAsTorchrunReadsThemAndBadOnesAreNamed) {
+  EXPECT_TRUE(ParseWithEnv({"./train"}, {{"PET_STANDALONE", ""}})->standalone);
+  EXPECT_TRUE(ParseWithEnv({"./train"}, {{"PET_STANDALONE", "1"}})->standalone);
+  EXPECT_FALSE(ParseWithEnv({"./train"}, {{"PET_STANDALONE", "0"}})->standalone);
+  EXPECT_TRUE(ParseWithEnv({"./train"}, {{"PET_NO_PYTHON", "1"}})->no_python);
+  auto bad = ParseWithEnv({"./train"}, {{"PET_STANDALONE", "yes"}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()),
+              HasSubstr("PET_STANDALONE=yes: expected an empty value or an integer"));
+  auto nnodes = ParseWithEnv({"./train"}, {{"PET_NNODES", "four"}});
+  ASSERT_FALSE(nnodes.ok());
+  EXPECT_THAT(std::string(nnodes.status().message()), HasSubstr("PET_NNODES=four"));
+  // Other variables are nothing to launch.
+  EXPECT_EQ(ParseWithEnv({"./train"}, {{"NPROC_PER_NODE", "4"}, {"PET_", "x"}})->nproc, 1);
+}
+
+TEST(OptionsFromEnvironment, JobCompletionIndexIsTheNodeRankWhereNothingElseGivesOne) {
+  auto c = ParseWithEnv({"--rdzv-backend=static", "--nnodes=4", "--master-addr=h0", "./train"},
+                        {{"JOB_COMPLETION_INDEX", "2"}});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->node_rank, 2);
+  c = ParseWithEnv({"--rdzv-backend=static", "--nnodes=4", "--master-addr=h0", "./train"},
+                   {{"JOB_COMPLETION_INDEX", "2"}, {"PET_NODE_RANK", "1"}});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->node_rank, 1);
+  auto bad = ParseWithEnv({"--rdzv-backend=static", "--nnodes=4", "--master-addr=h0", "./train"},
+                          {{"JOB_COMPLETION_INDEX", "9"}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("JOB_COMPLETION_INDEX=9: expected a node rank below --nnodes=4"));
+}
+
+}  // namespace
+}  // namespace launch
