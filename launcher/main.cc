@@ -125,6 +125,10 @@ int main(int argc, char** argv) {
   if (!SetUpLogging()) return 2;
   launch::InstallGrpcLogBridge();  // gRPC's own lines in launch's format
   std::vector<std::string> args(argv, argv + argc);
+  if (args.size() == 2 && args[1] == "--version") {
+    std::printf("launch %s\n", LAUNCH_VERSION);
+    return 0;
+  }
   if (args.size() > 1 && args[1] == "coordinator") {
     return RunSubcommand("launch coordinator", launch::ParseCoordinatorArgs(args), launch::RunCoordinator);
   }

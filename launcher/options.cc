@@ -71,6 +71,9 @@ const OptionDef kOptions[] = {
     {"no_flight_recorder", "--no-flight-recorder,--no_flight_recorder", Kind::kFlag,
      "Do not turn on PyTorch's NCCL flight recorder for GPU workers"},
     {"run_path", "--run-path,--run_path", Kind::kFlag, "Not supported (workers are processes)"},
+    {"start_method", "--start-method,--start_method", Kind::kValue,
+     "spawn, fork or forkserver: accepted for torchrun compatibility; every worker is a fresh process (exec)"},
+    {"logs_specs", "--logs-specs,--logs_specs", Kind::kValue, "Not supported (torchrun's plugin for log layouts)"},
     {"log_dir", "--log-dir,--log_dir", Kind::kValue,
      "Write <dir>/<run_id>/attempt_<k>/<local_rank>/{stdout,stderr}.log and error.json"},
     {"redirects", "-r,--redirects", Kind::kValue,
@@ -85,7 +88,7 @@ const OptionDef kOptions[] = {
     {"local_addr", "--local-addr,--local_addr", Kind::kValue,
      "This node's address as other nodes reach it"},
     {"config", "--config", Kind::kValue, "YAML file with any of these settings; flags override it"},
-    {"stop_timeout", "--stop-timeout,--stop_timeout", Kind::kValue,
+    {"stop_timeout", "--stop-timeout,--stop_timeout,--shutdown-timeout,--shutdown_timeout", Kind::kValue,
      "Seconds from SIGTERM to SIGKILL when stopping workers (default 30)"},
     {"restart_backoff", "--restart-backoff,--restart_backoff", Kind::kValue,
      "Seconds to wait before a restart (default 0)"},
@@ -429,6 +432,16 @@ absl::StatusOr<LaunchConfig> Validate(RawMap& raw, std::vector<std::string> rema
   c.module = flag("module");
   c.no_python = flag("no_python");
   c.no_flight_recorder = flag("no_flight_recorder");
+  if (is("start_method")) {
+    const std::string m = raw["start_method"].value;
+    if (m != "spawn" && m != "fork" && m != "forkserver") return Bad(raw["start_method"], "spawn, fork or forkserver");
+  }
+  if (is("logs_specs")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        raw["logs_specs"].origin, "=", raw["logs_specs"].value,
+        ": not supported (torchrun's Python plugin for log layouts); launch writes torchrun's default layout "
+        "(--log-dir, --redirects, --tee)"));
+  }
   if (flag("run_path")) {
     return absl::InvalidArgumentError(
         "--run-path is not supported: launch starts every worker as its own process; run the "
@@ -625,6 +638,12 @@ absl::StatusOr<ParsedArgs> ParseLaunchArgs(const std::vector<std::string>& argv,
     ASSIGN_OR_RETURN(RawMap from_file, LoadYaml(file));
     for (auto& [key, v] : from_file) {
       if (!raw[key].set) raw[key] = std::move(v);
+    }
+  }
+  // torchrun's variable for its SIGTERM-to-SIGKILL grace, where nothing else gives one.
+  if (!raw["stop_timeout"].set) {
+    if (auto it = env.find("TORCH_ELASTIC_SHUTDOWN_TIMEOUT"); it != env.end()) {
+      raw["stop_timeout"] = RawValue{it->second, {}, true, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"};
     }
   }
   // An indexed Job's pod (Kubernetes JobSet, Trainer v2) knows its place only from this.

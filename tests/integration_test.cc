@@ -516,6 +516,12 @@ TEST(Launch, PetVariablesPlanTheWorkersAsTorchrunsFlagsWould) {
   EXPECT_THAT(bad.err, HasSubstr("PET_NPROC_PER_NODE=many"));
 }
 
+TEST(Launch, VersionIsOneLineAndExitZero) {
+  auto r = RunCmd({LAUNCH_BIN, "--version"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, ::testing::MatchesRegex("launch [0-9]+\\.[0-9]+\\.[0-9]+\n"));
+}
+
 TEST(Launch, ConfigFileSetsFlagsAndFlagsOverrideIt) {
   TempDir dir;
   WriteFile(dir / "job.yaml",

@@ -303,3 +303,26 @@ TEST(OptionsFromEnvironment, JobCompletionIndexIsTheNodeRankWhereNothingElseGive
 
 }  // namespace
 }  // namespace launch
+
+namespace launch {
+namespace {
+
+// torchrun 2.x's newer flags that launch takes as they are, or refuses with a reason.
+TEST(OptionsTorchrunNewer, ShutdownTimeoutIsTheStopTimeoutAndItsVariable) {
+  EXPECT_EQ(Parse({"--shutdown-timeout", "7", "./train"})->stop_timeout, 7);
+  EXPECT_EQ(Parse({"--shutdown_timeout=8", "./train"})->stop_timeout, 8);
+  EXPECT_EQ(ParseWithEnv({"./train"}, {{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "9"}})->stop_timeout, 9);
+  EXPECT_EQ(ParseWithEnv({"--stop-timeout", "4", "./train"}, {{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "9"}})->stop_timeout, 4);
+  EXPECT_THAT(std::string(ParseWithEnv({"./train"}, {{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "-1"}}).status().message()),
+              HasSubstr("TORCH_ELASTIC_SHUTDOWN_TIMEOUT=-1: expected a number of seconds"));
+}
+
+TEST(OptionsTorchrunNewer, StartMethodIsAcceptedAndLogsSpecsRefusedWithAReason) {
+  for (const char* m : {"spawn", "fork", "forkserver"}) EXPECT_TRUE(Parse({"--start-method", m, "./train"}).ok()) << m;
+  EXPECT_THAT(Error({"--start-method", "thread", "./train"}), HasSubstr("--start-method=thread: expected spawn, fork or forkserver"));
+  EXPECT_THAT(Error({"--logs-specs", "my_specs", "./train"}),
+              HasSubstr("--logs-specs=my_specs: not supported (torchrun's Python plugin for log layouts)"));
+}
+
+}  // namespace
+}  // namespace launch
