@@ -1,25 +1,43 @@
-// The launcher's signals as events: SIGCHLD, SIGINT, SIGTERM, SIGHUP and SIGQUIT are blocked in
-// every thread (call BlockLauncherSignals first thing in main) and read from one signalfd.
-// SIGPIPE and SIGTTIN launch ignores (workers start with them at their defaults).
+// The launcher's signals as events: SIGCHLD and every signal launch can be asked to handle
+// (--signals-to-handle) are blocked in every thread (call BlockLauncherSignals first thing in
+// main) and read from one signalfd. SIGPIPE and SIGTTIN launch ignores (workers start with them
+// at their defaults).
 #pragma once
+
+#include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/unique_fd.h"
 
 namespace launch {
 
+// torchrun's --signals-to-handle default: what launch forwards to its workers before stopping.
+std::vector<int> DefaultHandledSignals();
+// What a Slurm job step adds to it: the signals `sbatch --signal=USR1@60` and `scancel
+// --signal=USR2` send ahead of the time limit or a preemption.
+std::vector<int> SlurmHandledSignals();
+// "SIGTERM,SIGUSR1" (names with or without SIG, any case, or numbers) -> signal numbers, each
+// one launch can handle; an error names the bad item and the signals accepted.
+absl::StatusOr<std::vector<int>> ParseSignalList(const std::string& list);
+// "SIGTERM,SIGINT".
+std::string SignalListName(const std::vector<int>& signals);
+
 void BlockLauncherSignals();
 
 class SignalFd {
  public:
-  static absl::StatusOr<SignalFd> Create();
+  // `handled`: the signals Read() returns (SIGCHLD always); any other signal launch blocks takes
+  // its default action when it arrives (it ends launch), as for a program that does not handle it.
+  static absl::StatusOr<SignalFd> Create(const std::vector<int>& handled = DefaultHandledSignals());
   int fd() const { return fd_.get(); }
   // The next pending signal number, or 0 when none is pending.
   int Read();
 
  private:
-  explicit SignalFd(UniqueFd fd) : fd_(std::move(fd)) {}
+  SignalFd(UniqueFd fd, unsigned long long handled) : fd_(std::move(fd)), handled_(handled) {}
   UniqueFd fd_;
+  unsigned long long handled_;  // bit N: signal N
 };
 
 }  // namespace launch

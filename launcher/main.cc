@@ -154,7 +154,7 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  auto signals = launch::SignalFd::Create();
+  auto signals = launch::SignalFd::Create(parsed->config.signals_to_handle);
   if (!signals.ok()) {
     std::fprintf(stderr, "launch: %s\n", std::string(signals.status().message()).c_str());
     return 1;

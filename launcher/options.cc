@@ -20,6 +20,7 @@
 #include "common/net.h"
 #include "common/status_macros.h"
 #include "common/strings.h"
+#include "launcher/slurm.h"
 #include "yaml-cpp/yaml.h"
 
 namespace launch {
@@ -90,6 +91,9 @@ const OptionDef kOptions[] = {
     {"config", "--config", Kind::kValue, "YAML file with any of these settings; flags override it"},
     {"stop_timeout", "--stop-timeout,--stop_timeout,--shutdown-timeout,--shutdown_timeout", Kind::kValue,
      "Seconds from SIGTERM to SIGKILL when stopping workers (default 30)"},
+    {"signals_to_handle", "--signals-to-handle,--signals_to_handle", Kind::kValue,
+     "Signals forwarded to the workers before they are stopped (default SIGTERM,SIGINT,SIGHUP,SIGQUIT; "
+     "in a Slurm job step also SIGUSR1,SIGUSR2)"},
     {"restart_backoff", "--restart-backoff,--restart_backoff", Kind::kValue,
      "Seconds to wait before a restart (default 0)"},
     {"hang_timeout", "--hang-timeout,--hang_timeout", Kind::kValue,
@@ -480,6 +484,14 @@ absl::StatusOr<LaunchConfig> Validate(RawMap& raw, std::vector<std::string> rema
   if (is("stop_timeout")) {
     ASSIGN_OR_RETURN(c.stop_timeout, ParseSeconds(raw["stop_timeout"]));
   }
+  if (is("signals_to_handle")) {
+    auto sigs = ParseSignalList(raw["signals_to_handle"].value);
+    if (!sigs.ok()) {
+      const RawValue& v = raw["signals_to_handle"];
+      return absl::InvalidArgumentError(absl::StrCat(v.origin, "=", v.value, ": ", sigs.status().message()));
+    }
+    c.signals_to_handle = *sigs;
+  }
   if (is("restart_backoff")) {
     ASSIGN_OR_RETURN(c.restart_backoff, ParseSeconds(raw["restart_backoff"]));
   }
@@ -593,6 +605,53 @@ absl::Status FillFromEnvironment(const std::map<std::string, std::string>& env,
   return absl::OkStatus();
 }
 
+// A Slurm job step's topology (srun with one task per node) for what nothing else set: the node
+// count, node rank, run id and, with more than one node, the endpoint (or, with the static
+// backend, the master address); the step's GPUs as the workers per node. --standalone turns it off.
+absl::Status FillFromSlurm(const std::map<std::string, std::string>& env, RawMap* raw,
+                           std::optional<int>* cpus_on_node) {
+  ASSIGN_OR_RETURN(std::optional<SlurmTopology> slurm, SlurmFromEnv(env));
+  if (!slurm) return absl::OkStatus();
+  RawMap& r = *raw;
+  if (r["standalone"].set) {
+    const std::string on = absl::AsciiStrToLower(absl::StripAsciiWhitespace(r["standalone"].value));
+    if (on.empty() || on == "true" || on == "1" || on == "yes" || on == "on") return absl::OkStatus();
+  }
+  bool used = false;
+  auto fill = [&](const char* key, const SlurmValue& v, bool counts = true) {
+    if (r[key].set) return;
+    r[key] = RawValue{v.value, {}, true, v.origin};
+    used |= counts;
+  };
+  fill("nnodes", slurm->nnodes);
+  fill("node_rank", slurm->node_rank, false);
+  fill("rdzv_id", slurm->rdzv_id);
+  // The node count as it will be validated: the endpoint only matters with more than one.
+  const std::string nnodes(absl::StripAsciiWhitespace(r["nnodes"].value));
+  const bool several = nnodes != "1" && nnodes != "1:1";
+  if (several) {
+    if (r["rdzv_backend"].set && r["rdzv_backend"].value == "static") {
+      fill("master_addr", slurm->master_addr);
+    } else {
+      fill("rdzv_endpoint", slurm->rdzv_endpoint);
+    }
+  }
+  if (slurm->nproc_per_node) fill("nproc_per_node", *slurm->nproc_per_node);
+  // A step's tasks get SIGUSR1/SIGUSR2 from `sbatch --signal` before a time limit or preemption:
+  // they reach the workers (to checkpoint) instead of ending launch.
+  fill("signals_to_handle", {SignalListName(SlurmHandledSignals()), "default in a Slurm job step"}, false);
+  *cpus_on_node = slurm->cpus_on_node;
+  const long nodes = std::stol(slurm->nnodes.value);
+  if (used && slurm->tasks > nodes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "srun started ", slurm->tasks, " tasks on ", nodes, " node(s) (SLURM_STEP_NUM_TASKS=", slurm->tasks, ", ",
+        slurm->nnodes.origin, "=", nodes,
+        "): launch is one agent per node and starts the workers itself; expected srun --ntasks-per-node=1 "
+        "and launch --nproc-per-node=N"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<ParsedArgs> ParseLaunchArgs(const std::vector<std::string>& argv,
@@ -640,6 +699,9 @@ absl::StatusOr<ParsedArgs> ParseLaunchArgs(const std::vector<std::string>& argv,
       if (!raw[key].set) raw[key] = std::move(v);
     }
   }
+  // A Slurm job step (srun) gives what the flags, variables and file did not.
+  std::optional<int> slurm_cpus;
+  RETURN_IF_ERROR(FillFromSlurm(env, &raw, &slurm_cpus));
   // torchrun's variable for its SIGTERM-to-SIGKILL grace, where nothing else gives one.
   if (!raw["stop_timeout"].set) {
     if (auto it = env.find("TORCH_ELASTIC_SHUTDOWN_TIMEOUT"); it != env.end()) {
@@ -654,6 +716,10 @@ absl::StatusOr<ParsedArgs> ParseLaunchArgs(const std::vector<std::string>& argv,
   }
   ASSIGN_OR_RETURN(LaunchConfig config, Validate(raw, app.remaining()));
   if (raw["config"].set) config.config_file = raw["config"].value;
+  for (const auto& [key, v] : raw) {
+    if (v.set) config.origins[key] = v.origin;
+  }
+  config.slurm_cpus_on_node = slurm_cpus;
   return ParsedArgs{false, std::move(config)};
 }
 

@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "agent/job_spec.h"
+#include "agent/signals.h"
 
 namespace launch {
 
@@ -57,6 +58,8 @@ struct LaunchConfig {
   std::string local_addr;
   std::string config_file;
   double stop_timeout = 30;
+  // Forwarded to the workers, then the group is stopped (torchrun's --signals-to-handle).
+  std::vector<int> signals_to_handle = DefaultHandledSignals();
   double restart_backoff = 0;
   std::optional<double> hang_timeout;  // --hang-timeout; unset: automatic; 0: off
   std::vector<std::string> gpus, exclude_gpus;
@@ -66,6 +69,11 @@ struct LaunchConfig {
   bool dry_run = false;
   bool preflight = false;  // run launch doctor's checks for this plan first; stop on a failure
   std::optional<TrainScaling> train;
+  // Where each setting came from: "--nnodes", "PET_NNODES", "job.yaml:3: nnodes", "SLURM_NNODES";
+  // a setting left at its default is absent. --dry-run prints them.
+  std::map<std::string, std::string> origins;
+  // Inside a Slurm job step: SLURM_CPUS_ON_NODE, the CPUs the job has on this node.
+  std::optional<int> slurm_cpus_on_node;
   std::string program;
   std::vector<std::string> args;
 };
@@ -77,8 +85,8 @@ struct ParsedArgs {
 
 // argv[0] is the program name. Errors are InvalidArgument with a one-line message. `env`: the
 // environment, for torchrun's PET_<FLAG> variables (a flag given on the command line wins over
-// them, they win over --config's file) and JOB_COMPLETION_INDEX (the node rank where nothing
-// else gives one).
+// them, they win over --config's file), then a Slurm job step's topology (launcher/slurm.h: what
+// the file left unset), then JOB_COMPLETION_INDEX (the node rank where nothing else gives one).
 absl::StatusOr<ParsedArgs> ParseLaunchArgs(const std::vector<std::string>& argv,
                                            const std::map<std::string, std::string>& env = {});
 

@@ -1,6 +1,7 @@
 #include "launcher/plan.h"
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -18,6 +19,10 @@ absl::Status AsUsage(const absl::Status& st) {
   if (st.ok() || absl::IsInvalidArgument(st) || absl::IsFailedPrecondition(st)) return st;
   return absl::InvalidArgumentError(st.message());
 }
+
+// DescribePlan's columns.
+constexpr size_t kKeyWidth = 19;
+constexpr size_t kValueWidth = 24;
 
 // The margin DescriptorsNeeded() keeps for launch itself (gRPC, epoll, the signal and console
 // descriptors) and for one spawn's pipes in flight.
@@ -164,8 +169,9 @@ absl::StatusOr<LaunchPlan> Plan(const LaunchConfig& c, const HostFacts& host) {
   plan.warnings = pool.warnings;
   for (const GpuInfo& g : pool.gpus) plan.gpu_pool_indices.push_back(g.index);
 
-  // Workers on this node.
-  const int cpus = host.usable_cpus;
+  // Workers on this node. Inside a Slurm job step, the CPUs the job has here bound those usable.
+  const int cpus = c.slurm_cpus_on_node ? std::max(1, std::min(host.usable_cpus, *c.slurm_cpus_on_node))
+                                        : host.usable_cpus;
   int nproc = c.nproc;
   switch (c.nproc_kind) {
     case LaunchConfig::Nproc::kCount:
@@ -207,6 +213,9 @@ absl::StatusOr<LaunchPlan> Plan(const LaunchConfig& c, const HostFacts& host) {
   plan.topology = multi       ? Topology::kMultiNode
                   : is_static ? Topology::kStatic
                               : Topology::kSingleNode;
+  // A dry run meets no other node: the ranks it shows are this node's as if its group rank were
+  // its node rank and every node ran as many workers.
+  const bool dry_multi = multi && c.dry_run;
   if (multi && c.rdzv_endpoint.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--nnodes=",
@@ -216,7 +225,14 @@ absl::StatusOr<LaunchPlan> Plan(const LaunchConfig& c, const HostFacts& host) {
   }
   std::string node_addr = "127.0.0.1";
   if (multi || is_static) {
-    ASSIGN_OR_RETURN(node_addr, NodeAddress(c, q));
+    auto addr = NodeAddress(c, q);
+    if (!addr.ok() && !dry_multi) return addr.status();
+    if (addr.ok()) {
+      node_addr = *addr;
+    } else {
+      node_addr = host.hostname;
+      plan.warnings.push_back(absl::StrCat("a real run would stop here: ", addr.status().message()));
+    }
   }
   const std::string master_addr = c.master_addr.value_or(multi ? node_addr : "127.0.0.1");
   if (c.master_port && !c.dry_run) {
@@ -277,7 +293,7 @@ absl::StatusOr<LaunchPlan> Plan(const LaunchConfig& c, const HostFacts& host) {
                                      ":", q.RandomHex(4)));
   opts.node.set_host_address(node_addr);
   opts.node.set_local_world_size(nproc);
-  plan.rendezvous = RendezvousSettings(c, multi);
+  plan.rendezvous = RendezvousSettings(c, multi && !dry_multi);
   opts.run_spec = plan.rendezvous.ToSpec();
   opts.heartbeat_interval = SecondsToMs(c.rdzv.heartbeat_interval);
   opts.coordinator_patience = SecondsToMs(c.rdzv.close_timeout);
@@ -303,17 +319,76 @@ absl::StatusOr<LaunchPlan> Plan(const LaunchConfig& c, const HostFacts& host) {
       plan.coordinator = *c.rdzv.is_host ? CoordinatorRole::kHost : CoordinatorRole::kJoin;
     } else {
       auto local = q.IsLocalHost(hp.host);
-      if (!local.ok()) {
+      if (!local.ok() && !dry_multi) {
         return absl::InvalidArgumentError(
             absl::StrCat("--rdzv-endpoint=", c.rdzv_endpoint, ": ", local.status().message()));
       }
-      plan.coordinator = *local ? CoordinatorRole::kHostUnlessTaken : CoordinatorRole::kJoin;
+      if (!local.ok()) {
+        plan.warnings.push_back(absl::StrCat("a real run would stop here: --rdzv-endpoint=", c.rdzv_endpoint, ": ",
+                                             local.status().message()));
+      }
+      plan.coordinator = local.ok() && *local ? CoordinatorRole::kHostUnlessTaken : CoordinatorRole::kJoin;
     }
+  }
+  if (dry_multi) {
+    StaticTopology t;
+    t.group_rank = c.node_rank < c.max_nodes ? c.node_rank : 0;
+    if (c.node_rank >= c.max_nodes) {
+      plan.warnings.push_back(absl::StrCat("node rank ", c.node_rank, " is not below the node count ", c.max_nodes,
+                                           ": the dry run shows group rank 0"));
+    }
+    t.group_world_size = c.max_nodes;
+    t.master_addr = c.master_addr.value_or(plan.rdzv_host);
+    t.master_port = c.master_port.value_or(29500);
+    opts.static_topology = t;
+    plan.dry_run_without_rendezvous = true;
   }
   return plan;
 }
 
 }  // namespace
+
+std::string DescribePlan(const LaunchConfig& c, const LaunchPlan& plan) {
+  const AgentOptions& a = plan.agent;
+  auto origin = [&](const char* key) {
+    auto it = c.origins.find(key);
+    return it == c.origins.end() ? std::string("default") : it->second;
+  };
+  std::string out;
+  auto row = [&](const char* key, const std::string& value, const std::string& from) {
+    absl::StrAppend(&out, "  ", key, std::string(kKeyWidth - std::min(kKeyWidth, std::strlen(key)), ' '), value,
+                    std::string(kValueWidth - std::min(kValueWidth, value.size()), ' '), "  ", from, "\n");
+  };
+  const int nodes = plan.topology == Topology::kSingleNode ? 1 : c.max_nodes;
+  const std::string node_count =
+      c.min_nodes == c.max_nodes ? std::to_string(nodes) : absl::StrCat(c.min_nodes, ":", c.max_nodes);
+  const int group_rank = a.static_topology ? a.static_topology->group_rank : 0;
+  absl::StrAppend(&out, "launch --dry-run: node rank ", group_rank, " of ", node_count, ", ", a.spec.local_world_size,
+                  " worker(s) on this node");
+  if (plan.topology == Topology::kMultiNode) {
+    absl::StrAppend(&out, ", rendezvous at ", plan.rdzv_endpoint,
+                    plan.coordinator == CoordinatorRole::kJoin ? " (another host's)" : " (hosted here)");
+  }
+  absl::StrAppend(&out, ", run id ", a.spec.run_id, "\n");
+  row("nnodes", node_count, origin("nnodes"));
+  row("node_rank", std::to_string(plan.topology == Topology::kSingleNode ? 0 : c.node_rank), origin("node_rank"));
+  row("nproc_per_node", std::to_string(a.spec.local_world_size), origin("nproc_per_node"));
+  row("rdzv_backend", c.rdzv_backend, origin("rdzv_backend"));
+  if (plan.topology == Topology::kMultiNode) row("rdzv_endpoint", plan.rdzv_endpoint, origin("rdzv_endpoint"));
+  row("rdzv_id", a.spec.run_id, c.origins.count("rdzv_id") ? origin("rdzv_id") : "default (fresh)");
+  if (plan.topology == Topology::kStatic || c.master_addr) row("master_addr", a.master_addr, origin("master_addr"));
+  if (c.master_port) row("master_port", std::to_string(*c.master_port), origin("master_port"));
+  row("max_restarts", std::to_string(c.max_restarts), origin("max_restarts"));
+  row("signals_to_handle", SignalListName(c.signals_to_handle), origin("signals_to_handle"));
+  if (c.slurm_cpus_on_node) row("usable_cpus", std::to_string(a.spec.usable_cpus), "SLURM_CPUS_ON_NODE and affinity");
+  if (plan.dry_run_without_rendezvous) {
+    absl::StrAppend(&out, "  note: a dry run meets no other node: the ranks below are group rank ", group_rank, "'s with ",
+                    a.spec.local_world_size,
+                    " worker(s) on every node; at run time the rendezvous gives the group ranks, and the "
+                    "group-rank-0 node's agent picks MASTER_ADDR and MASTER_PORT\n");
+  }
+  return out;
+}
 
 long DescriptorsNeeded(int nproc, bool log_files) {
   return kOwnDescriptors + nproc * (log_files ? 4L : 2L);

@@ -95,7 +95,13 @@ struct LaunchPlan {
   // .py and -m workers (empty: the workers run directly, so LibTorch is what they use).
   std::vector<int> gpu_pool_indices;
   std::string python;
+  // A multi-node --dry-run: no rendezvous; agent.static_topology holds the ranks it shows.
+  bool dry_run_without_rendezvous = false;
 };
+
+// What --dry-run prints before the workers: the topology and each setting's value with where it
+// came from (a flag, a PET_ variable, the config file, Slurm, or the default), one per line.
+std::string DescribePlan(const LaunchConfig& config, const LaunchPlan& plan);
 
 // What launch holds open while its workers run: per worker the read ends of its stdout and stderr
 // pipes, and its two log files when there are any, plus a margin for launch itself.

@@ -316,6 +316,10 @@ int RunLaunch(const LaunchConfig& c, OrphanGuard* guard, SignalFd* signals) {
     if (code == 2) return kUsageError;
   }
 
+  if (c.dry_run) {
+    std::fputs(DescribePlan(c, plan).c_str(), stdout);
+    std::fflush(stdout);
+  }
   AgentOptions opts = std::move(plan.agent);
   if (plan.make_temp_log_dir) {
     // As torchrun: redirected output needs files somewhere; they are kept.
@@ -337,7 +341,7 @@ int RunLaunch(const LaunchConfig& c, OrphanGuard* guard, SignalFd* signals) {
   if (!loaded.ok()) return UsageError(std::string(loaded.status().message()));
   const SecurityOptions& security = *loaded;
 
-  const bool multi = plan.topology == Topology::kMultiNode;
+  const bool multi = plan.topology == Topology::kMultiNode && !plan.dry_run_without_rendezvous;
   SystemClock clock;
   auto link = multi ? ConnectToRendezvous(plan, security, &clock) : ConnectInProcess(plan.rendezvous, &clock);
   if (!link.ok()) {

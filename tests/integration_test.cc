@@ -244,6 +244,54 @@ TEST(Launch, SecondSigintKillsAtOnce) { ExpectSecondSignalKillsAtOnce(SIGINT, "S
 // The first SIGTERM's log line says "again to kill at once"; it used to take the whole grace.
 TEST(Launch, SecondSigtermKillsAtOnce) { ExpectSecondSignalKillsAtOnce(SIGTERM, "SIGTERM"); }
 
+// Two workers running under `flags` (and `env`); `sig` to launch. Returns launch's result.
+RunResult SignalRunningLaunch(const std::vector<std::string>& flags, const std::vector<std::string>& env, int sig,
+                              const TempDir& dir) {
+  std::vector<std::string> all = flags;
+  all.push_back("--nproc-per-node=2");
+  Child launch(Cmd(all, {"--pid-file", dir / "workers", "--sleep", "0"}), env);
+  EXPECT_TRUE(WaitUntil([&] {
+    launch.Pump(1);
+    return ReadPids(dir / "workers").size() == 2;
+  }));
+  kill(launch.pid(), sig);
+  return launch.Wait(std::chrono::seconds(30));
+}
+
+// torchrun's --signals-to-handle: a signal named there reaches the workers, which are then stopped,
+// and launch exits 128+signal.
+TEST(Launch, SignalsToHandleForwardsTheNamedSignals) {
+  TempDir dir;
+  auto r = SignalRunningLaunch({"--signals-to-handle=SIGTERM,SIGUSR1"}, {}, SIGUSR1, dir);
+  EXPECT_EQ(r.exit_code, 128 + SIGUSR1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("got SIGUSR1: forwarding it to the workers"));
+  EXPECT_THAT(r.err, HasSubstr("SIGUSR1"));  // the workers' end in the table
+  EXPECT_TRUE(WaitUntil([&] { return AllDead(ReadPids(dir / "workers")); }));
+}
+
+// A signal not named ends launch as it would any program that does not handle it, and the orphan
+// guard takes its workers with it.
+TEST(Launch, AnUnhandledSignalEndsLaunchAndItsWorkers) {
+  TempDir dir;
+  auto r = SignalRunningLaunch({"--signals-to-handle=SIGTERM"}, {}, SIGINT, dir);
+  EXPECT_EQ(r.exit_code, 128 + SIGINT) << r.err;
+  EXPECT_THAT(r.err, Not(HasSubstr("got SIGINT")));
+  EXPECT_TRUE(WaitUntil([&] { return AllDead(ReadPids(dir / "workers")); })) << "a worker survived launch";
+}
+
+// In a Slurm job step, `sbatch --signal=USR1@60` warns the tasks ahead of the time limit: launch
+// passes SIGUSR1 to its workers by default there, instead of dying of it.
+TEST(Launch, InASlurmStepSigusr1ReachesTheWorkers) {
+  TempDir dir;
+  auto r = SignalRunningLaunch({}, {"SLURM_JOB_ID=77", "SLURM_STEP_ID=0", "SLURM_STEP_NUM_NODES=1",
+                                    "SLURM_NODEID=0", "SLURM_STEP_NODELIST=localhost", "SLURM_STEP_NUM_TASKS=1"},
+                               SIGUSR1, dir);
+  EXPECT_EQ(r.exit_code, 128 + SIGUSR1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("got SIGUSR1: forwarding it to the workers"));
+  EXPECT_THAT(r.err, HasSubstr("run '77.0'"));
+  EXPECT_TRUE(WaitUntil([&] { return AllDead(ReadPids(dir / "workers")); }));
+}
+
 TEST(Launch, WorkerLeftoverChildrenAreStoppedAtTheEnd) {
   TempDir dir;
   auto r = RunCmd(Cmd({"--nproc-per-node=1"}, {"--grandchild", dir / "gc", "--exit", "0"}));
@@ -514,6 +562,35 @@ TEST(Launch, PetVariablesPlanTheWorkersAsTorchrunsFlagsWould) {
   auto bad = RunCmd(Cmd({"--dry-run"}, {}), {"PET_NPROC_PER_NODE=many"});
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_THAT(bad.err, HasSubstr("PET_NPROC_PER_NODE=many"));
+}
+
+// Under srun with one task per node, Slurm's variables alone plan the node; the header says which
+// value came from where.
+TEST(Launch, SlurmVariablesAlonePlanTheNode) {
+  const std::vector<std::string> slurm = {"SLURM_JOB_ID=4321",          "SLURM_STEP_ID=0", "SLURM_NNODES=4",
+                                          "SLURM_NODEID=2",             "SLURM_NTASKS=4",
+                                          "SLURM_JOB_NODELIST=node[01-04]"};
+  auto r = RunCmd(Cmd({"--nproc-per-node=2", "--dry-run"}, {}), slurm);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("launch --dry-run: node rank 2 of 4, 2 worker(s) on this node, rendezvous at node01:"));
+  EXPECT_THAT(r.out, HasSubstr("SLURM_JOB_NODELIST (first host)"));
+  EXPECT_THAT(r.out, HasSubstr("rank 4 (local rank 0):"));
+  EXPECT_THAT(r.out, HasSubstr("rank 5 (local rank 1):"));
+  EXPECT_THAT(r.out, HasSubstr("WORLD_SIZE=8"));
+  EXPECT_THAT(r.out, HasSubstr("GROUP_RANK=2"));
+  EXPECT_THAT(r.out, HasSubstr("TORCHELASTIC_RUN_ID=4321.0"));
+  // Flags still win.
+  auto flags = RunCmd(Cmd({"--nnodes=1", "--dry-run"}, {}), slurm);
+  ASSERT_EQ(flags.exit_code, 0) << flags.err;
+  EXPECT_THAT(flags.out, HasSubstr("node rank 0 of 1, 1 worker(s)"));
+  EXPECT_THAT(flags.out, HasSubstr("--nnodes"));
+  // Two tasks per node would start every worker twice.
+  std::vector<std::string> two = slurm;
+  two.push_back("SLURM_STEP_NUM_TASKS=8");
+  auto bad = RunCmd(Cmd({"--dry-run"}, {}), two);
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.err, HasSubstr("srun started 8 tasks on 4 node(s)"));
+  EXPECT_THAT(bad.err, HasSubstr("srun --ntasks-per-node=1"));
 }
 
 TEST(Launch, VersionIsOneLineAndExitZero) {

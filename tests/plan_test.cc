@@ -347,6 +347,37 @@ std::vector<Row> Rows() {
       Refuses("EndpointUnresolvable",
               "--nnodes=2 --rdzv-endpoint=nohost:29400 --local-addr=10.0.0.5 ./train", kInvalid,
               "--rdzv-endpoint=nohost:29400: cannot resolve 'nohost'"),
+      // A dry run meets nobody: the ranks are the node rank's, the endpoint need not resolve.
+      Plans("MultiNodeDryRunShowsTheNodeRanksRanks",
+            "--dry-run --nnodes=4 --node-rank=2 --nproc-per-node=2 --rdzv-endpoint=nohost:29400 ./train",
+            [](const LaunchPlan& p) {
+              EXPECT_EQ(p.topology, Topology::kMultiNode);
+              EXPECT_TRUE(p.dry_run_without_rendezvous);
+              ASSERT_TRUE(p.agent.static_topology.has_value());
+              EXPECT_EQ(p.agent.static_topology->group_rank, 2);
+              EXPECT_EQ(p.agent.static_topology->group_world_size, 4);
+              EXPECT_EQ(p.agent.static_topology->master_addr, "nohost");
+              EXPECT_EQ(p.rendezvous.max_nodes, 1);  // its in-process coordinator waits for no one
+              EXPECT_EQ(p.rdzv_endpoint, "nohost:29400");
+              ASSERT_EQ(p.warnings.size(), 1u);
+              EXPECT_EQ(p.warnings[0],
+                        "a real run would stop here: --rdzv-endpoint=nohost:29400: cannot resolve 'nohost'");
+            }),
+      Plans("MultiNodeRunRendezvouses", "--nnodes=4 --node-rank=2 --rdzv-endpoint=node1:29400 ./train",
+            [](const LaunchPlan& p) {
+              EXPECT_FALSE(p.dry_run_without_rendezvous);
+              EXPECT_FALSE(p.agent.static_topology.has_value());
+              EXPECT_EQ(p.rendezvous.max_nodes, 4);
+            }),
+      Plans("SlurmCpusBoundTheUsableOnes", "--nproc-per-node=cpu ./train",
+            [](const LaunchPlan& p) {
+              EXPECT_EQ(p.agent.spec.local_world_size, 4);
+              EXPECT_EQ(p.agent.spec.usable_cpus, 4);
+            },
+            nullptr, [](LaunchConfig& c) { c.slurm_cpus_on_node = 4; }),
+      Plans("SlurmCpusNeverWidenTheAffinity", "--nproc-per-node=cpu ./train",
+            [](const LaunchPlan& p) { EXPECT_EQ(p.agent.spec.local_world_size, 6); }, nullptr,
+            [](LaunchConfig& c) { c.slurm_cpus_on_node = 64; }),
       Refuses("LoopbackLocalAddrRefused",
               "--nnodes=2 --rdzv-endpoint=node1 --local-addr=127.0.0.1 ./train", kInvalid,
               "--local-addr=127.0.0.1 resolves to loopback 127.0.0.1" + kLoopbackTail),
@@ -456,6 +487,38 @@ TEST_P(PlanTable, Plans) {
 
 INSTANTIATE_TEST_SUITE_P(Rows, PlanTable, ::testing::ValuesIn(Rows()),
                          [](const ::testing::TestParamInfo<Row>& info) { return info.param.name; });
+
+// --dry-run's header: each setting with where it came from.
+TEST(Plan, DescribePlanNamesEveryOrigin) {
+  auto parsed = ParseLaunchArgs({"launch", "--dry-run", "--nproc-per-node=2", "./train"},
+                                {{"SLURM_JOB_ID", "1234"},
+                                 {"SLURM_STEP_ID", "0"},
+                                 {"SLURM_JOB_NODELIST", "node[01-04]"},
+                                 {"SLURM_NNODES", "4"},
+                                 {"SLURM_NODEID", "2"},
+                                 {"PET_MAX_RESTARTS", "3"}});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  FakeHost host;
+  host.unresolvable.insert("node01");
+  HostFacts facts;
+  facts.env = {{"PATH", "/usr/bin:/bin"}};
+  facts.usable_cpus = 6;
+  facts.hostname = "node0";
+  facts.queries = &host;
+  auto plan = PlanLaunch(parsed->config, facts);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const std::string text = DescribePlan(parsed->config, *plan);
+  EXPECT_THAT(text, ::testing::StartsWith("launch --dry-run: node rank 2 of 4, 2 worker(s) on this node, rendezvous "
+                                          "at node01:29634 (another host's), run id 1234.0\n"));
+  EXPECT_THAT(text, ::testing::HasSubstr("  nnodes             4                         SLURM_NNODES\n"));
+  EXPECT_THAT(text, ::testing::HasSubstr("  node_rank          2                         SLURM_NODEID\n"));
+  EXPECT_THAT(text, ::testing::HasSubstr("  nproc_per_node     2                         --nproc-per-node\n"));
+  EXPECT_THAT(text, ::testing::HasSubstr("  rdzv_backend       c10d                      default\n"));
+  EXPECT_THAT(text, ::testing::HasSubstr(
+                        "  rdzv_endpoint      node01:29634              SLURM_JOB_NODELIST (first host)\n"));
+  EXPECT_THAT(text, ::testing::HasSubstr("  max_restarts       3                         PET_MAX_RESTARTS\n"));
+  EXPECT_THAT(text, ::testing::HasSubstr("a dry run meets no other node"));
+}
 
 TEST(Plan, NeedsItsQueries) {
   HostFacts facts;
