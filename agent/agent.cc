@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "agent/error_file.h"
+#include "agent/log_relay.h"
 #include "common/limits.h"
 #include "common/net.h"
 #include "common/status_macros.h"
@@ -152,6 +153,8 @@ absl::StatusOr<std::vector<WorkerLaunch>> Agent::PrepareAttempt(const v1::Assign
       w.stdout_file = dir + "/stdout.log";
       w.stderr_file = dir + "/stderr.log";
     }
+    LinePrefixFields fields{opts_.spec.role, w.rank, i, opts_.node.hostname()};
+    ASSIGN_OR_RETURN(w.console_prefix, FormatLinePrefix(opts_.line_prefix_template, fields));
     w.reads_stdin = w.rank == 0;  // as torchrun users expect: pdb and input() work on rank 0
     bool shown = !opts_.console_local_ranks || opts_.console_local_ranks->count(i) > 0;
     // --redirects sends a stream to its file only; --tee to the file and the console.

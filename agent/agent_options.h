@@ -31,6 +31,8 @@ struct AgentOptions {
   std::string log_dir;
   StdSpec redirects, tee;
   std::optional<std::set<int>> console_local_ranks;  // --local-ranks-filter
+  // The console prefix of each worker's lines (agent/log_relay.h's FormatLinePrefix), checked.
+  std::string line_prefix_template = "[${rank}]:";
   std::chrono::milliseconds stop_timeout{30000};
   std::chrono::milliseconds restart_backoff{0};
   // --hang-timeout (nullopt: automatic; zero: off), and the debugger for hung workers' stacks.

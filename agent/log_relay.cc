@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
+#include <optional>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -123,6 +125,54 @@ void LineRelay::Flush() {
   std::string batch;
   Piece({}, '\n', &batch);
   Send(&batch, false);
+}
+
+absl::StatusOr<std::string> FormatLinePrefix(std::string_view tmpl, const LinePrefixFields& f) {
+  if (tmpl.size() > kMaxLinePrefixTemplate) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a template of ", tmpl.size(), " bytes; expected at most ", kMaxLinePrefixTemplate));
+  }
+  auto value = [&](std::string_view name) -> std::optional<std::string> {
+    if (name == "role_name") return f.role_name;
+    if (name == "rank") return std::to_string(f.rank);
+    if (name == "local_rank") return std::to_string(f.local_rank);
+    if (name == "hostname") return f.hostname;
+    return std::nullopt;
+  };
+  auto ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  std::string out;
+  for (size_t i = 0; i < tmpl.size(); ++i) {
+    if (tmpl[i] != '$' || i + 1 == tmpl.size()) {
+      out.push_back(tmpl[i]);
+      continue;
+    }
+    if (tmpl[i + 1] == '$') {
+      out.push_back('$');
+      ++i;
+    } else if (tmpl[i + 1] == '{') {
+      const size_t close = tmpl.find('}', i + 2);
+      std::string_view name = close == std::string_view::npos ? tmpl.substr(i + 2) : tmpl.substr(i + 2, close - i - 2);
+      auto v = value(name);
+      if (close == std::string_view::npos || !v) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("'${", std::string(name.substr(0, 32)), close == std::string_view::npos ? "' is not closed" : "}' is unknown",
+                         "; expected ${role_name}, ${rank}, ${local_rank} or ${hostname}"));
+      }
+      out += *v;
+      i = close;
+    } else {
+      size_t end = i + 1;
+      while (end < tmpl.size() && ident(tmpl[end])) ++end;
+      auto v = value(tmpl.substr(i + 1, end - i - 1));
+      if (!v) {  // as Template.safe_substitute: left as written
+        out.push_back('$');
+        continue;
+      }
+      out += *v;
+      i = end - 1;
+    }
+  }
+  return out;
 }
 
 }  // namespace launch

@@ -64,4 +64,20 @@ class LineRelay {
 // Writes all of buf, retrying on EINTR and short writes.
 void WriteAll(int fd, const char* buf, size_t n);
 
+// torchrun's --log-line-prefix-template: "${role_name}", "${rank}", "${local_rank}" and
+// "${hostname}" (also written "$rank", ...) replaced, "$$" a '$', as Python's Template does. Any
+// other "${name}" is an error naming it, as is a template over kMaxLinePrefixTemplate bytes.
+inline constexpr size_t kMaxLinePrefixTemplate = 256;
+struct LinePrefixFields {
+  std::string role_name = "default";
+  int rank = 0;
+  int local_rank = 0;
+  std::string hostname;
+};
+absl::StatusOr<std::string> FormatLinePrefix(std::string_view tmpl, const LinePrefixFields& fields);
+// The prefixes launch uses when no template is given: one node's ranks, and a multi-node job's,
+// whose consoles (one srun, one kubectl logs) merge every node's lines.
+inline constexpr char kSingleNodeLinePrefix[] = "[${rank}]:";
+inline constexpr char kMultiNodeLinePrefix[] = "[${hostname}:${rank}]:";
+
 }  // namespace launch

@@ -488,8 +488,9 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
     if (!out_file.ok() || !err_file.ok()) return out_file.ok() ? err_file.status() : out_file.status();
     s.out_file = std::move(*out_file);
     s.err_file = std::move(*err_file);
-    std::string prefix =
-        absl::StrReplaceAll(opts_.console_prefix_format, {{"{rank}", std::to_string(l.rank)}});
+    std::string prefix = !l.console_prefix.empty()
+                             ? l.console_prefix
+                             : absl::StrReplaceAll(opts_.console_prefix_format, {{"{rank}", std::to_string(l.rank)}});
     s.out_console = l.stdout_console ? console_out : nullptr;
     s.err_console = l.stderr_console ? console_err : nullptr;
     s.out = std::make_unique<LineRelay>(LineRelay::Options{prefix, s.out_console, s.out_file.get(), 0});

@@ -32,6 +32,8 @@ struct WorkerLaunch {
   std::string stdout_file, stderr_file;  // empty: no file
   bool stdout_console = true, stderr_console = true;
   std::string error_file;
+  // Its lines' console prefix ("[3]:"); empty: Options::console_prefix_format's.
+  std::string console_prefix;
   // This worker reads launch's stdin (global rank 0); the others read /dev/null.
   bool reads_stdin = false;
   // Where a hung worker's stacks go: its own Python stacks (LAUNCH_STACK_FILE, written by the

@@ -20,6 +20,7 @@
 #include "common/net.h"
 #include "common/status_macros.h"
 #include "common/strings.h"
+#include "agent/log_relay.h"
 #include "launcher/slurm.h"
 #include "yaml-cpp/yaml.h"
 
@@ -82,6 +83,9 @@ const OptionDef kOptions[] = {
     {"tee", "-t,--tee", Kind::kValue, "Streams to log files and the console: as --redirects"},
     {"local_ranks_filter", "--local-ranks-filter,--local_ranks_filter", Kind::kValue,
      "Local ranks shown on the console, e.g. 0,1 (files keep all)"},
+    {"log_line_prefix_template", "--log-line-prefix-template,--log_line_prefix_template", Kind::kValue,
+     "Console prefix of the workers' lines: ${role_name}, ${rank}, ${local_rank}, ${hostname} (default [${rank}]:, "
+     "on several nodes [${hostname}:${rank}]:)"},
     {"master_addr", "--master-addr,--master_addr", Kind::kValue,
      "MASTER_ADDR (default 127.0.0.1 on a single node)"},
     {"master_port", "--master-port,--master_port", Kind::kValue,
@@ -470,6 +474,14 @@ absl::StatusOr<LaunchConfig> Validate(RawMap& raw, std::vector<std::string> rema
     }
     c.local_ranks_filter = ranks;
   }
+  if (is("log_line_prefix_template")) {
+    const RawValue& v = raw["log_line_prefix_template"];
+    auto checked = FormatLinePrefix(v.value, LinePrefixFields{});
+    if (!checked.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(v.origin, "=", v.value.substr(0, 64), ": ", checked.status().message()));
+    }
+    c.log_line_prefix_template = v.value;
+  }
   if (is("master_addr")) {
     RawValue& v = raw["master_addr"];
     auto hp = ParseHostPort(v.value, v.origin);
@@ -702,7 +714,13 @@ absl::StatusOr<ParsedArgs> ParseLaunchArgs(const std::vector<std::string>& argv,
   // A Slurm job step (srun) gives what the flags, variables and file did not.
   std::optional<int> slurm_cpus;
   RETURN_IF_ERROR(FillFromSlurm(env, &raw, &slurm_cpus));
-  // torchrun's variable for its SIGTERM-to-SIGKILL grace, where nothing else gives one.
+  // torchrun's variables for its prefix template and its SIGTERM-to-SIGKILL grace, where nothing
+  // else gives them.
+  if (!raw["log_line_prefix_template"].set) {
+    if (auto it = env.find("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"); it != env.end()) {
+      raw["log_line_prefix_template"] = RawValue{it->second, {}, true, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"};
+    }
+  }
   if (!raw["stop_timeout"].set) {
     if (auto it = env.find("TORCH_ELASTIC_SHUTDOWN_TIMEOUT"); it != env.end()) {
       raw["stop_timeout"] = RawValue{it->second, {}, true, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"};

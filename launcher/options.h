@@ -53,6 +53,8 @@ struct LaunchConfig {
   std::string log_dir;
   StdSpec redirects, tee;
   std::optional<std::set<int>> local_ranks_filter;
+  // --log-line-prefix-template; unset: "[${rank}]:" on one node, "[${hostname}:${rank}]:" on several.
+  std::optional<std::string> log_line_prefix_template;
   std::optional<std::string> master_addr;
   std::optional<int> master_port;
   std::string local_addr;

@@ -6,6 +6,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "agent/log_relay.h"
 #include "common/limits.h"
 #include "common/net.h"
 #include "common/status_macros.h"
@@ -273,6 +274,8 @@ absl::StatusOr<LaunchPlan> Plan(const LaunchConfig& c, const HostFacts& host) {
   opts.redirects = c.redirects;
   opts.tee = c.tee;
   opts.console_local_ranks = c.local_ranks_filter;
+  opts.line_prefix_template =
+      c.log_line_prefix_template.value_or(multi || is_static ? kMultiNodeLinePrefix : kSingleNodeLinePrefix);
   opts.stop_timeout = SecondsToMs(c.stop_timeout);
   opts.restart_backoff = SecondsToMs(c.restart_backoff);
   if (c.hang_timeout) opts.hang_timeout = SecondsToMs(*c.hang_timeout);
@@ -380,6 +383,7 @@ std::string DescribePlan(const LaunchConfig& c, const LaunchPlan& plan) {
   if (c.master_port) row("master_port", std::to_string(*c.master_port), origin("master_port"));
   row("max_restarts", std::to_string(c.max_restarts), origin("max_restarts"));
   row("signals_to_handle", SignalListName(c.signals_to_handle), origin("signals_to_handle"));
+  row("log_line_prefix", a.line_prefix_template, origin("log_line_prefix_template"));
   if (c.slurm_cpus_on_node) row("usable_cpus", std::to_string(a.spec.usable_cpus), "SLURM_CPUS_ON_NODE and affinity");
   if (plan.dry_run_without_rendezvous) {
     absl::StrAppend(&out, "  note: a dry run meets no other node: the ranks below are group rank ", group_rank, "'s with ",

@@ -593,6 +593,27 @@ TEST(Launch, SlurmVariablesAlonePlanTheNode) {
   EXPECT_THAT(bad.err, HasSubstr("srun --ntasks-per-node=1"));
 }
 
+// torchrun's --log-line-prefix-template, and the default that tells nodes apart on several.
+TEST(Launch, LogLinePrefixTemplateAndTheMultiNodeDefault) {
+  auto r = RunCmd(Cmd({"--nproc-per-node=2", "--role=trainer", "--log-line-prefix-template=<${role_name}:${local_rank}> "},
+                      {"--print-env", "RANK"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("<trainer:0> RANK=0\n"));
+  EXPECT_THAT(r.out, HasSubstr("<trainer:1> RANK=1\n"));
+  auto env = RunCmd(Cmd({}, {"--print-env", "RANK"}), {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE=${rank}|"});
+  ASSERT_EQ(env.exit_code, 0) << env.err;
+  EXPECT_THAT(env.out, HasSubstr("0|RANK=0\n"));
+  auto bad = RunCmd(Cmd({"--log-line-prefix-template=${gpu}"}, {}));
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.err, HasSubstr("--log-line-prefix-template=${gpu}: '${gpu}' is unknown"));
+  char host[256] = {};
+  ASSERT_EQ(gethostname(host, sizeof host - 1), 0);
+  auto static_node = RunCmd(
+      Cmd({"--rdzv-backend=static", "--nnodes=2", "--node-rank=1", "--master-addr=127.0.0.1"}, {"--print-env", "RANK"}));
+  ASSERT_EQ(static_node.exit_code, 0) << static_node.err;
+  EXPECT_THAT(static_node.out, HasSubstr(std::string("[") + host + ":1]:RANK=1\n"));
+}
+
 TEST(Launch, VersionIsOneLineAndExitZero) {
   auto r = RunCmd({LAUNCH_BIN, "--version"});
   EXPECT_EQ(r.exit_code, 0) << r.err;

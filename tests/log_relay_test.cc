@@ -222,3 +222,36 @@ TEST(StdSpec, ParsesTorchrunValues) {
 
 }  // namespace
 }  // namespace launch
+
+namespace launch {
+namespace {
+
+TEST(LinePrefix, TorchrunsTemplateFields) {
+  const LinePrefixFields f{"trainer", 5, 1, "node07"};
+  struct Row {
+    std::string tmpl, out;
+  };
+  for (const Row& r : std::vector<Row>{
+           {"[${rank}]:", "[5]:"},
+           {kSingleNodeLinePrefix, "[5]:"},
+           {kMultiNodeLinePrefix, "[node07:5]:"},
+           {"${role_name}${local_rank}|", "trainer1|"},
+           {"$hostname/$rank ", "node07/5 "},
+           {"$$${rank}", "$5"},
+           {"cost $5 $unknown $", "cost $5 $unknown $"},
+           {"", ""},
+       }) {
+    auto out = FormatLinePrefix(r.tmpl, f);
+    ASSERT_TRUE(out.ok()) << r.tmpl << ": " << out.status();
+    EXPECT_EQ(*out, r.out) << r.tmpl;
+  }
+  auto unknown = FormatLinePrefix("${node}:", f);
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.status().message(),
+            "'${node}' is unknown; expected ${role_name}, ${rank}, ${local_rank} or ${hostname}");
+  EXPECT_FALSE(FormatLinePrefix("${rank", f).ok());
+  EXPECT_FALSE(FormatLinePrefix(std::string(kMaxLinePrefixTemplate + 1, 'x'), f).ok());
+}
+
+}  // namespace
+}  // namespace launch

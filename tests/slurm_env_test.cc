@@ -257,3 +257,28 @@ TEST(SignalsToHandle, ParsesNamesAndRefusesOthers) {
 
 }  // namespace
 }  // namespace launch
+
+namespace launch {
+namespace {
+
+TEST(LogLinePrefixTemplate, FlagThenTorchrunsVariable) {
+  auto parse = [](std::vector<std::string> args, std::map<std::string, std::string> env) {
+    args.insert(args.begin(), "launch");
+    args.push_back("./train");
+    return ParseLaunchArgs(args, env);
+  };
+  auto flag = parse({"--log-line-prefix-template=${rank}|"}, {{"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "x"}});
+  ASSERT_TRUE(flag.ok()) << flag.status();
+  EXPECT_EQ(flag->config.log_line_prefix_template, "${rank}|");
+  auto env = parse({}, {{"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[${role_name}${local_rank}]:"}});
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->config.log_line_prefix_template, "[${role_name}${local_rank}]:");
+  EXPECT_FALSE(parse({}, {})->config.log_line_prefix_template.has_value());
+  auto bad = parse({}, {{"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "${gpu}"}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()),
+              HasSubstr("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE=${gpu}: '${gpu}' is unknown"));
+}
+
+}  // namespace
+}  // namespace launch
