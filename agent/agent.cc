@@ -368,6 +368,10 @@ AgentEvent Agent::RunWorkers(Attempt* at) {
   gopts.hang.debugger = opts_.debugger;
   gopts.stop_fd = watch.fd();
   gopts.live = &live_;
+  gopts.stdout_filters = opts_.duplicate_stdout_filters;
+  gopts.stderr_filters = opts_.duplicate_stderr_filters;
+  gopts.filtered_stdout_file = at->dir + "/filtered_stdout.log";
+  gopts.filtered_stderr_file = at->dir + "/filtered_stderr.log";
   if (opts_.monitor_interval && !monitor_) {
     Monitor::Options mo;
     mo.interval = *opts_.monitor_interval;

@@ -33,6 +33,8 @@ struct AgentOptions {
   std::optional<std::set<int>> console_local_ranks;  // --local-ranks-filter
   // The console prefix of each worker's lines (agent/log_relay.h's FormatLinePrefix), checked.
   std::string line_prefix_template = "[${rank}]:";
+  // --duplicate-std{out,err}-filters: into attempt_<k>/filtered_std{out,err}.log.
+  std::vector<std::string> duplicate_stdout_filters, duplicate_stderr_filters;
   std::chrono::milliseconds stop_timeout{30000};
   std::chrono::milliseconds restart_backoff{0};
   // --hang-timeout (nullopt: automatic; zero: off), and the debugger for hung workers' stacks.

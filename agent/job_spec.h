@@ -63,6 +63,9 @@ struct WorkerGroupSpec {
   std::string python_dir;
   // PyTorch's NCCL flight recorder for GPU workers (--no-flight-recorder turns it off).
   bool flight_recorder = true;
+  // torchrun's --virtual-local-rank: every worker's LOCAL_RANK is 0 (with isolated GPUs, its own
+  // device 0).
+  bool virtual_local_rank = false;
 };
 
 }  // namespace launch

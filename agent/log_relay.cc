@@ -61,12 +61,23 @@ void LineRelay::Piece(std::string_view text, char end, std::string* batch) {
     batch->push_back(end);
   }
   // A progress bar's updates are not lines: the tail keeps what ended with a newline.
-  if (end == '\n' && opts_.tail_lines > 0) {
+  const bool filtering = opts_.filtered_fd >= 0 && opts_.filters != nullptr && !opts_.filters->empty();
+  if (end == '\n' && (opts_.tail_lines > 0 || filtering)) {
     std::string line = std::move(shown_);
     line.append(partial_);
     line.append(text.substr(0, kMaxLineBytes - std::min(kMaxLineBytes, line.size())));
-    tail_.push_back(std::move(line));
-    if (tail_.size() > opts_.tail_lines) tail_.pop_front();
+    if (filtering) {
+      for (const std::string& f : *opts_.filters) {
+        if (line.find(f) == std::string::npos) continue;
+        std::string copy = opts_.prefix + line + "\n";
+        WriteAll(opts_.filtered_fd, copy.data(), copy.size());
+        break;
+      }
+    }
+    if (opts_.tail_lines > 0) {
+      tail_.push_back(std::move(line));
+      if (tail_.size() > opts_.tail_lines) tail_.pop_front();
+    }
   }
   shown_.clear();
   partial_.clear();

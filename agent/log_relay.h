@@ -13,6 +13,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "agent/console.h"
@@ -37,6 +38,10 @@ class LineRelay {
     ConsoleStream* console = nullptr;  // nullptr: not shown on the console
     int file_fd = -1;                 // -1: no log file
     size_t tail_lines = 0;
+    // torchrun's --duplicate-std{out,err}-filters: each whole line that contains any of these is
+    // also appended, prefixed, to filtered_fd (one file for the attempt's workers). Not owned.
+    const std::vector<std::string>* filters = nullptr;
+    int filtered_fd = -1;
   };
   explicit LineRelay(Options opts) : opts_(std::move(opts)) {}
 

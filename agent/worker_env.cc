@@ -164,7 +164,7 @@ absl::StatusOr<WorkerEnvPlan> BuildWorkerEnvs(const Env& parent, const WorkerGro
     Env env = parent;
     const int rank = round.rank_offset + local;
     env["RANK"] = std::to_string(rank);
-    env["LOCAL_RANK"] = std::to_string(local);
+    env["LOCAL_RANK"] = std::to_string(spec.virtual_local_rank ? 0 : local);
     env["GROUP_RANK"] = std::to_string(round.group_rank);
     env["ROLE_RANK"] = std::to_string(rank);
     env["ROLE_NAME"] = spec.role;

@@ -410,6 +410,8 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
     if (!stdin_relay.tty.valid()) spdlog::warn("cannot reopen the terminal on stdin: workers read /dev/null");
   }
 
+  // Before the slots: their relays write to these until they are gone.
+  UniqueFd filtered_out, filtered_err;
   std::vector<Slot> slots(launches.size());
   StartedWorkers started(&slots, launcher_, guard_);
   if (launcher_->exit_fd() >= 0) watch(launcher_->exit_fd(), kExitTag);
@@ -473,6 +475,12 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
     applying = false;
   };
 
+  if (!opts_.stdout_filters.empty()) {
+    ASSIGN_OR_RETURN(filtered_out, OpenLog(opts_.filtered_stdout_file));
+  }
+  if (!opts_.stderr_filters.empty()) {
+    ASSIGN_OR_RETURN(filtered_err, OpenLog(opts_.filtered_stderr_file));
+  }
   // Spawn every worker; a worker that cannot start stops those already started.
   if (opts_.live) opts_.live->StartAttempt(launches);
   for (size_t i = 0; i < launches.size(); ++i) {
@@ -493,9 +501,11 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
                              : absl::StrReplaceAll(opts_.console_prefix_format, {{"{rank}", std::to_string(l.rank)}});
     s.out_console = l.stdout_console ? console_out : nullptr;
     s.err_console = l.stderr_console ? console_err : nullptr;
-    s.out = std::make_unique<LineRelay>(LineRelay::Options{prefix, s.out_console, s.out_file.get(), 0});
-    s.err = std::make_unique<LineRelay>(
-        LineRelay::Options{prefix, s.err_console, s.err_file.get(), opts_.stderr_tail_lines});
+    s.out = std::make_unique<LineRelay>(LineRelay::Options{prefix, s.out_console, s.out_file.get(), 0,
+                                                           &opts_.stdout_filters, filtered_out.get()});
+    s.err = std::make_unique<LineRelay>(LineRelay::Options{prefix, s.err_console, s.err_file.get(),
+                                                           opts_.stderr_tail_lines, &opts_.stderr_filters,
+                                                           filtered_err.get()});
     SpawnOptions so;
     Pipe in;
     so.stdin_fd = dev_null.get();

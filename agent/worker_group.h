@@ -93,6 +93,10 @@ class WorkerGroup {
     // Called as each worker is spawned (its rank and pid set), before it can be reaped.
     std::function<void(const WorkerResult&)> on_spawned;
     std::string console_prefix_format = "[{rank}]:";
+    // torchrun's --duplicate-std{out,err}-filters: matching lines of every worker, prefixed, are
+    // appended to these files (created when a filter is given).
+    std::vector<std::string> stdout_filters, stderr_filters;
+    std::string filtered_stdout_file, filtered_stderr_file;
     size_t stderr_tail_lines = 5;
     // Where shown output goes (nullptr: launch's ConsoleOut() / ConsoleErr()).
     ConsoleStream* console_out = nullptr;

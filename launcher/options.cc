@@ -86,6 +86,13 @@ const OptionDef kOptions[] = {
     {"log_line_prefix_template", "--log-line-prefix-template,--log_line_prefix_template", Kind::kValue,
      "Console prefix of the workers' lines: ${role_name}, ${rank}, ${local_rank}, ${hostname} (default [${rank}]:, "
      "on several nodes [${hostname}:${rank}]:)"},
+    {"duplicate_stdout_filters", "--duplicate-stdout-filters,--duplicate_stdout_filters", Kind::kValue,
+     "Also copy the workers' stdout lines containing any of these comma-separated strings (,, for a comma) to "
+     "attempt_<k>/filtered_stdout.log"},
+    {"duplicate_stderr_filters", "--duplicate-stderr-filters,--duplicate_stderr_filters", Kind::kValue,
+     "The same for stderr, to attempt_<k>/filtered_stderr.log"},
+    {"virtual_local_rank", "--virtual-local-rank,--virtual_local_rank", Kind::kFlag,
+     "LOCAL_RANK=0 for every worker, each seeing only its own GPU(s) (implies --gpu-binding=isolate)"},
     {"master_addr", "--master-addr,--master_addr", Kind::kValue,
      "MASTER_ADDR (default 127.0.0.1 on a single node)"},
     {"master_port", "--master-port,--master_port", Kind::kValue,
@@ -261,6 +268,33 @@ absl::StatusOr<double> ParseSeconds(const RawValue& v, const std::string& value,
   return out;
 }
 absl::StatusOr<double> ParseSeconds(const RawValue& v) { return ParseSeconds(v, v.value, false); }
+
+// torchrun's comma-separated filter list: ",," is a literal comma; empty items are dropped.
+absl::StatusOr<std::vector<std::string>> ParseFilterList(const RawValue& v) {
+  constexpr size_t kMaxFilters = 64, kMaxFilterBytes = 1024;
+  std::vector<std::string> out;
+  std::string item;
+  auto take = [&]() -> absl::Status {
+    if (item.empty()) return absl::OkStatus();
+    if (item.size() > kMaxFilterBytes) return Bad(v, absl::StrCat("filters of at most ", kMaxFilterBytes, " bytes"));
+    if (out.size() == kMaxFilters) return Bad(v, absl::StrCat("at most ", kMaxFilters, " filters"));
+    out.push_back(std::move(item));
+    item.clear();
+    return absl::OkStatus();
+  };
+  for (size_t i = 0; i < v.value.size(); ++i) {
+    if (v.value[i] != ',') {
+      item.push_back(v.value[i]);
+    } else if (i + 1 < v.value.size() && v.value[i + 1] == ',') {
+      item.push_back(',');
+      ++i;
+    } else {
+      RETURN_IF_ERROR(take());
+    }
+  }
+  RETURN_IF_ERROR(take());
+  return out;
+}
 
 absl::Status ParseRdzvConf(const RawValue& v, LaunchConfig* c) {
   static const std::set<std::string> kKeys = {"join_timeout",      "last_call_timeout", "close_timeout",
@@ -482,6 +516,14 @@ absl::StatusOr<LaunchConfig> Validate(RawMap& raw, std::vector<std::string> rema
     }
     c.log_line_prefix_template = v.value;
   }
+  for (const char* key : {"duplicate_stdout_filters", "duplicate_stderr_filters"}) {
+    if (!is(key)) continue;
+    const RawValue& v = raw[key];
+    ASSIGN_OR_RETURN(std::vector<std::string> filters, ParseFilterList(v));
+    (std::string(key) == "duplicate_stdout_filters" ? c.duplicate_stdout_filters : c.duplicate_stderr_filters) =
+        std::move(filters);
+  }
+  c.virtual_local_rank = flag("virtual_local_rank");
   if (is("master_addr")) {
     RawValue& v = raw["master_addr"];
     auto hp = ParseHostPort(v.value, v.origin);
@@ -535,6 +577,13 @@ absl::StatusOr<LaunchConfig> Validate(RawMap& raw, std::vector<std::string> rema
     auto hp = ParseHostPort(c.local_addr, raw["local_addr"].origin);
     if (!hp.ok() || hp->port) return Bad(raw["local_addr"], "a host name or IP address (no port)");
     c.local_addr = hp->host;
+  }
+  if (c.virtual_local_rank) {
+    if (is("gpu_binding") && c.gpu_binding == GpuBinding::kShared) {
+      return Bad(raw["gpu_binding"], "isolate (or no --gpu-binding) with --virtual-local-rank, whose workers each see "
+                                     "only their own GPU(s)");
+    }
+    c.gpu_binding = GpuBinding::kIsolate;
   }
   if (c.rdzv_backend == "static" && c.min_nodes != c.max_nodes) {
     return Bad(raw["nnodes"], "a fixed number of nodes with --rdzv-backend=static");

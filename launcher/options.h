@@ -53,6 +53,10 @@ struct LaunchConfig {
   std::string log_dir;
   StdSpec redirects, tee;
   std::optional<std::set<int>> local_ranks_filter;
+  // torchrun's --duplicate-std{out,err}-filters: substrings (",," a literal comma).
+  std::vector<std::string> duplicate_stdout_filters, duplicate_stderr_filters;
+  // torchrun's --virtual-local-rank: LOCAL_RANK=0 for every worker, each seeing its own GPU(s).
+  bool virtual_local_rank = false;
   // --log-line-prefix-template; unset: "[${rank}]:" on one node, "[${hostname}:${rank}]:" on several.
   std::optional<std::string> log_line_prefix_template;
   std::optional<std::string> master_addr;

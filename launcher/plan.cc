@@ -201,7 +201,9 @@ absl::StatusOr<LaunchPlan> Plan(const LaunchConfig& c, const HostFacts& host) {
 
   ASSIGN_OR_RETURN(opts.argv, WorkerArgv(c, host));
   if (RunsThroughPython(c)) plan.python = opts.argv.front();
-  const bool redirecting = c.redirects.Any() || c.tee.Any();
+  // Redirected output and filtered copies need files somewhere that outlives the run.
+  const bool redirecting = c.redirects.Any() || c.tee.Any() || !c.duplicate_stdout_filters.empty() ||
+                           !c.duplicate_stderr_filters.empty();
   if (!c.dry_run) {
     const bool log_files = !c.log_dir.empty() || redirecting;
     RETURN_IF_ERROR(CheckDescriptorBudget(nproc, log_files, host));
@@ -287,6 +289,9 @@ absl::StatusOr<LaunchPlan> Plan(const LaunchConfig& c, const HostFacts& host) {
   if (auto gdb = q.ResolveExecutable("gdb", path_env); gdb.ok()) opts.debugger = *gdb;
   opts.spec.python_dir = host.python_dir;
   opts.spec.flight_recorder = !c.no_flight_recorder;
+  opts.spec.virtual_local_rank = c.virtual_local_rank;
+  opts.duplicate_stdout_filters = c.duplicate_stdout_filters;
+  opts.duplicate_stderr_filters = c.duplicate_stderr_filters;
   opts.dry_run = c.dry_run;
   opts.master_addr = master_addr;
   opts.master_port = c.master_port;

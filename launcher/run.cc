@@ -326,7 +326,7 @@ int RunLaunch(const LaunchConfig& c, OrphanGuard* guard, SignalFd* signals) {
     std::string tmpl = (std::filesystem::temp_directory_path() / "launch-logs-XXXXXX").string();
     if (!::mkdtemp(tmpl.data())) return UsageError(absl::StrCat("cannot create ", tmpl));
     opts.log_dir = tmpl;
-    spdlog::info("--redirects/--tee without --log-dir: logs go to {}", opts.log_dir);
+    spdlog::info("--redirects, --tee or --duplicate-*-filters without --log-dir: logs go to {}", opts.log_dir);
   }
   if (plan.ensure_log_dir) {
     std::error_code ec;

@@ -614,6 +614,24 @@ TEST(Launch, LogLinePrefixTemplateAndTheMultiNodeDefault) {
   EXPECT_THAT(static_node.out, HasSubstr(std::string("[") + host + ":1]:RANK=1\n"));
 }
 
+// torchrun's --duplicate-stdout-filters / --duplicate-stderr-filters: matching lines of every
+// worker in attempt_<k>/filtered_std{out,err}.log; --virtual-local-rank: LOCAL_RANK 0 everywhere.
+TEST(Launch, DuplicateFiltersAndVirtualLocalRank) {
+  TempDir dir;
+  auto r = RunCmd(Cmd({"--nproc-per-node=2", "--log-dir", dir.path(), "--rdzv-id=filters", "--virtual-local-rank",
+                       "--duplicate-stdout-filters=RANK=1", "--duplicate-stderr-filters=err-,,line"},
+                      {"--print-env", "LOCAL_RANK,RANK", "--stderr", "err-,line", "--stderr", "other"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("[0]:LOCAL_RANK=0\n"));
+  EXPECT_THAT(r.out, HasSubstr("[1]:LOCAL_RANK=0\n"));
+  EXPECT_EQ(ReadFile(dir / "filters/attempt_0/filtered_stdout.log"), "[1]:RANK=1\n");
+  const std::string err = ReadFile(dir / "filters/attempt_0/filtered_stderr.log");
+  EXPECT_EQ(CountLines(err, "err-,line"), 2) << err;
+  EXPECT_THAT(err, Not(HasSubstr("other")));
+  // Each rank's own log keeps its real local rank.
+  EXPECT_THAT(ReadFile(dir / "filters/attempt_0/1/stdout.log"), HasSubstr("RANK=1"));
+}
+
 TEST(Launch, VersionIsOneLineAndExitZero) {
   auto r = RunCmd({LAUNCH_BIN, "--version"});
   EXPECT_EQ(r.exit_code, 0) << r.err;

@@ -255,3 +255,34 @@ TEST(LinePrefix, TorchrunsTemplateFields) {
 
 }  // namespace
 }  // namespace launch
+
+namespace launch {
+namespace {
+
+// torchrun's --duplicate-stdout-filters: whole lines with any filter, prefixed, in one file that
+// two workers share; pieces of a line and progress-bar updates are judged as the line they make.
+TEST(LineRelay, FiltersCopyMatchingLinesOfEveryWorker) {
+  Pipe filtered;
+  ASSERT_TRUE(MakePipe(&filtered));
+  const std::vector<std::string> filters = {"loss", "a,b"};
+  {
+    LineRelay a({"[0]:", nullptr, -1, 0, &filters, filtered.write.get()});
+    LineRelay b({"[1]:", nullptr, -1, 0, &filters, filtered.write.get()});
+    a.Feed("step 1 lo", 9, kT0);
+    b.Feed("nothing here\nx a,b y\n", 21, kT0);
+    a.Feed("ss=2\nepoch 1\n", 13, kT0);
+    b.Feed("10%\r50% loss\rdone\n", 18, kT0);
+    a.Feed("last loss", 9, kT0);
+    a.Flush();
+  }
+  filtered.write.Reset();
+  EXPECT_EQ(ReadAll(filtered.read.get()), "[1]:x a,b y\n[0]:step 1 loss=2\n[0]:last loss\n");
+  // No filters, or no file: nothing is copied and nothing breaks.
+  const std::vector<std::string> none;
+  LineRelay c({"[2]:", nullptr, -1, 1, &none, -1});
+  c.Feed("loss\n", 5, kT0);
+  EXPECT_EQ(c.tail().back(), "loss");
+}
+
+}  // namespace
+}  // namespace launch

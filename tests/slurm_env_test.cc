@@ -280,5 +280,29 @@ TEST(LogLinePrefixTemplate, FlagThenTorchrunsVariable) {
               HasSubstr("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE=${gpu}: '${gpu}' is unknown"));
 }
 
+TEST(TorchrunsNewerFlags, FiltersAndVirtualLocalRank) {
+  auto parse = [](std::vector<std::string> args) {
+    args.insert(args.begin(), "launch");
+    args.push_back("./train");
+    return ParseLaunchArgs(args, {});
+  };
+  auto f = parse({"--duplicate-stdout-filters=loss,a,,b,", "--duplicate_stderr_filters=NCCL WARN"});
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_THAT(f->config.duplicate_stdout_filters, ElementsAre("loss", "a,b"));
+  EXPECT_THAT(f->config.duplicate_stderr_filters, ElementsAre("NCCL WARN"));
+  EXPECT_TRUE(parse({"--duplicate-stdout-filters=,"})->config.duplicate_stdout_filters.empty());
+  auto big = parse({"--duplicate-stdout-filters=" + std::string(2000, 'x')});
+  ASSERT_FALSE(big.ok());
+  EXPECT_THAT(std::string(big.status().message()), HasSubstr("filters of at most 1024 bytes"));
+
+  auto v = parse({"--virtual-local-rank"});
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_TRUE(v->config.virtual_local_rank);
+  EXPECT_EQ(v->config.gpu_binding, GpuBinding::kIsolate);
+  auto shared = parse({"--virtual-local-rank", "--gpu-binding=shared"});
+  ASSERT_FALSE(shared.ok());
+  EXPECT_THAT(std::string(shared.status().message()), HasSubstr("--gpu-binding=shared: expected isolate"));
+}
+
 }  // namespace
 }  // namespace launch

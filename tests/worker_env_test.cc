@@ -289,5 +289,26 @@ TEST(WorkerEnv, EnvDiffListsOnlyChanges) {
   EXPECT_EQ(EnvDiff(parent, child), (Env{{"B", "3"}, {"C", "4"}}));
 }
 
+// torchrun's --virtual-local-rank: every worker is local rank 0 of its own GPU.
+TEST(WorkerEnv, VirtualLocalRankIsZeroWithEachWorkersOwnGpu) {
+  WorkerGroupSpec spec;
+  spec.local_world_size = 2;
+  spec.gpu_pool = {"0", "1"};
+  spec.gpu_binding = GpuBinding::kIsolate;
+  spec.virtual_local_rank = true;
+  RoundInfo round;
+  round.world_size = 2;
+  round.master_addr = "127.0.0.1";
+  round.master_port = 29500;
+  auto plan = BuildWorkerEnvs({}, spec, round, ErrorFiles(2));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->envs[0].at("LOCAL_RANK"), "0");
+  EXPECT_EQ(plan->envs[1].at("LOCAL_RANK"), "0");
+  EXPECT_EQ(plan->envs[1].at("RANK"), "1");
+  EXPECT_EQ(plan->envs[0].at("CUDA_VISIBLE_DEVICES"), "0");
+  EXPECT_EQ(plan->envs[1].at("CUDA_VISIBLE_DEVICES"), "1");
+  EXPECT_EQ(plan->envs[1].at("LOCAL_WORLD_SIZE"), "2");
+}
+
 }  // namespace
 }  // namespace launch
