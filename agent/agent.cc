@@ -15,6 +15,7 @@
 #include "absl/strings/str_replace.h"
 #include "agent/error_file.h"
 #include "agent/log_relay.h"
+#include "agent/numa.h"
 #include "common/limits.h"
 #include "common/net.h"
 #include "common/status_macros.h"
@@ -153,6 +154,11 @@ absl::StatusOr<std::vector<WorkerLaunch>> Agent::PrepareAttempt(const v1::Assign
       w.stdout_file = dir + "/stdout.log";
       w.stderr_file = dir + "/stderr.log";
     }
+    if (i < static_cast<int>(opts_.numa.size())) {
+      w.cpus = opts_.numa[i].cpus;
+      w.memory_node = opts_.numa[i].memory_node;
+      w.numa_why = opts_.numa[i].why;
+    }
     LinePrefixFields fields{opts_.spec.role, w.rank, i, opts_.node.hostname()};
     ASSIGN_OR_RETURN(w.console_prefix, FormatLinePrefix(opts_.line_prefix_template, fields));
     w.reads_stdin = w.rank == 0;  // as torchrun users expect: pdb and input() work on rank 0
@@ -169,8 +175,12 @@ void Agent::PrintDryRun(const std::vector<WorkerLaunch>& workers) const {
   for (const auto& w : workers) {
     std::vector<std::string> quoted;
     for (const auto& a : w.argv) quoted.push_back(ShellQuote(a));
-    std::printf("rank %d (local rank %d):\n  argv: %s\n  env:\n", w.rank, w.local_rank,
-                absl::StrJoin(quoted, " ").c_str());
+    std::printf("rank %d (local rank %d):\n  argv: %s\n", w.rank, w.local_rank, absl::StrJoin(quoted, " ").c_str());
+    if (!w.cpus.empty()) {
+      std::printf("  numa: CPUs %s, memory preferred on node %d (%s)\n", FormatCpuList(w.cpus).c_str(), w.memory_node,
+                  w.numa_why.c_str());
+    }
+    std::printf("  env:\n");
     Env env;
     for (const auto& kv : w.env) {
       auto eq = kv.find('=');

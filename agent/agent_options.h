@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "agent/job_spec.h"
+#include "agent/numa.h"
 #include "launch.pb.h"
 
 namespace launch {
@@ -35,6 +36,8 @@ struct AgentOptions {
   std::string line_prefix_template = "[${rank}]:";
   // --duplicate-std{out,err}-filters: into attempt_<k>/filtered_std{out,err}.log.
   std::vector<std::string> duplicate_stdout_filters, duplicate_stderr_filters;
+  // --numa-binding: one per local rank (empty: none).
+  std::vector<WorkerCpuBinding> numa;
   std::chrono::milliseconds stop_timeout{30000};
   std::chrono::milliseconds restart_backoff{0};
   // --hang-timeout (nullopt: automatic; zero: off), and the debugger for hung workers' stacks.

@@ -55,6 +55,7 @@ GpuInfo GpuInfoFrom(const GpuFigures& f) {
   g.name = f.name;
   g.memory_bytes = f.memory_total_bytes > 0 ? static_cast<uint64_t>(f.memory_total_bytes) : 0;
   g.sm_count = f.multiprocessor_count;
+  g.pci_bus_id = f.pci_bus_id;
   return g;
 }
 

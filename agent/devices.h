@@ -19,6 +19,8 @@ struct GpuInfo {
   std::string name;
   uint64_t memory_bytes = 0;
   int sm_count = -1;  // -1 when NVML cannot tell
+  std::string pci_bus_id;  // NVML's "00000000:18:00.0"; empty when unknown
+  int numa_node = -1;      // from sysfs, where --numa-binding asks; -1: unknown
 };
 
 class DeviceInventory {

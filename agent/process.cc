@@ -1,7 +1,10 @@
 #include "agent/process.h"
 
 #include <fcntl.h>
+#include <linux/mempolicy.h>
+#include <sched.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -9,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -17,6 +21,10 @@
 namespace launch {
 
 namespace {
+
+// Bounds on what a binding names (Linux's own limits are 8192 CPUs and 1024 nodes by default).
+constexpr int kMaxCpuId = 1 << 16;
+constexpr int kMaxNumaNode = 1 << 12;
 
 std::vector<char*> CStrings(const std::vector<std::string>& v) {
   std::vector<char*> out;
@@ -71,6 +79,27 @@ absl::StatusOr<pid_t> PosixProcessLauncher::Spawn(const SpawnOptions& opts) {
   if (opts.extra_fd >= 0 && opts.extra_fd_target <= STDERR_FILENO) {
     return absl::InvalidArgumentError("the extra descriptor's target must be above 2");
   }
+  // The CPU set and node mask, built here: the child only hands them to the kernel.
+  std::unique_ptr<cpu_set_t, void (*)(cpu_set_t*)> cpuset(nullptr, [](cpu_set_t* s) { CPU_FREE(s); });
+  size_t cpuset_size = 0;
+  if (!opts.cpus.empty()) {
+    const int max_cpu = *std::max_element(opts.cpus.begin(), opts.cpus.end());
+    if (opts.cpus.front() < 0 || max_cpu >= kMaxCpuId) return absl::InvalidArgumentError("CPU id out of range");
+    cpuset.reset(CPU_ALLOC(max_cpu + 1));
+    if (!cpuset) return ErrnoStatus("CPU_ALLOC");
+    cpuset_size = CPU_ALLOC_SIZE(max_cpu + 1);
+    CPU_ZERO_S(cpuset_size, cpuset.get());
+    for (int c : opts.cpus) CPU_SET_S(c, cpuset_size, cpuset.get());
+  }
+  std::vector<unsigned long> nodemask;
+  if (opts.preferred_memory_node >= 0) {
+    if (opts.preferred_memory_node >= kMaxNumaNode) return absl::InvalidArgumentError("NUMA node out of range");
+    constexpr int kBits = 8 * sizeof(unsigned long);
+    nodemask.assign(static_cast<size_t>(opts.preferred_memory_node / kBits + 1), 0);
+    nodemask[opts.preferred_memory_node / kBits] |= 1UL << (opts.preferred_memory_node % kBits);
+  }
+  // set_mempolicy reads one bit fewer than it is told (as libnuma passes it).
+  const unsigned long nodemask_bits = nodemask.size() * 8 * sizeof(unsigned long) + 1;
   Pipe status;
   if (!MakePipe(&status)) return ErrnoStatus("pipe");
   // The write end above every number the child gives a descriptor, so no dup2 lands on it.
@@ -158,6 +187,11 @@ absl::StatusOr<pid_t> PosixProcessLauncher::Spawn(const SpawnOptions& opts) {
     close_from_to(next, status_fd - 1);
     close_from_to(status_fd + 1, ~0U >> 1);
     if (cwd && ::chdir(cwd) != 0) fail();
+    if (cpuset && ::sched_setaffinity(0, cpuset_size, cpuset.get()) != 0) fail();
+    if (!nodemask.empty() &&
+        ::syscall(SYS_set_mempolicy, MPOL_PREFERRED, nodemask.data(), nodemask_bits) != 0) {
+      fail();
+    }
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);

@@ -28,6 +28,10 @@ struct SpawnOptions {
   // The orphan guard's pipe (OrphanGuard::fd()): the child registers its new process group there
   // before it execs, so the group is known to the guard before any of the worker's code runs.
   int guard_fd = -1;
+  // --numa-binding: the CPUs the child may run on (empty: launch's own affinity) and the NUMA node
+  // its memory is preferably taken from (-1: the default policy), set before it execs.
+  std::vector<int> cpus;
+  int preferred_memory_node = -1;
 };
 
 // How a child ended.

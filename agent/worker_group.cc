@@ -507,6 +507,8 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
                                                            opts_.stderr_tail_lines, &opts_.stderr_filters,
                                                            filtered_err.get()});
     SpawnOptions so;
+    so.cpus = l.cpus;
+    so.preferred_memory_node = l.memory_node;
     Pipe in;
     so.stdin_fd = dev_null.get();
     if (l.reads_stdin && stdin_relay.tty.valid()) {

@@ -32,6 +32,10 @@ struct WorkerLaunch {
   std::string stdout_file, stderr_file;  // empty: no file
   bool stdout_console = true, stderr_console = true;
   std::string error_file;
+  // --numa-binding: its CPUs (empty: launch's) and preferred memory node (-1: default policy).
+  std::vector<int> cpus;
+  int memory_node = -1;
+  std::string numa_why;  // what the binding follows, for --dry-run
   // Its lines' console prefix ("[3]:"); empty: Options::console_prefix_format's.
   std::string console_prefix;
   // This worker reads launch's stdin (global rank 0); the others read /dev/null.

@@ -650,27 +650,6 @@ int ParseCudaVersionDefine(const std::string& cuda_h) {
   return 0;
 }
 
-std::optional<std::vector<int>> ParseCpuList(const std::string& text, int max_cpus) {
-  std::vector<int> cpus;
-  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
-    part = absl::StripAsciiWhitespace(part);
-    std::vector<absl::string_view> range = absl::StrSplit(part, '-');
-    int lo, hi;
-    if (range.size() == 1 && absl::SimpleAtoi(range[0], &lo)) {
-      hi = lo;
-    } else if (range.size() != 2 || !absl::SimpleAtoi(range[0], &lo) ||
-               !absl::SimpleAtoi(range[1], &hi)) {
-      return std::nullopt;
-    }
-    if (lo < 0 || hi < lo || hi - lo >= max_cpus) return std::nullopt;
-    for (int c = lo; c <= hi; ++c) {
-      if (static_cast<int>(cpus.size()) == max_cpus) return std::nullopt;
-      cpus.push_back(c);
-    }
-  }
-  return cpus;
-}
-
 std::vector<std::string> LibrarySearchPath(const std::string& ld_library_path,
                                            const std::vector<std::string>& ld_so_conf_texts,
                                            const std::string& triplet) {
@@ -716,12 +695,6 @@ std::string FilesystemTypeName(int64_t f_type) {
   return hex;
 }
 
-std::string SysfsPciAddress(const std::string& nvml_bus_id) {
-  // NVML: "DDDDDDDD:BB:DD.F" (an 8-digit domain); sysfs: "DDDD:BB:DD.F", lower case.
-  std::string id = absl::AsciiStrToLower(nvml_bus_id);
-  constexpr size_t kSysfsLength = 12;
-  return id.size() > kSysfsLength ? id.substr(id.size() - kSysfsLength) : id;
-}
 
 absl::Status ParsePythonProbe(const std::string& json, TorchFacts* t) {
   v1::PythonTorchProbe probe;

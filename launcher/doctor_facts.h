@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "agent/numa.h"
 #include "agent/nvml.h"
 #include "agent/worker_env.h"
 
@@ -164,8 +165,6 @@ class SystemDoctorProbe : public DoctorProbe {
 
 // CUDA_VERSION from the text of cuda.h ("#define CUDA_VERSION 13000"); 0 when absent.
 int ParseCudaVersionDefine(const std::string& cuda_h);
-// "0-3,8,10-11" -> {0,1,2,3,8,10,11}; at most `max_cpus` ids; nullopt on a malformed list.
-std::optional<std::vector<int>> ParseCpuList(const std::string& text, int max_cpus = 65536);
 // The directories the dynamic loader searches, in its order: LD_LIBRARY_PATH, then the directories
 // named in the ld.so.conf files (their text given), then the system defaults for `triplet`.
 std::vector<std::string> LibrarySearchPath(const std::string& ld_library_path,
@@ -173,8 +172,6 @@ std::vector<std::string> LibrarySearchPath(const std::string& ld_library_path,
                                            const std::string& triplet);
 // statfs's f_type as a name ("ext4", "tmpfs", ...; "0x1234abcd" when unknown).
 std::string FilesystemTypeName(int64_t f_type);
-// NVML's PCI bus id ("00000000:18:00.0") as sysfs names the device ("0000:18:00.0").
-std::string SysfsPciAddress(const std::string& nvml_bus_id);
 // The Python probe's JSON line into `torch` (bounded: at most kMaxProbeArchs archs, each name cut
 // to 64 bytes); InvalidArgument when it is not the probe's JSON.
 inline constexpr int kMaxProbeArchs = 64;

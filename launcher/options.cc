@@ -91,6 +91,9 @@ const OptionDef kOptions[] = {
      "attempt_<k>/filtered_stdout.log"},
     {"duplicate_stderr_filters", "--duplicate-stderr-filters,--duplicate_stderr_filters", Kind::kValue,
      "The same for stderr, to attempt_<k>/filtered_stderr.log"},
+    {"numa_binding", "--numa-binding,--numa_binding", Kind::kValue,
+     "Bind each worker to the CPUs (and memory) nearest its GPU: node, socket, exclusive or core-complex "
+     "(without GPUs: the NUMA nodes divided among the workers)"},
     {"virtual_local_rank", "--virtual-local-rank,--virtual_local_rank", Kind::kFlag,
      "LOCAL_RANK=0 for every worker, each seeing only its own GPU(s) (implies --gpu-binding=isolate)"},
     {"master_addr", "--master-addr,--master_addr", Kind::kValue,
@@ -524,6 +527,11 @@ absl::StatusOr<LaunchConfig> Validate(RawMap& raw, std::vector<std::string> rema
         std::move(filters);
   }
   c.virtual_local_rank = flag("virtual_local_rank");
+  if (is("numa_binding")) {
+    auto b = ParseNumaBinding(raw["numa_binding"].value);
+    if (!b.ok()) return Bad(raw["numa_binding"], "node, socket, exclusive or core-complex");
+    c.numa_binding = *b;
+  }
   if (is("master_addr")) {
     RawValue& v = raw["master_addr"];
     auto hp = ParseHostPort(v.value, v.origin);

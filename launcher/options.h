@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "agent/job_spec.h"
+#include "agent/numa.h"
 #include "agent/signals.h"
 
 namespace launch {
@@ -55,6 +56,8 @@ struct LaunchConfig {
   std::optional<std::set<int>> local_ranks_filter;
   // torchrun's --duplicate-std{out,err}-filters: substrings (",," a literal comma).
   std::vector<std::string> duplicate_stdout_filters, duplicate_stderr_filters;
+  // torchrun's --numa-binding.
+  NumaBinding numa_binding = NumaBinding::kNone;
   // torchrun's --virtual-local-rank: LOCAL_RANK=0 for every worker, each seeing its own GPU(s).
   bool virtual_local_rank = false;
   // --log-line-prefix-template; unset: "[${rank}]:" on one node, "[${hostname}:${rank}]:" on several.

@@ -290,6 +290,16 @@ absl::StatusOr<LaunchPlan> Plan(const LaunchConfig& c, const HostFacts& host) {
   opts.spec.python_dir = host.python_dir;
   opts.spec.flight_recorder = !c.no_flight_recorder;
   opts.spec.virtual_local_rank = c.virtual_local_rank;
+  if (c.numa_binding != NumaBinding::kNone) {
+    // The GPU each local rank uses: LOCAL_RANK among the pool (shared), or its slice's first.
+    std::vector<int> nodes(nproc, -1);
+    const int pool_size = static_cast<int>(pool.gpus.size());
+    if (pool_size > 0) {
+      const int per = c.gpu_binding == GpuBinding::kIsolate ? std::max(1, pool_size / nproc) : 1;
+      for (int i = 0; i < nproc; ++i) nodes[i] = pool.gpus[(i * per) % pool_size].numa_node;
+    }
+    ASSIGN_OR_RETURN(opts.numa, PlanNumaBinding(c.numa_binding, host.cpu_topology, nodes));
+  }
   opts.duplicate_stdout_filters = c.duplicate_stdout_filters;
   opts.duplicate_stderr_filters = c.duplicate_stderr_filters;
   opts.dry_run = c.dry_run;
@@ -389,6 +399,7 @@ std::string DescribePlan(const LaunchConfig& c, const LaunchPlan& plan) {
   row("max_restarts", std::to_string(c.max_restarts), origin("max_restarts"));
   row("signals_to_handle", SignalListName(c.signals_to_handle), origin("signals_to_handle"));
   row("log_line_prefix", a.line_prefix_template, origin("log_line_prefix_template"));
+  if (c.numa_binding != NumaBinding::kNone) row("numa_binding", NumaBindingName(c.numa_binding), origin("numa_binding"));
   if (c.slurm_cpus_on_node) row("usable_cpus", std::to_string(a.spec.usable_cpus), "SLURM_CPUS_ON_NODE and affinity");
   if (plan.dry_run_without_rendezvous) {
     absl::StrAppend(&out, "  note: a dry run meets no other node: the ranks below are group rank ", group_rank, "'s with ",

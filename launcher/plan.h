@@ -49,6 +49,9 @@ struct HostFacts {
   Env env;
   std::vector<GpuInfo> gpus;
   std::string why_no_gpu;  // when `gpus` is empty
+  // The CPUs this process may use, with their NUMA nodes, sockets, cores and L3 caches (read only
+  // for --numa-binding; the GPUs' numa_node then too).
+  CpuTopology cpu_topology;
   int usable_cpus = 1;
   std::string hostname;
   // Where launch's Python module is (<bin>/../share/launch/python); empty: not found.

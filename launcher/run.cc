@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <grpcpp/grpcpp.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -92,12 +93,27 @@ class SystemHostQueries : public HostQueries {
   std::string RandomHex(int bytes) override { return launch::RandomHex(bytes); }
 };
 
-HostFacts GatherHostFacts(HostQueries* queries) {
+// `topology`: read the CPUs' and GPUs' NUMA placement (--numa-binding), from LAUNCH_SYSFS_ROOT
+// (default /sys; the tests give fake machines).
+HostFacts GatherHostFacts(HostQueries* queries, bool topology) {
   HostFacts h;
   h.env = CurrentEnv();
   NvmlInventory nvml(NvmlLibraryFromEnv());
   h.gpus = nvml.ListGpus(&h.why_no_gpu);
   h.usable_cpus = UsableCpuCount();
+  if (topology) {
+    const auto root = h.env.find("LAUNCH_SYSFS_ROOT");
+    const std::string sysfs = root != h.env.end() && !root->second.empty() ? root->second : "/sys";
+    std::vector<int> allowed;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (::sched_getaffinity(0, sizeof set, &set) == 0) {
+      for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+        if (CPU_ISSET(cpu, &set)) allowed.push_back(cpu);
+    }
+    h.cpu_topology = ReadCpuTopology(sysfs, allowed);
+    for (GpuInfo& g : h.gpus) g.numa_node = PciNumaNode(sysfs, SysfsPciAddress(g.pci_bus_id)).value_or(-1);
+  }
   h.hostname = Hostname();
   h.python_dir = PythonModuleDir();
   h.pid = static_cast<int>(::getpid());
@@ -295,7 +311,7 @@ int RunDoctor(const DoctorConfig& c, SignalFd* signals) {
 
 int RunLaunch(const LaunchConfig& c, OrphanGuard* guard, SignalFd* signals) {
   SystemHostQueries queries;
-  auto planned = PlanLaunch(c, GatherHostFacts(&queries));
+  auto planned = PlanLaunch(c, GatherHostFacts(&queries, c.numa_binding != NumaBinding::kNone));
   if (!planned.ok()) return UsageError(std::string(planned.status().message()));
   LaunchPlan& plan = *planned;
   for (const auto& w : plan.warnings) spdlog::warn("{}", w);
