@@ -171,34 +171,28 @@ absl::StatusOr<std::optional<SlurmTopology>> SlurmFromEnv(const std::map<std::st
         absl::StrCat(step_var, "=", step->substr(0, 64), ": expected an integer in 0..4294967295 (set by Slurm's srun)"));
   }
 
+  // A variable srun always sets, missing: the environment is not a job step's after all.
+  auto missing = [&](const char* vars, const char* verb, const char* flag) {
+    return absl::InvalidArgumentError(absl::StrCat("inside Slurm job step ", *job, ".", step_id, " but ", vars, " ",
+                                                   verb, " unset; expected srun to set ", verb == std::string("is") ? "it" : "them",
+                                                   " (or give ", flag, ")"));
+  };
   SlurmTopology t;
   const char* nodes_var = nullptr;
   const std::string* nodes = Get(env, {"SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"}, &nodes_var);
-  if (nodes == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("inside Slurm job step ", *job, ".", step_id,
-                                                   " but SLURM_STEP_NUM_NODES and SLURM_NNODES are unset; expected "
-                                                   "srun to set them (or give --nnodes)"));
-  }
+  if (nodes == nullptr) return missing("SLURM_STEP_NUM_NODES and SLURM_NNODES", "are", "--nnodes");
   ASSIGN_OR_RETURN(long long nnodes, Number(nodes_var, *nodes, 1, kMaxNodes));
   t.nnodes = {std::to_string(nnodes), nodes_var};
 
   const char* id_var = nullptr;
   const std::string* node_id = Get(env, {"SLURM_NODEID"}, &id_var);
-  if (node_id == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("inside Slurm job step ", *job, ".", step_id,
-                                                   " but SLURM_NODEID is unset; expected srun to set it (or give "
-                                                   "--node-rank)"));
-  }
+  if (node_id == nullptr) return missing("SLURM_NODEID", "is", "--node-rank");
   ASSIGN_OR_RETURN(long long rank, Number(id_var, *node_id, 0, nnodes - 1));
   t.node_rank = {std::to_string(rank), id_var};
 
   const char* list_var = nullptr;
   const std::string* list = Get(env, {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}, &list_var);
-  if (list == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("inside Slurm job step ", *job, ".", step_id,
-                                                   " but SLURM_STEP_NODELIST and SLURM_JOB_NODELIST are unset; "
-                                                   "expected srun to set them (or give --rdzv-endpoint)"));
-  }
+  if (list == nullptr) return missing("SLURM_STEP_NODELIST and SLURM_JOB_NODELIST", "are", "--rdzv-endpoint");
   auto hosts = ExpandHostlist(*list, kMaxNodes);
   if (!hosts.ok()) return absl::InvalidArgumentError(absl::StrCat(list_var, ": ", hosts.status().message()));
   if (static_cast<long long>(hosts->size()) < nnodes) {
