@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the dependencies, builds everything and runs every test (the README's test command):
-# the whole suite against Debian 12's LibTorch 1.13 (build/), then against Debian 13's LibTorch 2.6
+# the whole suite against Debian 12's LibTorch 1.13 (build/), the .deb packages made from it installed
+# in a fresh Debian 12 root (scripts/test_package.sh), then against Debian 13's LibTorch 2.6
 # in a cached Debian 13 root (build-torch2/, scripts/test_torch2.sh), then the CUDA LibTorch 2.6
 # compile-and-link check (build-cuda/, scripts/build_cuda.sh), then the sanitizer builds
 # (build-asan/, build-tsan/: scripts/test_sanitizers.sh) and the fuzz targets (build-fuzz/:
@@ -30,6 +31,7 @@ test_torch1() {
 }
 
 part "LibTorch $torch1 (Debian 12)" test_torch1
+part "Debian packages (Debian 12 root)" bash scripts/test_package.sh build
 part "LibTorch 2.6 (Debian 13 root)" bash scripts/test_torch2.sh
 part "CUDA LibTorch 2.6 compile and link" bash scripts/build_cuda.sh
 part "sanitizers (ASan+UBSan, TSan)" bash scripts/test_sanitizers.sh
@@ -39,4 +41,4 @@ if [ ${#failed[@]} -gt 0 ]; then
   printf 'test.sh: FAILED: %s\n' "${failed[@]}" >&2
   exit 1
 fi
-echo "test.sh: all passed (LibTorch $torch1, LibTorch 2.6, CUDA LibTorch 2.6 build, sanitizers, fuzzers)"
+echo "test.sh: all passed (LibTorch $torch1, the .deb packages, LibTorch 2.6, CUDA LibTorch 2.6 build, sanitizers, fuzzers)"
