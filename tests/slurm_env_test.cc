@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "agent/signals.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
