@@ -481,7 +481,16 @@ v1::ReportExitResponse Rendezvous::ReportExit(const v1::ReportExitRequest& req) 
     *f.mutable_exit() = req.exits(0);
     first_failure_ = f;
   }
-  if (req.round() == round_ && phase_ == Phase::kRunning && m) {
+  auto identity = identities_.find(req.node_id());
+  const bool hosts_coordinator = identity != identities_.end() && identity->second.hosts_coordinator();
+  if (req.leaving() && m && hosts_coordinator && !ended()) {
+    // The coordinator lives in that agent and goes with it: the job cannot go on. Said at once, so
+    // that the other nodes stop now instead of finding it unreachable for close_timeout, and so
+    // that the hosting agent, whose wait for every node's verdict counts a node that left as
+    // gone, leaves at once when every node was stopped together (scancel, a pod's deletion).
+    m->last_seen = clock_->Now() - config_.heartbeat_timeout - Ms(1);
+    End(Phase::kFailed, absl::StrCat("node ", NodeName(req.node_id()), ", which hosts the coordinator, was stopped"));
+  } else if (req.round() == round_ && phase_ == Phase::kRunning && m) {
     m->last_seen = clock_->Now();
     if (req.leaving()) {
       // Its agent was stopped: a membership change, like a lost node; no budget is spent.
@@ -517,6 +526,8 @@ v1::ReportExitResponse Rendezvous::ReportExit(const v1::ReportExitRequest& req) 
         End(Phase::kFailed, absl::StrCat(who, config_.max_restarts > 0 ? "; restart budget exhausted" : ""));
       }
     }
+  } else if (req.leaving() && m) {
+    m->last_seen = clock_->Now() - config_.heartbeat_timeout - Ms(1);  // gone, whatever the phase
   }
   v1::ReportExitResponse resp;
   // A node stopped because of another node's failure learns whether a new round is coming.

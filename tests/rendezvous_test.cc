@@ -246,6 +246,54 @@ TEST(Rendezvous, ANodeBackAfterASpareTookItsPlaceWaitsAsASpare) {
   EXPECT_FALSE(r.AssignmentFor("a", 1).has_value());
 }
 
+// scancel, or a pod's deletion, stops every node at once: the other node leaves first (a new
+// round opens), then the one hosting the coordinator. That ends the job, and every node counts as
+// told: the host leaves at once instead of waiting close_timeout for a node that is gone.
+TEST(Rendezvous, TheHostLeavingEndsTheJobAndNodesThatLeftNeedNoVerdict) {
+  FakeClock clock;
+  Rendezvous r("job", Elastic(2, 2), &clock);
+  v1::JoinRequest host = JoinOf("a", 1, 1);
+  host.mutable_node()->set_hosts_coordinator(true);
+  host.mutable_node()->set_hostname("hosta");
+  ASSERT_TRUE(r.Join(host).ok());
+  ASSERT_TRUE(r.Join(JoinOf("b", 1, 2)).ok());
+  r.Tick();
+  ASSERT_EQ(r.phase(), Rendezvous::Phase::kRunning);
+  v1::ReportExitRequest leave_b = Report("b", 1, true);
+  leave_b.set_group_succeeded(false);
+  leave_b.set_leaving(true);
+  r.ReportExit(leave_b);
+  EXPECT_EQ(r.phase(), Rendezvous::Phase::kWaiting);
+  EXPECT_FALSE(r.EveryoneToldEnd());
+  v1::ReportExitRequest leave_a = Report("a", 1, true);
+  leave_a.set_group_succeeded(false);
+  leave_a.set_leaving(true);
+  v1::ReportExitResponse resp = r.ReportExit(leave_a);
+  EXPECT_EQ(r.phase(), Rendezvous::Phase::kFailed);
+  EXPECT_TRUE(resp.job_failed());
+  EXPECT_NE(r.reason().find("which hosts the coordinator, was stopped"), std::string::npos) << r.reason();
+  EXPECT_TRUE(r.EveryoneToldEnd());  // no clock advanced: both left
+}
+
+// The host stopped alone (Ctrl-C on its terminal): the others learn at once that the job failed.
+TEST(Rendezvous, TheHostLeavingAloneFailsTheJobForTheOthers) {
+  FakeClock clock;
+  Rendezvous r("job", Elastic(2, 2, 3), &clock);
+  v1::JoinRequest host = JoinOf("a", 1, 1);
+  host.mutable_node()->set_hosts_coordinator(true);
+  ASSERT_TRUE(r.Join(host).ok());
+  ASSERT_TRUE(r.Join(JoinOf("b", 1, 2)).ok());
+  r.Tick();
+  v1::ReportExitRequest leave_a = Report("a", 1, true);
+  leave_a.set_group_succeeded(false);
+  leave_a.set_leaving(true);
+  r.ReportExit(leave_a);
+  EXPECT_EQ(r.phase(), Rendezvous::Phase::kFailed);
+  EXPECT_FALSE(r.EveryoneToldEnd());  // b still runs and has not been told
+  r.NoteToldEnd("b");
+  EXPECT_TRUE(r.EveryoneToldEnd());
+}
+
 TEST(Rendezvous, BelowMinAfterALossFailsAtTheJoinTimeoutNamingTheLostNode) {
   FakeClock clock;
   Rendezvous r("job", Elastic(2, 2), &clock);
