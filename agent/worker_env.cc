@@ -162,6 +162,8 @@ absl::StatusOr<WorkerEnvPlan> BuildWorkerEnvs(const Env& parent, const WorkerGro
 
   for (int local = 0; local < n; ++local) {
     Env env = parent;
+    // The rendezvous token is launch's: a worker (or anything it runs) has no use for it.
+    env.erase("LAUNCH_RDZV_TOKEN");
     const int rank = round.rank_offset + local;
     env["RANK"] = std::to_string(rank);
     env["LOCAL_RANK"] = std::to_string(spec.virtual_local_rank ? 0 : local);

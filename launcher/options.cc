@@ -384,6 +384,15 @@ absl::Status ParseTrain(RawMap& raw, LaunchConfig* c) {
 
 absl::StatusOr<LaunchConfig> Validate(RawMap& raw, std::vector<std::string> remaining) {
   LaunchConfig c;
+  // torchrun's default backend is static: several nodes with a master address and no endpoint (a
+  // non-elastic PyTorchJob, Trainer v2) mean static ranks, not a missing --rdzv-endpoint.
+  if (!raw["rdzv_backend"].set && raw["master_addr"].set && raw["nnodes"].set &&
+      (!raw["rdzv_endpoint"].set || raw["rdzv_endpoint"].value.empty())) {
+    const std::string n(absl::StripAsciiWhitespace(raw["nnodes"].value));
+    if (n != "1" && n.find(':') == std::string::npos) {
+      raw["rdzv_backend"] = RawValue{"static", {}, true, "torchrun's default (a master address, no endpoint)"};
+    }
+  }
   auto is = [&](const char* k) { return raw[k].set; };
   auto flag = [&](const char* k) {
     const RawValue& v = raw[k];

@@ -238,11 +238,15 @@ absl::StatusOr<LaunchPlan> Plan(const LaunchConfig& c, const HostFacts& host) {
     }
   }
   const std::string master_addr = c.master_addr.value_or(multi ? node_addr : "127.0.0.1");
-  if (c.master_port && !c.dry_run) {
+  // Whether the port is free can be asked only where the master is: this machine (on the other
+  // nodes of a static job, or pods of a non-elastic PyTorchJob, it is another machine's address).
+  auto master_here = c.master_port && !c.dry_run ? q.IsLocalHost(master_addr) : absl::StatusOr<bool>(false);
+  if (master_here.ok() && *master_here) {
     auto in_use = q.PortInUse(master_addr, *c.master_port);
     if (!in_use.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--master-addr=", master_addr, ": ", in_use.status().message()));
+      auto from = c.origins.find("master_addr");
+      return absl::InvalidArgumentError(absl::StrCat(from == c.origins.end() ? "--master-addr" : from->second, "=",
+                                                     master_addr, ": ", in_use.status().message()));
     }
     if (*in_use) {
       return absl::FailedPreconditionError(
@@ -311,6 +315,8 @@ absl::StatusOr<LaunchPlan> Plan(const LaunchConfig& c, const HostFacts& host) {
                                      ":", q.RandomHex(4)));
   opts.node.set_host_address(node_addr);
   opts.node.set_local_world_size(nproc);
+  // A node rank that was given (not the default 0) orders the first round's group ranks.
+  if (multi && c.origins.count("node_rank")) opts.node.set_node_rank(c.node_rank);
   plan.rendezvous = RendezvousSettings(c, multi && !dry_multi);
   opts.run_spec = plan.rendezvous.ToSpec();
   opts.heartbeat_interval = SecondsToMs(c.rdzv.heartbeat_interval);
@@ -336,14 +342,14 @@ absl::StatusOr<LaunchPlan> Plan(const LaunchConfig& c, const HostFacts& host) {
     if (c.rdzv.is_host) {
       plan.coordinator = *c.rdzv.is_host ? CoordinatorRole::kHost : CoordinatorRole::kJoin;
     } else {
-      auto local = q.IsLocalHost(hp.host);
-      if (!local.ok() && !dry_multi) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--rdzv-endpoint=", c.rdzv_endpoint, ": ", local.status().message()));
-      }
+      // This machine's own name is this machine, whatever DNS says yet. A name that does not
+      // resolve yet (a pod whose DNS record comes after it starts) is another machine's: the agent
+      // joins it, retrying until join_timeout, as it does an endpoint that does not answer.
+      absl::StatusOr<bool> local =
+          absl::EqualsIgnoreCase(hp.host, host.hostname) ? absl::StatusOr<bool>(true) : q.IsLocalHost(hp.host);
       if (!local.ok()) {
-        plan.warnings.push_back(absl::StrCat("a real run would stop here: --rdzv-endpoint=", c.rdzv_endpoint, ": ",
-                                             local.status().message()));
+        plan.warnings.push_back(absl::StrCat("--rdzv-endpoint=", c.rdzv_endpoint, ": ", local.status().message(),
+                                             " (yet): joining it, retried until join_timeout"));
       }
       plan.coordinator = local.ok() && *local ? CoordinatorRole::kHostUnlessTaken : CoordinatorRole::kJoin;
     }
@@ -404,8 +410,9 @@ std::string DescribePlan(const LaunchConfig& c, const LaunchPlan& plan) {
   if (plan.dry_run_without_rendezvous) {
     absl::StrAppend(&out, "  note: a dry run meets no other node: the ranks below are group rank ", group_rank, "'s with ",
                     a.spec.local_world_size,
-                    " worker(s) on every node; at run time the rendezvous gives the group ranks, and the "
-                    "group-rank-0 node's agent picks MASTER_ADDR and MASTER_PORT\n");
+                    " worker(s) on every node; at run time the rendezvous gives the group ranks (in node-rank "
+                    "order among nodes that join together and have one), and the group-rank-0 node's agent picks "
+                    "MASTER_ADDR and MASTER_PORT\n");
   }
   return out;
 }

@@ -292,9 +292,20 @@ void Rendezvous::FormRound() {
     order.push_back(it->second);
     by_id.erase(it);
   }
+  // Newcomers in the order of the node ranks they were given (SLURM_NODEID, JOB_COMPLETION_INDEX),
+  // so that group rank 0 is where the scheduler put node 0; those without one after, as they came.
+  std::vector<const Waiting*> newcomers;
   for (const auto& w : waiting_) {
-    if (by_id.contains(w.join.node().node_id())) order.push_back(&w);
+    if (by_id.contains(w.join.node().node_id())) newcomers.push_back(&w);
   }
+  auto hint = [this](const Waiting* w) {
+    const v1::NodeIdentity& n = w->join.node();
+    return n.has_node_rank() && n.node_rank() >= 0 && n.node_rank() < config_.max_nodes ? n.node_rank()
+                                                                                        : config_.max_nodes;
+  };
+  std::stable_sort(newcomers.begin(), newcomers.end(),
+                   [&](const Waiting* a, const Waiting* b) { return hint(a) < hint(b); });
+  order.insert(order.end(), newcomers.begin(), newcomers.end());
   ++round_;
   ++version_;
   std::vector<Member> members;

@@ -344,9 +344,34 @@ std::vector<Row> Rows() {
             }),
       Plans("IsHostForced", "--nnodes=2 --rdzv-endpoint=node1 --rdzv-conf=is_host=1 ./train",
             [](const LaunchPlan& p) { EXPECT_EQ(p.coordinator, CoordinatorRole::kHost); }),
-      Refuses("EndpointUnresolvable",
-              "--nnodes=2 --rdzv-endpoint=nohost:29400 --local-addr=10.0.0.5 ./train", kInvalid,
-              "--rdzv-endpoint=nohost:29400: cannot resolve 'nohost'"),
+      // A pod whose DNS record comes after it starts: joined, retried until join_timeout.
+      Plans("EndpointNotResolvableYetIsJoined",
+            "--nnodes=2 --rdzv-endpoint=nohost:29400 --local-addr=10.0.0.5 ./train",
+            [](const LaunchPlan& p) {
+              EXPECT_EQ(p.coordinator, CoordinatorRole::kJoin);
+              ASSERT_EQ(p.warnings.size(), 1u);
+              EXPECT_EQ(p.warnings[0],
+                        "--rdzv-endpoint=nohost:29400: cannot resolve 'nohost' (yet): joining it, retried until "
+                        "join_timeout");
+            }),
+      // This machine's own name is here even before DNS knows it.
+      Plans("EndpointIsThisHostsName", "--nnodes=2 --rdzv-endpoint=pod-0:29400 --local-addr=10.0.0.5 ./train",
+            [](const LaunchPlan& p) { EXPECT_EQ(p.coordinator, CoordinatorRole::kHostUnlessTaken); },
+            [](Machine& m) {
+              m.facts.hostname = "pod-0";
+              m.host.unresolvable.insert("pod-0");
+            }),
+      // Static ranks on a node that is not the master: the master's port is not this machine's.
+      Plans("StaticMasterPortOnAnotherMachineIsNotChecked",
+            "--rdzv-backend=static --nnodes=2 --node-rank=1 --master-addr=node1 --master-port=29500 ./train",
+            [](const LaunchPlan& p) { EXPECT_EQ(p.agent.static_topology->master_port, 29500); },
+            WithPortInUse("node1", 29500)),
+      Refuses("StaticMasterPortHereInUse",
+              "--rdzv-backend=static --nnodes=2 --node-rank=0 --master-addr=node0 --master-port=29500 ./train",
+              kPrecondition,
+              "--master-port=29500: the port is already in use on node0; expected a free port (or omit the flag to "
+              "get one)",
+              WithPortInUse("node0", 29500)),
       // A dry run meets nobody: the ranks are the node rank's, the endpoint need not resolve.
       Plans("MultiNodeDryRunShowsTheNodeRanksRanks",
             "--dry-run --nnodes=4 --node-rank=2 --nproc-per-node=2 --rdzv-endpoint=nohost:29400 ./train",
@@ -361,7 +386,8 @@ std::vector<Row> Rows() {
               EXPECT_EQ(p.rdzv_endpoint, "nohost:29400");
               ASSERT_EQ(p.warnings.size(), 1u);
               EXPECT_EQ(p.warnings[0],
-                        "a real run would stop here: --rdzv-endpoint=nohost:29400: cannot resolve 'nohost'");
+                        "--rdzv-endpoint=nohost:29400: cannot resolve 'nohost' (yet): joining it, retried until "
+                        "join_timeout");
             }),
       Plans("MultiNodeRunRendezvouses", "--nnodes=4 --node-rank=2 --rdzv-endpoint=node1:29400 ./train",
             [](const LaunchPlan& p) {

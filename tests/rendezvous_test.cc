@@ -1,5 +1,7 @@
 #include "launcher/rendezvous.h"
 
+#include <optional>
+
 #include "gtest/gtest.h"
 
 namespace launch {
@@ -292,6 +294,36 @@ TEST(Rendezvous, TheHostLeavingAloneFailsTheJobForTheOthers) {
   EXPECT_FALSE(r.EveryoneToldEnd());  // b still runs and has not been told
   r.NoteToldEnd("b");
   EXPECT_TRUE(r.EveryoneToldEnd());
+}
+
+// Under srun, nodes join in any order; their SLURM_NODEID orders the first round, so group rank 0
+// is the first node of the allocation. Nodes without a rank, or with one out of range, follow.
+TEST(Rendezvous, GivenNodeRanksOrderTheRoundSurvivorsKeepTheirPlaces) {
+  FakeClock clock;
+  Rendezvous r("job", Elastic(1, 4, 3), &clock);
+  auto join = [](const std::string& id, std::optional<int> rank) {
+    v1::JoinRequest j = JoinOf(id, 1, 1);
+    if (rank) j.mutable_node()->set_node_rank(*rank);
+    return j;
+  };
+  ASSERT_TRUE(r.Join(join("c", 2)).ok());
+  ASSERT_TRUE(r.Join(join("x", std::nullopt)).ok());
+  ASSERT_TRUE(r.Join(join("y", 99)).ok());
+  ASSERT_TRUE(r.Join(join("a", 0)).ok());
+  r.Tick();
+  ASSERT_EQ(r.phase(), Rendezvous::Phase::kRunning);
+  EXPECT_EQ(r.AssignmentFor("a", 0)->group_rank(), 0);
+  EXPECT_EQ(r.AssignmentFor("c", 0)->group_rank(), 1);
+  EXPECT_EQ(r.AssignmentFor("x", 0)->group_rank(), 2);
+  EXPECT_EQ(r.AssignmentFor("y", 0)->group_rank(), 3);
+  // A failure: the same nodes come back in another order and keep their group ranks.
+  r.ReportExit(Report("y", 1, false));
+  ASSERT_EQ(r.phase(), Rendezvous::Phase::kWaiting);
+  for (const char* id : {"y", "x", "c", "a"}) ASSERT_TRUE(r.Join(JoinOf(id, 1, 1, 1)).ok());
+  r.Tick();
+  ASSERT_EQ(r.phase(), Rendezvous::Phase::kRunning);
+  EXPECT_EQ(r.AssignmentFor("a", 1)->group_rank(), 0);
+  EXPECT_EQ(r.AssignmentFor("y", 1)->group_rank(), 3);
 }
 
 TEST(Rendezvous, BelowMinAfterALossFailsAtTheJoinTimeoutNamingTheLostNode) {

@@ -305,5 +305,24 @@ TEST(TorchrunsNewerFlags, FiltersAndVirtualLocalRank) {
   EXPECT_THAT(std::string(shared.status().message()), HasSubstr("--gpu-binding=shared: expected isolate"));
 }
 
+// torchrun's default backend is static: a non-elastic PyTorchJob gives several nodes, a master
+// and no endpoint.
+TEST(OptionsFromEnvironment, AMasterAndNoEndpointOnSeveralNodesIsStaticAsUnderTorchrun) {
+  auto c = ParseWithEnv({"./train"}, {{"PET_NNODES", "2"},
+                                      {"PET_NODE_RANK", "1"},
+                                      {"PET_MASTER_ADDR", "job-master-0"},
+                                      {"PET_MASTER_PORT", "23456"}});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rdzv_backend, "static");
+  EXPECT_EQ(c->origins.at("rdzv_backend"), "torchrun's default (a master address, no endpoint)");
+  EXPECT_EQ(c->node_rank, 1);
+  // An endpoint, an elastic count or an explicit backend keep c10d.
+  EXPECT_EQ(ParseWithEnv({"--rdzv-endpoint=h:1", "./train"}, {{"PET_NNODES", "2"}, {"PET_MASTER_ADDR", "m"}})
+                ->rdzv_backend,
+            "c10d");
+  EXPECT_EQ(ParseWithEnv({"./train"}, {{"PET_NNODES", "1:2"}, {"PET_MASTER_ADDR", "m"}})->rdzv_backend, "c10d");
+  EXPECT_EQ(ParseWithEnv({"./train"}, {{"PET_NNODES", "1"}, {"PET_MASTER_ADDR", "m"}})->rdzv_backend, "c10d");
+}
+
 }  // namespace
 }  // namespace launch

@@ -310,5 +310,16 @@ TEST(WorkerEnv, VirtualLocalRankIsZeroWithEachWorkersOwnGpu) {
   EXPECT_EQ(plan->envs[1].at("LOCAL_WORLD_SIZE"), "2");
 }
 
+// The rendezvous token is launch's alone.
+TEST(WorkerEnv, TheRendezvousTokenStaysWithLaunch) {
+  WorkerGroupSpec spec;
+  RoundInfo round;
+  round.world_size = 1;
+  auto plan = BuildWorkerEnvs({{"LAUNCH_RDZV_TOKEN", "secret-token"}, {"HOME", "/root"}}, spec, round, ErrorFiles(1));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->envs[0].count("LAUNCH_RDZV_TOKEN"), 0u);
+  EXPECT_EQ(plan->envs[0].at("HOME"), "/root");
+}
+
 }  // namespace
 }  // namespace launch
