@@ -199,6 +199,12 @@ absl::StatusOr<LaunchPlan> Plan(const LaunchConfig& c, const HostFacts& host) {
                      " GPU(s) in the pool; expected at least one GPU per worker"));
   }
 
+  if (c.slurm_cpus_on_node && *c.slurm_cpus_on_node < nproc) {
+    // A plain srun gives every task one CPU: the workers would share it.
+    plan.warnings.push_back(absl::StrCat("Slurm gave this task ", *c.slurm_cpus_on_node,
+                                         " CPU(s) on this node (SLURM_CPUS_ON_NODE) for ", nproc,
+                                         " workers: ask srun for more (srun -c ", nproc, " or more)"));
+  }
   ASSIGN_OR_RETURN(opts.argv, WorkerArgv(c, host));
   if (RunsThroughPython(c)) plan.python = opts.argv.front();
   // Redirected output and filtered copies need files somewhere that outlives the run.

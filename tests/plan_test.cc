@@ -401,6 +401,14 @@ std::vector<Row> Rows() {
               EXPECT_EQ(p.agent.spec.usable_cpus, 4);
             },
             nullptr, [](LaunchConfig& c) { c.slurm_cpus_on_node = 4; }),
+      Plans("SlurmCpusFewerThanWorkersWarn", "--nproc-per-node=2 ./train",
+            [](const LaunchPlan& p) {
+              ASSERT_EQ(p.warnings.size(), 1u);
+              EXPECT_EQ(p.warnings[0],
+                        "Slurm gave this task 1 CPU(s) on this node (SLURM_CPUS_ON_NODE) for 2 workers: ask srun for "
+                        "more (srun -c 2 or more)");
+            },
+            nullptr, [](LaunchConfig& c) { c.slurm_cpus_on_node = 1; }),
       Plans("SlurmCpusNeverWidenTheAffinity", "--nproc-per-node=cpu ./train",
             [](const LaunchPlan& p) { EXPECT_EQ(p.agent.spec.local_world_size, 6); }, nullptr,
             [](LaunchConfig& c) { c.slurm_cpus_on_node = 64; }),
