@@ -19,7 +19,7 @@ packages=(
   libyaml-cpp-dev libspdlog-dev libcli11-dev libabsl-dev libcpp-httplib-dev
   libgtest-dev libgmock-dev
   libtorch-dev libgloo-dev libopenblas0-pthread python3-torch
-  libssl-dev libzstd-dev iproute2 procps openssl gdb
+  libssl-dev libzstd-dev iproute2 procps openssl gdb mount python3-yaml
 )
 # contrib: libtorch-cuda-dev and libnccl-dev, which scripts/build_cuda.sh unpacks.
 mmdebstrap_args=(--variant=apt --components=main,contrib --include="$(IFS=,; echo "${packages[*]}")" trixie)

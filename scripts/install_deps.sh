@@ -13,7 +13,7 @@ apt-get install -y -q --no-install-recommends \
   libyaml-cpp-dev libspdlog-dev libcli11-dev libabsl-dev libcpp-httplib-dev \
   libgtest-dev libgmock-dev \
   libtorch-dev libgloo-dev libopenblas0-pthread python3-torch \
-  libssl-dev iproute2 procps openssl \
+  libssl-dev iproute2 procps openssl python3-yaml \
   clang-14 libclang-rt-14-dev gdb \
   help2man dpkg-dev mmdebstrap \
   slurmctld slurmd slurm-client munge
