@@ -502,37 +502,48 @@ TEST(MultiNode, AgentHostedCoordinatorLostWithItsNodeFailsTheJobCleanly) {
   for (pid_t p : workers) EXPECT_FALSE(ProcessAlive(p)) << "worker " << p << " survived";
 }
 
-// scancel (or a pod's deletion) sends SIGTERM to every node's launch at once. The hosting node
-// used to wait its whole close_timeout for nodes that had left, and Slurm SIGKILLed it at KillWait.
-// Now every node is gone within the workers' grace; the close_timeout here is 30 s, as by default.
-// `host_first`: the host is signalled first (then it stops alone and the other learns of it).
-void StopEveryNodeAtOnce(bool host_first) {
-  const std::string endpoint = absl::StrCat("127.0.0.1:", FreePort());
+// Two agents on loopback, one hosting the coordinator, each with one worker that sleeps; the
+// close_timeout is 30 s, as by default.
+struct HostedPair {
   TempDir dir;
   std::vector<std::unique_ptr<Child>> agents;
-  for (int i = 0; i < 2; ++i) {
-    agents.push_back(std::make_unique<Child>(
-        Agent(endpoint, {"--nnodes=2", "--nproc-per-node=1"}, {"--pid-file", dir / "pids", "--sleep", "0"})));
-  }
   int host = -1;
-  ASSERT_TRUE(WaitUntil([&] {
-    for (auto& a : agents) a->Pump(1);
-    for (int i = 0; i < 2; ++i)
-      if (absl::StrContains(agents[i]->err(), "hosting the rendezvous coordinator")) host = i;
-    return host >= 0 && ReadPids(dir / "pids").size() == 2;
-  }));
-  const std::vector<pid_t> workers = ReadPids(dir / "pids");
+  std::vector<pid_t> workers;
+  explicit HostedPair(const std::string& endpoint) {
+    for (int i = 0; i < 2; ++i) {
+      agents.push_back(std::make_unique<Child>(
+          Agent(endpoint, {"--nnodes=2", "--nproc-per-node=1"}, {"--pid-file", dir / "pids", "--sleep", "0"})));
+    }
+  }
+  bool Running() {
+    const bool up = WaitUntil([&] {
+      for (auto& a : agents) a->Pump(1);
+      for (int i = 0; i < 2; ++i)
+        if (absl::StrContains(agents[i]->err(), "hosting the rendezvous coordinator")) host = i;
+      return host >= 0 && ReadPids(dir / "pids").size() == 2;
+    });
+    workers = ReadPids(dir / "pids");
+    return up;
+  }
+};
+
+// scancel (or a pod's deletion) sends SIGTERM to every node's launch at once. The hosting node
+// used to wait its whole close_timeout for nodes that had left, and Slurm SIGKILLed it at KillWait.
+// Now every node is gone within the workers' grace. `host_first`: the host is signalled first.
+void StopEveryNodeAtOnce(bool host_first) {
+  HostedPair pair(absl::StrCat("127.0.0.1:", FreePort()));
+  ASSERT_TRUE(pair.Running());
   const auto start = std::chrono::steady_clock::now();
-  ::kill(agents[host_first ? host : 1 - host]->pid(), SIGTERM);
-  ::kill(agents[host_first ? 1 - host : host]->pid(), SIGTERM);
-  std::vector<RunResult> results = WaitAll(agents, std::chrono::seconds(40));
+  ::kill(pair.agents[host_first ? pair.host : 1 - pair.host]->pid(), SIGTERM);
+  ::kill(pair.agents[host_first ? 1 - pair.host : pair.host]->pid(), SIGTERM);
+  std::vector<RunResult> results = WaitAll(pair.agents, std::chrono::seconds(40));
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
   for (const auto& r : results) {
     EXPECT_FALSE(r.timed_out);
     EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.err;
     EXPECT_THAT(r.err, Not(HasSubstr("leaving before every node learned")));
   }
-  for (pid_t p : workers) EXPECT_FALSE(ProcessAlive(p)) << "worker " << p << " survived";
+  for (pid_t p : pair.workers) EXPECT_FALSE(ProcessAlive(p)) << "worker " << p << " survived";
 }
 
 TEST(MultiNode, EveryNodeStoppedAtOnceLeavesAtOnce) { StopEveryNodeAtOnce(false); }
@@ -541,28 +552,17 @@ TEST(MultiNode, EveryNodeStoppedAtOnceHostFirstLeavesAtOnce) { StopEveryNodeAtOn
 // The host stopped alone: the other node learns at once that the job cannot go on, instead of
 // finding the coordinator unreachable for close_timeout.
 TEST(MultiNode, TheHostStoppedAloneEndsTheJobOnTheOtherNodeAtOnce) {
-  const std::string endpoint = absl::StrCat("127.0.0.1:", FreePort());
-  TempDir dir;
-  std::vector<std::unique_ptr<Child>> agents;
-  for (int i = 0; i < 2; ++i) {
-    agents.push_back(std::make_unique<Child>(
-        Agent(endpoint, {"--nnodes=2", "--nproc-per-node=1"}, {"--pid-file", dir / "pids", "--sleep", "0"})));
-  }
-  int host = -1;
-  ASSERT_TRUE(WaitUntil([&] {
-    for (auto& a : agents) a->Pump(1);
-    for (int i = 0; i < 2; ++i)
-      if (absl::StrContains(agents[i]->err(), "hosting the rendezvous coordinator")) host = i;
-    return host >= 0 && ReadPids(dir / "pids").size() == 2;
-  }));
+  HostedPair pair(absl::StrCat("127.0.0.1:", FreePort()));
+  ASSERT_TRUE(pair.Running());
   const auto start = std::chrono::steady_clock::now();
-  ::kill(agents[host]->pid(), SIGTERM);
-  RunResult other = agents[1 - host]->Wait(std::chrono::seconds(40));
-  RunResult hosting = agents[host]->Wait(std::chrono::seconds(40));
+  ::kill(pair.agents[pair.host]->pid(), SIGTERM);
+  RunResult other = pair.agents[1 - pair.host]->Wait(std::chrono::seconds(40));
+  RunResult hosting = pair.agents[pair.host]->Wait(std::chrono::seconds(40));
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
   EXPECT_EQ(hosting.exit_code, 128 + SIGTERM) << hosting.err;
   EXPECT_NE(other.exit_code, 0) << other.err;
   EXPECT_THAT(other.err, HasSubstr("which hosts the coordinator, was stopped"));
+  for (pid_t p : pair.workers) EXPECT_FALSE(ProcessAlive(p)) << "worker " << p << " survived";
 }
 
 TEST(MultiNode, JoinBeyondMaxWaitsAsASpareAndMismatchedSettingsAreRejected) {
