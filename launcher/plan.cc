@@ -348,11 +348,16 @@ absl::StatusOr<LaunchPlan> Plan(const LaunchConfig& c, const HostFacts& host) {
     if (c.rdzv.is_host) {
       plan.coordinator = *c.rdzv.is_host ? CoordinatorRole::kHost : CoordinatorRole::kJoin;
     } else {
-      // This machine's own name is this machine, whatever DNS says yet. A name that does not
-      // resolve yet (a pod whose DNS record comes after it starts) is another machine's: the agent
-      // joins it, retrying until join_timeout, as it does an endpoint that does not answer.
+      // This machine's own name is this machine, whatever DNS says yet, and so is a name under it
+      // that does not resolve yet (a pod's "<host>.<subdomain>" before its DNS record exists). Any
+      // other name that does not resolve yet is another machine's: the agent joins it, retrying
+      // until join_timeout, as it does an endpoint that does not answer.
       absl::StatusOr<bool> local =
           absl::EqualsIgnoreCase(hp.host, host.hostname) ? absl::StatusOr<bool>(true) : q.IsLocalHost(hp.host);
+      if (!local.ok() && !host.hostname.empty() &&
+          absl::StartsWithIgnoreCase(hp.host, absl::StrCat(host.hostname, "."))) {
+        local = true;
+      }
       if (!local.ok()) {
         plan.warnings.push_back(absl::StrCat("--rdzv-endpoint=", c.rdzv_endpoint, ": ", local.status().message(),
                                              " (yet): joining it, retried until join_timeout"));

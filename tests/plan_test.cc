@@ -361,6 +361,23 @@ std::vector<Row> Rows() {
               m.facts.hostname = "pod-0";
               m.host.unresolvable.insert("pod-0");
             }),
+      Plans("EndpointUnderThisHostsNameNotResolvingYetIsHere",
+            "--nnodes=2 --rdzv-endpoint=pod-0.sub:29400 --local-addr=10.0.0.5 ./train",
+            [](const LaunchPlan& p) {
+              EXPECT_EQ(p.coordinator, CoordinatorRole::kHostUnlessTaken);
+              EXPECT_TRUE(p.warnings.empty());
+            },
+            [](Machine& m) {
+              m.facts.hostname = "pod-0";
+              m.host.unresolvable.insert("pod-0.sub");
+            }),
+      Plans("EndpointOfAnotherHostUnderTheSameDomainIsJoined",
+            "--nnodes=2 --rdzv-endpoint=pod-0.sub:29400 --local-addr=10.0.0.5 ./train",
+            [](const LaunchPlan& p) { EXPECT_EQ(p.coordinator, CoordinatorRole::kJoin); },
+            [](Machine& m) {
+              m.facts.hostname = "pod-1";
+              m.host.unresolvable.insert("pod-0.sub");
+            }),
       // Static ranks on a node that is not the master: the master's port is not this machine's.
       Plans("StaticMasterPortOnAnotherMachineIsNotChecked",
             "--rdzv-backend=static --nnodes=2 --node-rank=1 --master-addr=node1 --master-port=29500 ./train",

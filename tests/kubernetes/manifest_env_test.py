@@ -6,18 +6,27 @@ would: the manifest's own env, what its controller injects (the training operato
 variables, the Job controller's JOB_COMPLETION_INDEX, downward-API fields, the Secret), then the
 kubelet's $(VAR) expansion of command and args. It runs `launch --dry-run <command and args>`
 with exactly that environment (env -i, plus PATH) and checks launch's plan against the job:
-workers per node, each worker's ranks and sizes, the rendezvous endpoint, exit 0. Broken values
-must exit 2 with one line naming the variable.
+workers per node, each worker's ranks and sizes (in the environment the worker would get: the
+pod's, with what launch sets over it), the rendezvous endpoint or the static master, exit 0.
+Broken values must exit 2 with one line naming the variable. The elastic PyTorchJob is also run
+as a non-elastic Master + Worker job (no elasticPolicy, the operator's PET_MASTER_ADDR/PORT and
+PET_NODE_RANK, no endpoint), which launch must plan as torchrun's default static ranks. One real
+single-node launch per manifest with the pod's environment checks that the Secret's
+LAUNCH_RDZV_TOKEN does not reach the worker while the rest of the environment does.
 
 Where it can (root, mount and UTS namespaces), each pod runs with the pod's host name and a
-kubelet-style /etc/hosts that also answers, as cluster DNS would, the names of the job's other
-pods: the pod whose address the endpoint is then hosts the coordinator ("hosted here") and the
-others join it. Without namespaces every pod joins and only that assertion is left out.
+kubelet-style /etc/hosts, twice: once with it also answering, as cluster DNS would, the names of
+the job's other pods, and once before cluster DNS knows any of them (the kubelet's own lines
+only; the manifests have no init container that waits for a name). Either way the pod whose
+address the endpoint is hosts the coordinator ("hosted here") and the others join it; before DNS
+they say once that the name does not resolve yet and join it all the same (exit 0). Without
+namespaces every pod joins and those assertions are left out.
 
 usage: manifest_env_test.py --launch PATH --manifests DIR [--train-mlp PATH] [--no-namespaces]
 """
 
 import argparse
+import copy
 import ipaddress
 import os
 import re
@@ -118,9 +127,27 @@ def pytorchjob_pods(job):
                 env.append(value_env("PET_NNODES", str(total)))
             pods.append(Pod(name=pod_name, hostname=pod_name, subdomain=None, labels={}, annotations={},
                             pod_spec=template["spec"], container=dict(container, env=env)))
-    # Cluster DNS: the per-pod headless Services.
-    dns = {p.name: p for p in pods}
+    # Cluster DNS: the per-pod headless Services (the short name through the pod's search list).
+    dns = {}
+    for p in pods:
+        for n in (p.name, f"{p.name}.{NAMESPACE}.svc", f"{p.name}.{NAMESPACE}.svc.{CLUSTER_DOMAIN}"):
+            dns[n] = p
     return pods, dns
+
+
+def as_master_worker(job):
+    """The elastic PyTorchJob as a non-elastic one: no elasticPolicy, a Master replica (the Worker's
+    template) and one Worker. The operator then gives PET_NNODES=2, PET_NODE_RANK (master 0,
+    worker 1), PET_MASTER_ADDR=<job>-master-0, PET_MASTER_PORT (its pytorchjob-port) and
+    PET_NPROC_PER_NODE, and no PET_RDZV_ENDPOINT: torchrun's static rendezvous."""
+    job = copy.deepcopy(job)
+    job["metadata"]["name"] = "train-mlp-static"
+    spec = job["spec"]
+    spec.pop("elasticPolicy", None)
+    worker = spec["pytorchReplicaSpecs"]["Worker"]
+    worker["replicas"] = 1
+    spec["pytorchReplicaSpecs"] = {"Master": dict(copy.deepcopy(worker), replicas=1), "Worker": worker}
+    return job
 
 
 # JobSet (kubernetes-sigs/jobset, v0.6-v0.12), pkg/controllers/jobset_controller.go constructJob
@@ -163,8 +190,12 @@ def jobset_pods(js, name=None):
                 pods.append(Pod(name=f"{job_name}-{k}", hostname=f"{job_name}-{k}", subdomain=subdomain,
                                 labels=labels, annotations=annotations, pod_spec=pod_spec,
                                 container=dict(container, env=env), job_name=rjob["name"]))
-    dns = {f"{p.hostname}.{p.subdomain}": p for p in pods if p.subdomain}
-    dns.update({f"{p.hostname}.{p.subdomain}.{NAMESPACE}.svc": p for p in pods if p.subdomain})
+    dns = {}
+    for p in pods:
+        if p.subdomain:
+            for n in (f"{p.hostname}.{p.subdomain}", f"{p.hostname}.{p.subdomain}.{NAMESPACE}.svc",
+                      f"{p.hostname}.{p.subdomain}.{NAMESPACE}.svc.{CLUSTER_DOMAIN}"):
+                dns[n] = p
     return pods, dns
 
 
@@ -352,8 +383,9 @@ def secret_files(pod, secrets, root):
 
 
 def hosts_file(pod, dns):
-    """The kubelet's /etc/hosts (pkg/kubelet/kubelet_pods.go managedHostsFileContent) plus, as
-    cluster DNS would answer them, the job's stable names."""
+    """The kubelet's /etc/hosts (pkg/kubelet/kubelet_pods.go managedHostsFileContent: the pod's
+    <hostname>.<subdomain>.<namespace>.svc.<cluster domain> and <hostname> on its address) plus, as
+    cluster DNS would answer them, the job's stable names (none before DNS knows them)."""
     lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
     if pod.subdomain:
         lines.append(f"{pod.ip}\t{pod.hostname}.{pod.subdomain}.{NAMESPACE}.svc.{CLUSTER_DOMAIN}\t{pod.hostname}")
@@ -467,24 +499,33 @@ class Runner:
 # The contract: what each manifest's pods must get from launch.
 # --------------------------------------------------------------------------------------------
 
-# Per manifest: the object that makes the pods, and for each pod (by index) what launch must plan.
+# Per case: the manifest, the object that makes the pods (optionally changed first), and for each
+# pod (by index) what launch must plan.
 #   node_rank: the node rank the dry run shows (a c10d job's real group ranks come from the
 #     rendezvous; the dry run shows its node rank, 0 where the manifest gives none).
-#   nnodes, workers, endpoint, hosted (pod 0 hosts the coordinator), run_id, max_restarts.
+#   nnodes, workers, backend, run_id, max_restarts.
+#   endpoint, hosted (this pod hosts the coordinator): c10d; endpoint None for static ranks.
+#   master: static ranks: the MASTER_ADDR and MASTER_PORT every worker gets.
 #   world: the WORLD_SIZE the dry run shows (an elastic job's: at its MAX nodes).
 #   origins: where launch says a setting came from (a PET_ variable, JOB_COMPLETION_INDEX, a flag).
 #   absent: settings that must not be there.
+# token_check_on: the pod whose environment one real single-node launch is given (its worker
+#   must not see LAUNCH_RDZV_TOKEN); only where the token comes as that variable.
+TRAINJOB_ENDPOINT = f"train-mlp-trainjob-node-0-0.train-mlp-trainjob.{NAMESPACE}.svc.{CLUSTER_DOMAIN}:29400"
+JOBSET_ENDPOINT = f"train-mlp-jobset-node-0-0.train-mlp-jobset.{NAMESPACE}.svc.{CLUSTER_DOMAIN}:29400"
+STATIC_ORIGIN = "torchrun's default (a master address, no endpoint)"
 CONTRACT = {
     "pytorchjob-elastic.yaml": {
+        "file": "pytorchjob-elastic.yaml",
         "kind": "PyTorchJob",
         "pods": {
-            0: dict(node_rank=0, nnodes="2:4", workers=2, endpoint="train-mlp-elastic-worker-0:29400", hosted=True,
-                    run_id="train-mlp-elastic", max_restarts=3, world=8, group_world=4,
+            0: dict(node_rank=0, nnodes="2:4", workers=2, backend="c10d", endpoint="train-mlp-elastic-worker-0:29400",
+                    hosted=True, run_id="train-mlp-elastic", max_restarts=3, world=8, group_world=4,
                     origins={"nnodes": "PET_NNODES", "nproc_per_node": "PET_NPROC_PER_NODE",
                              "rdzv_backend": "PET_RDZV_BACKEND", "rdzv_endpoint": "PET_RDZV_ENDPOINT",
                              "rdzv_id": "PET_RDZV_ID", "max_restarts": "PET_MAX_RESTARTS"}),
-            1: dict(node_rank=0, nnodes="2:4", workers=2, endpoint="train-mlp-elastic-worker-0:29400", hosted=False,
-                    run_id="train-mlp-elastic", max_restarts=3, world=8, group_world=4,
+            1: dict(node_rank=0, nnodes="2:4", workers=2, backend="c10d", endpoint="train-mlp-elastic-worker-0:29400",
+                    hosted=False, run_id="train-mlp-elastic", max_restarts=3, world=8, group_world=4,
                     origins={"nnodes": "PET_NNODES", "node_rank": "default"}),
         },
         # Broken values, on pod broken_on: exit 2 and one line on stderr that starts with the prefix.
@@ -493,15 +534,43 @@ CONTRACT = {
                    ({"env": {"PET_NPROC_PER_NODE": "two"}}, "launch: PET_NPROC_PER_NODE=two: "),
                    ({"env": {"PET_RDZV_CONF": "join_timeout=soon"}}, "launch: PET_RDZV_CONF=join_timeout=soon: "),
                    ({"secret": "short"}, "launch: LAUNCH_RDZV_TOKEN: ")],
+        "token_check_on": 0,
+    },
+    # The same pods in a non-elastic Master + Worker PyTorchJob: torchrun's default static backend.
+    "pytorchjob-elastic.yaml as Master + Worker": {
+        "file": "pytorchjob-elastic.yaml",
+        "kind": "PyTorchJob",
+        "transform": as_master_worker,
+        "pods": {
+            0: dict(node_rank=0, nnodes="2", workers=2, backend="static", endpoint=None,
+                    master=("train-mlp-static-master-0", "29400"), run_id="none", max_restarts=0, world=4,
+                    group_world=2,
+                    origins={"nnodes": "PET_NNODES", "node_rank": "PET_NODE_RANK",
+                             "nproc_per_node": "PET_NPROC_PER_NODE", "rdzv_backend": STATIC_ORIGIN,
+                             "master_addr": "PET_MASTER_ADDR", "master_port": "PET_MASTER_PORT"},
+                    absent=["rdzv_endpoint"]),
+            1: dict(node_rank=1, nnodes="2", workers=2, backend="static", endpoint=None,
+                    master=("train-mlp-static-master-0", "29400"), run_id="none", max_restarts=0, world=4,
+                    group_world=2,
+                    origins={"nnodes": "PET_NNODES", "node_rank": "PET_NODE_RANK",
+                             "nproc_per_node": "PET_NPROC_PER_NODE", "rdzv_backend": STATIC_ORIGIN,
+                             "master_addr": "PET_MASTER_ADDR", "master_port": "PET_MASTER_PORT"},
+                    absent=["rdzv_endpoint"]),
+        },
+        "broken_on": 1,
+        "broken": [({"env": {"PET_NODE_RANK": "2"}}, "launch: PET_NODE_RANK=2: "),
+                   ({"env": {"PET_MASTER_PORT": "http"}}, "launch: PET_MASTER_PORT=http: ")],
+        "token_check_on": 1,
     },
     "jobset.yaml": {
+        "file": "jobset.yaml",
         "kind": "JobSet",
         "pods": {
-            0: dict(node_rank=0, nnodes="2", workers=2, endpoint="train-mlp-jobset-node-0-0.train-mlp-jobset:29400",
+            0: dict(node_rank=0, nnodes="2", workers=2, backend="c10d", endpoint=JOBSET_ENDPOINT,
                     hosted=True, run_id="train-mlp-jobset", max_restarts=3, world=4, group_world=2,
                     origins={"node_rank": "JOB_COMPLETION_INDEX", "nnodes": "--nnodes",
                              "rdzv_endpoint": "--rdzv-endpoint", "rdzv_id": "--rdzv-id"}),
-            1: dict(node_rank=1, nnodes="2", workers=2, endpoint="train-mlp-jobset-node-0-0.train-mlp-jobset:29400",
+            1: dict(node_rank=1, nnodes="2", workers=2, backend="c10d", endpoint=JOBSET_ENDPOINT,
                     hosted=False, run_id="train-mlp-jobset", max_restarts=3, world=4, group_world=2,
                     origins={"node_rank": "JOB_COMPLETION_INDEX"}),
         },
@@ -510,16 +579,15 @@ CONTRACT = {
                    ({"secret": "short"}, "launch: --rdzv-token-file=")],
     },
     "trainjob.yaml": {
+        "file": "trainjob.yaml",
         "kind": "TrainJob",
         "pods": {
-            0: dict(node_rank=0, nnodes="2", workers=2,
-                    endpoint="train-mlp-trainjob-node-0-0.train-mlp-trainjob:29400", hosted=True,
+            0: dict(node_rank=0, nnodes="2", workers=2, backend="c10d", endpoint=TRAINJOB_ENDPOINT, hosted=True,
                     run_id="train-mlp-trainjob", max_restarts=3, world=4, group_world=2,
                     origins={"node_rank": "PET_NODE_RANK", "nnodes": "PET_NNODES",
                              "nproc_per_node": "PET_NPROC_PER_NODE", "rdzv_endpoint": "--rdzv-endpoint"},
                     absent=["master_addr", "master_port"]),
-            1: dict(node_rank=1, nnodes="2", workers=2,
-                    endpoint="train-mlp-trainjob-node-0-0.train-mlp-trainjob:29400", hosted=False,
+            1: dict(node_rank=1, nnodes="2", workers=2, backend="c10d", endpoint=TRAINJOB_ENDPOINT, hosted=False,
                     run_id="train-mlp-trainjob", max_restarts=3, world=4, group_world=2,
                     origins={"node_rank": "PET_NODE_RANK"}, absent=["master_addr", "master_port"]),
         },
@@ -527,8 +595,12 @@ CONTRACT = {
         "broken": [({"env": {"PET_NNODES": "0"}}, "launch: PET_NNODES=0: "),
                    ({"env": {"PET_NODE_RANK": "first"}}, "launch: PET_NODE_RANK=first: "),
                    ({"secret": "short"}, "launch: LAUNCH_RDZV_TOKEN: ")],
+        "token_check_on": 1,
     },
 }
+
+# launch's warning for an endpoint whose name does not resolve yet (it joins it all the same).
+NOT_YET = re.compile(r"^\[launch [0-9:.]+ W\] --rdzv-endpoint=\S+: .*\(yet\): joining it, retried until join_timeout$")
 
 
 def load(path):
@@ -536,18 +608,28 @@ def load(path):
         return [d for d in yaml.safe_load_all(f) if d]
 
 
-def pods_of(docs, kind):
+def pods_of(docs, kind, transform=None):
     runtimes = {(d["kind"], d["metadata"]["name"]): d for d in docs
                 if d.get("kind") in ("TrainingRuntime", "ClusterTrainingRuntime")}
     objs = [d for d in docs if d.get("kind") == kind]
     if len(objs) != 1:
         raise Failure(f"expected one {kind}, found {len(objs)}")
-    obj = objs[0]
+    obj = transform(objs[0]) if transform else objs[0]
     if kind == "PyTorchJob":
         return obj, pytorchjob_pods(obj)
     if kind == "JobSet":
         return obj, jobset_pods(obj)
     return obj, trainjob_pods(obj, runtimes)
+
+
+def waits_for_a_name(pod_spec):
+    """The init containers that wait for a host name (getent hosts, nslookup, host, dig)."""
+    out = []
+    for ic in pod_spec.get("initContainers", []):
+        text = " ".join((ic.get("command") or []) + (ic.get("args") or []))
+        if re.search(r"\b(getent\s+hosts|nslookup|dig|host)\s", text):
+            out.append(ic.get("name", "?"))
+    return out
 
 
 def lint(name, obj, pods):
@@ -560,6 +642,11 @@ def lint(name, obj, pods):
             errors.append(f"{pod.name}: train_mlp (/opt/launch/bin/train_mlp, the image's) is not the program")
         if not c.get("image"):
             errors.append(f"{pod.name}: no image")
+        # launch joins an endpoint whose name does not resolve yet: nothing has to wait for it
+        # (and such a wait would only delay every pod but pod 0).
+        waiting = waits_for_a_name(pod.pod_spec)
+        if waiting:
+            errors.append(f"{pod.name}: init container(s) {waiting} wait for a host name; launch needs none")
     if obj["kind"] == "PyTorchJob":
         e = obj["spec"].get("elasticPolicy") or {}
         n = obj["spec"]["pytorchReplicaSpecs"]["Worker"].get("replicas", 1)
@@ -576,10 +663,27 @@ def lint(name, obj, pods):
     return errors
 
 
-def check_plan(pod, want, r, argv, train_mlp, simulate):
+def removed_by_prefix(argv):
+    """The variables an `env -u NAME ...` before launch removes."""
+    out = set()
+    if argv and os.path.basename(argv[0]) == "env":
+        i = 1
+        while i < len(argv) and argv[i].startswith("-"):
+            if argv[i] in ("-u", "--unset") and i + 1 < len(argv):
+                out.add(argv[i + 1])
+                i += 2
+            elif argv[i].startswith("--unset="):
+                out.add(argv[i].split("=", 1)[1])
+                i += 1
+            else:
+                i += 1
+    return out
+
+
+def check_plan(pod, want, r, argv, pod_env, train_mlp, simulate, before_dns):
     """The dry run's plan against the contract; returns the list of what differs."""
     errs = []
-    where = pod.name
+    where = pod.name + (" (before DNS)" if before_dns else "")
     if r.returncode != 0:
         return [f"{where}: exit {r.returncode}, expected 0; stderr: {r.stderr.strip()}"]
     plan = Plan(r.stdout)
@@ -594,11 +698,21 @@ def check_plan(pod, want, r, argv, train_mlp, simulate):
     eq("the workers on this node", int(h.group(3)), want["workers"])
     eq("the rendezvous endpoint", h.group(4), want["endpoint"])
     eq("the run id", h.group(6), want["run_id"])
+    eq("the rendezvous backend", (plan.settings.get("rdzv_backend") or (None,))[0], want["backend"])
+    not_yet = [l for l in r.stderr.splitlines() if NOT_YET.match(l)]
     if simulate:
-        eq("who hosts the coordinator", h.group(5), "hosted here" if want["hosted"] else "another host's")
+        if want["endpoint"] is not None:
+            eq("who hosts the coordinator", h.group(5), "hosted here" if want["hosted"] else "another host's")
         stray = [l for l in r.stderr.splitlines() if "a real run would stop here" in l]
         if stray:
             errs.append(f"{where}: {stray[0]}")
+        # Before cluster DNS knows the endpoint, a pod that joins says so once and joins all the
+        # same; the host knows its own name from /etc/hosts (or its host name), and with DNS nobody
+        # warns.
+        expect_warning = before_dns and want["endpoint"] is not None and not want["hosted"]
+        eq("the 'does not resolve yet' warnings", len(not_yet), 1 if expect_warning else 0)
+    elif len(not_yet) > 1:
+        errs.append(f"{where}: {len(not_yet)} 'does not resolve yet' warnings, expected at most one")
     for key, origin in want.get("origins", {}).items():
         got = plan.settings.get(key)
         if got is None:
@@ -612,9 +726,12 @@ def check_plan(pod, want, r, argv, train_mlp, simulate):
     eq("the number of workers printed", len(plan.workers), want["workers"])
     # The program and its arguments, as the container gives them to launch.
     program = argv[argv.index(train_mlp):] if train_mlp in argv else []
+    # The dry run prints what launch sets or changes; the worker gets the rest of launch's
+    # environment (the pod's, less what an `env -u` before launch removes) as it is, less the token.
+    inherited = {k: v for k, v in pod_env.items() if k not in removed_by_prefix(argv) and k != "LAUNCH_RDZV_TOKEN"}
     for i, w in enumerate(plan.workers):
         rank = want["node_rank"] * want["workers"] + i
-        env = w["env"]
+        env = dict(inherited, **w["env"])
         eq(f"worker {i}'s rank", w["rank"], rank)
         eq(f"worker {i}'s local rank", w["local_rank"], i)
         expected_env = {"RANK": rank, "LOCAL_RANK": i, "GROUP_RANK": want["node_rank"], "ROLE_RANK": rank,
@@ -622,23 +739,14 @@ def check_plan(pod, want, r, argv, train_mlp, simulate):
                         "LOCAL_WORLD_SIZE": want["workers"], "GROUP_WORLD_SIZE": want["group_world"],
                         "TORCHELASTIC_RUN_ID": want["run_id"], "TORCHELASTIC_MAX_RESTARTS": want["max_restarts"],
                         "TORCHELASTIC_RESTART_COUNT": 0}
+        if "master" in want:
+            expected_env["MASTER_ADDR"], expected_env["MASTER_PORT"] = want["master"]
         for k, v in expected_env.items():
             eq(f"worker {i}'s {k}", env.get(k), str(v))
+        if "LAUNCH_RDZV_TOKEN" in w["env"]:
+            errs.append(f"{where}: worker {i} is given LAUNCH_RDZV_TOKEN")
         eq(f"worker {i}'s argv", w["argv"], " ".join(program))
     return errs
-
-
-def init_waits_for(pod, host, secrets):
-    """Whether one of the pod's init containers runs `getent hosts <host>` (after its shell would
-    expand the container's variables)."""
-    for ic in pod.pod_spec.get("initContainers", []):
-        env = container_env(Pod(pod.name, pod.hostname, pod.subdomain, pod.labels, pod.annotations, pod.pod_spec, ic),
-                            secrets)
-        text = " ".join((ic.get("command") or []) + (ic.get("args") or []))
-        text = re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", lambda m: env.get(m.group(1), m.group(0)), text)
-        if re.search(r'getent hosts "?' + re.escape(host) + r'"?(?![\w.-])', text):
-            return True
-    return False
 
 
 def check_broken(pod, r, prefix):
@@ -654,19 +762,20 @@ def check_broken(pod, r, prefix):
 
 
 def check_pod(runner, manifest, pod, want, dns):
-    """One pod's dry run against the contract; returns what differs."""
+    """One pod's dry run against the contract, with cluster DNS answering the job's names and,
+    where pods are simulated, again before it knows any; returns what differs."""
     env = container_env(pod, SECRETS)
     mounts = secret_files(pod, SECRETS, os.path.join(runner.tmp, pod.name))
     argv = runner.pod_argv(pod, env, mounts)
-    r = runner.run(pod, env, argv, dns)
-    errs = check_plan(pod, want, r, argv, runner.train_mlp, runner.simulate)
-    # launch exits 2 while the endpoint does not resolve: an init container waits for it.
-    host = want["endpoint"].rsplit(":", 1)[0]
-    if not init_waits_for(pod, host, SECRETS):
-        errs.append(f"{pod.name}: no init container waits until {host} resolves (getent hosts)")
-    header = Plan(r.stdout).header
-    print(f"{manifest}: {pod.name}: {'ok' if not errs else 'FAILED'}: "
-          f"{header.group(0) if header else r.stderr.strip()}")
+    errs = []
+    for before_dns in ((False, True) if runner.simulate else (False,)):
+        r = runner.run(pod, env, argv, {} if before_dns else dns)
+        e = check_plan(pod, want, r, argv, env, runner.train_mlp, runner.simulate, before_dns)
+        errs += e
+        header = Plan(r.stdout).header
+        when = " before DNS" if before_dns else ""
+        print(f"{manifest}: {pod.name}{when}: {'ok' if not e else 'FAILED'}: "
+              f"{header.group(0) if header else r.stderr.strip()}")
     return errs
 
 
@@ -686,10 +795,49 @@ def check_broken_pod(runner, manifest, pod, change, prefix, dns):
     return errs
 
 
+def check_token_kept(runner, manifest, pod):
+    """A real single-node launch (--standalone, one worker) with the pod's environment and the
+    command before launch (env -u ...): the worker gets the pod's environment but the token."""
+    env = container_env(pod, SECRETS)
+    token = env.get("LAUNCH_RDZV_TOKEN")
+    if not token:
+        raise Failure(f"{pod.name}: its container has no LAUNCH_RDZV_TOKEN for the token check")
+    dump = os.path.join(runner.tmp, f"worker-env.{pod.name}")
+    stub = os.path.join(runner.tmp, "dump_env")
+    with open(stub, "w") as f:
+        f.write(f"#!/bin/sh\nexec env > '{dump}'\n")
+    os.chmod(stub, 0o755)
+    c = pod.container
+    argv = [expand(a, env) for a in (c.get("command") or []) + (c.get("args") or [])]
+    at = [i for i, a in enumerate(argv) if a == "launch" or a.endswith("/launch")][0]
+    argv = argv[:at] + [runner.launch, "--standalone", "--nnodes=1", "--node-rank=0", "--nproc-per-node=1",
+                        "--rdzv-id=token-check", stub]
+    command = ["env", "-i", "PATH=/usr/bin:/bin"] + [f"{k}={v}" for k, v in env.items()] + argv
+    try:
+        r = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=runner.tmp)
+    except subprocess.TimeoutExpired:
+        raise Failure(f"{pod.name}: the token check's launch did not return within 60 s")
+    errs = []
+    if r.returncode != 0 or not os.path.exists(dump):
+        errs.append(f"{pod.name}: the token check's launch exited {r.returncode} (worker env written: "
+                    f"{os.path.exists(dump)}); stderr: {r.stderr.strip()}")
+    else:
+        with open(dump) as f:
+            worker = dict(l.split("=", 1) for l in f.read().splitlines() if "=" in l)
+        if "LAUNCH_RDZV_TOKEN" in worker or any(token in v for v in worker.values()):
+            errs.append(f"{pod.name}: the worker's environment has the rendezvous token")
+        missing = sorted(k for k in env if k != "LAUNCH_RDZV_TOKEN" and k not in removed_by_prefix(argv)
+                         and k not in worker)
+        if missing:
+            errs.append(f"{pod.name}: the worker's environment lacks the pod's {missing}")
+    print(f"{manifest}: {pod.name}: real launch, the token kept from the worker: {'ok' if not errs else 'FAILED'}")
+    return errs
+
+
 def check_manifest(runner, manifests, manifest, contract):
     try:
-        docs = load(os.path.join(manifests, manifest))
-        obj, (pods, dns) = pods_of(docs, contract["kind"])
+        docs = load(os.path.join(manifests, contract["file"]))
+        obj, (pods, dns) = pods_of(docs, contract["kind"], contract.get("transform"))
     except (Failure, KeyError, TypeError, ValueError, OSError, yaml.YAMLError) as e:
         return [f"{manifest}: {e!r}"]
     errs = lint(manifest, obj, pods)
@@ -708,6 +856,8 @@ def check_manifest(runner, manifests, manifest, contract):
             if index == contract["broken_on"]:
                 for change, prefix in contract["broken"]:
                     errs += check_broken_pod(runner, manifest, pod, change, prefix, dns)
+            if index == contract.get("token_check_on"):
+                errs += check_token_kept(runner, manifest, pod)
         except Failure as e:
             errs.append(str(e))
         finally:
