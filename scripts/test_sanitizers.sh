@@ -44,6 +44,7 @@ tsan_ok=1
 coordinator_bin=$PWD/build/bin/launch
 tsan_skip="*Chaos*:MultiNode.ThreeAgentsWithDifferentLocalSizesOneHostsTheCoordinator"
 tsan_skip+=":MultiNode.AgentHostedCoordinatorLostWithItsNodeFailsTheJobCleanly:MultiNode.StaticBackendGivesRanksFromNodeRank"
+tsan_skip+=":MultiNode.EveryNodeStoppedAtOnce*:MultiNode.TheHostStoppedAloneEndsTheJobOnTheOtherNodeAtOnce"
 if [ ! -x "$coordinator_bin" ]; then
   echo "test_sanitizers.sh: TSan: $coordinator_bin is missing (scripts/test.sh builds it first)" >&2
   tsan_ok=0
