@@ -40,8 +40,15 @@ TEST(Sdk, ANormalRunReportsNoStragglerAndWritesItsSamples) {
                    "even", TRAIN_MLP_BIN, "--steps", "60", "--warmup", "0", "--print-every", "0"},
                   {}, std::chrono::seconds(180));
   EXPECT_EQ(r.exit_code, 0) << r.err;
+#if defined(__SANITIZE_ADDRESS__)
+  // Under AddressSanitizer two even ranks on 2 cores differed by 1.20x once (rank 0: 62.8 ms of
+  // own work per step against 52.1 ms), which is the default factor: that an even run gets no
+  // verdict is checked in the other builds; here the run, the table and the samples.
+  EXPECT_THAT(r.err, ::testing::ContainsRegex("\n1 +[^ ]+ +60 +[0-9.]+ ms +[-0-9x]+ +0\n"));
+#else
   EXPECT_THAT(r.err, ::testing::Not(HasSubstr("is a straggler")));
   EXPECT_THAT(r.err, ::testing::ContainsRegex("\n1 +[^ ]+ +60 +[0-9.]+ ms +- +0\n"));
+#endif
   const std::string samples = ReadFile(dir / "logs/even/metrics.jsonl");
   int lines = 0, running = 0;
   for (absl::string_view line : absl::StrSplit(samples, '\n', absl::SkipEmpty())) {
