@@ -128,6 +128,7 @@ absl::StatusOr<std::vector<WorkerLaunch>> Agent::PrepareAttempt(const v1::Assign
   round.master_addr = a.master_addr();
   round.master_port = a.master_port();
   round.restart_count = a.restart_count();
+  round.agent_store = a.agent_store();
   ASSIGN_OR_RETURN(WorkerEnvPlan plan, BuildWorkerEnvs(parent_env_, opts_.spec, round, paths));
   if (file_timer_) {
     for (Env& env : plan.envs) env[kTimerFileEnv] = file_timer_->path();
@@ -263,6 +264,13 @@ int Agent::Run() {
     return 1;
   }
   run_dir_ = dir.path();
+  if (opts_.node.addresses().empty()) {
+    // Whom the store of a round this node hosts lets in comes from every node's addresses.
+    for (const auto& ip : LocalInterfaceAddresses()) {
+      if (opts_.node.addresses_size() >= kMaxNodeAddresses) break;
+      if (ip.size() <= kMaxAddressLength) opts_.node.add_addresses(ip);
+    }
+  }
   if (!opts_.dry_run) {
     auto timer = StartFileTimer(parent_env_);
     if (!timer.ok()) {
@@ -296,6 +304,7 @@ int Agent::Run() {
   }
   const int code = Finish(state, at, dir.temporary());
   file_timer_.reset();  // the FIFO goes with the run (the agent may stay to serve the coordinator)
+  store_.reset();       // and so does the workers' store
   return code;
 }
 
@@ -307,8 +316,24 @@ AgentEvent Agent::Join(Attempt* at) {
     req.set_last_round(last_round_);
     req.set_proposed_master_addr(opts_.master_addr);
     if (opts_.run_spec.min_nodes() > 0) *req.mutable_spec() = opts_.run_spec;
+    // Static ranks keep torchrun's static way (worker rank 0 hosts the store), a dry run hosts none.
+    req.set_agent_store(!opts_.static_topology);
     if (opts_.master_port) {
       req.set_proposed_master_port(*opts_.master_port);
+      return req;
+    }
+    if (req.agent_store() && !opts_.dry_run) {
+      // The port proposed is bound and held from now on, so it is still free if this node hosts.
+      if (!store_) {
+        auto store = StoreServer::Bind(opts_.master_addr, 0, last_picked_port_, StoreServer::Options());
+        if (!store.ok()) {
+          return absl::UnavailableError(absl::StrCat("cannot bind a port for the workers' store on ",
+                                                     opts_.master_addr, ": ", store.status().message()));
+        }
+        store_ = std::move(*store);
+      }
+      req.set_proposed_master_port(store_->port());
+      last_picked_port_ = store_->port();
       return req;
     }
     auto port = PickFreePort(opts_.master_addr, last_picked_port_);
@@ -341,10 +366,35 @@ AgentEvent Agent::Join(Attempt* at) {
     assignment->set_rank_offset(local * t->group_rank);
     assignment->set_master_addr(t->master_addr);
     assignment->set_master_port(t->master_port);
+    assignment->set_agent_store(false);
+  }
+  if (auto st = HostStore(*assignment); !st.ok()) {
+    at->error = std::string(st.message());
+    return AgentEvent::Of(AgentEvent::Kind::kError);
   }
   *at = Attempt();
   at->assignment = *assignment;
   return AgentEvent::Of(AgentEvent::Kind::kAssigned);
+}
+
+absl::Status Agent::HostStore(const v1::Assignment& a) {
+  if (opts_.dry_run || !a.agent_store()) return absl::OkStatus();
+  if (a.group_rank() != 0) {
+    // Another node hosts this round's store: ours (if it served) goes, with its port; the next
+    // join binds a new one.
+    if (store_ && store_->serving()) store_.reset();
+    return absl::OkStatus();
+  }
+  if (!store_) {
+    // --master-port: bound now that this node hosts (with it every node proposes the same port).
+    ASSIGN_OR_RETURN(store_, StoreServer::Bind(opts_.master_addr, a.master_port(), 0, StoreServer::Options()));
+  }
+  StorePeers peers;
+  peers.uid = ::geteuid();
+  peers.remote.insert(a.member_addresses().begin(), a.member_addresses().end());
+  // A fresh store for every round: the last attempt's keys and connections are gone.
+  RETURN_IF_ERROR(store_->Serve(std::move(peers)));
+  return absl::OkStatus();
 }
 
 AgentEvent Agent::RunWorkers(Attempt* at) {

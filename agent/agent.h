@@ -21,6 +21,7 @@
 #include "agent/monitor.h"
 #include "agent/process.h"
 #include "agent/signals.h"
+#include "agent/store_server.h"
 #include "agent/worker_env.h"
 #include "agent/worker_group.h"
 #include "common/clock.h"
@@ -58,6 +59,9 @@ class Agent {
   AgentEvent ReportOutcome(const AgentState& state, Attempt* at);
   AgentEvent AwaitOthers(Attempt* at);
   AgentEvent BackOff();
+  // Serves the workers' store for the round when this node is its group rank 0 (and the store
+  // is the agent's); stops serving when another node is.
+  absl::Status HostStore(const v1::Assignment& a);
   // Says how the run ended and returns launch's exit code.
   int Finish(const AgentState& state, const Attempt& at, bool temp_dir);
   // Logs a move between phases that users should see (a restart, a wait for the other nodes).
@@ -85,6 +89,9 @@ class Agent {
   // torchrun's file timer (TORCHELASTIC_ENABLE_FILE_TIMER=1): one for the run, every attempt's
   // workers registered with it; null when not asked for.
   std::unique_ptr<FileTimerServer> file_timer_;
+  // The workers' TCPStore: bound when this node proposes its port, served while it is group
+  // rank 0, through every restart (agent/store_server.h).
+  std::unique_ptr<StoreServer> store_;
 };
 
 }  // namespace launch

@@ -179,7 +179,9 @@ absl::StatusOr<WorkerEnvPlan> BuildWorkerEnvs(const Env& parent, const WorkerGro
     env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(round.restart_count);
     env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(spec.max_restarts);
     env["TORCHELASTIC_RUN_ID"] = spec.run_id;
-    env["TORCHELASTIC_USE_AGENT_STORE"] = "False";  // rank 0 hosts the TCPStore, as with torchrun
+    // torch's workers test for exactly "True": then none of them hosts the store, and torch 1.x
+    // prefixes their keys with /worker/attempt_<TORCHELASTIC_RESTART_COUNT>.
+    env["TORCHELASTIC_USE_AGENT_STORE"] = round.agent_store ? "True" : "False";
     env["TORCHELASTIC_ERROR_FILE"] = paths[local].error_file;
     if (!paths[local].log_dir.empty()) env["LAUNCH_LOG_DIR"] = paths[local].log_dir;
     if (!paths[local].stack_file.empty()) env["LAUNCH_STACK_FILE"] = paths[local].stack_file;

@@ -40,6 +40,8 @@ struct RoundInfo {
   std::string master_addr = "127.0.0.1";
   int master_port = 0;
   int restart_count = 0;
+  // The group-rank-0 agent serves the store at master_addr:master_port; else worker rank 0 does.
+  bool agent_store = false;
 };
 
 struct WorkerEnvPlan {

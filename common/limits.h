@@ -35,6 +35,9 @@ inline constexpr int kMaxNodes = 16384;
 // address (a DNS name is at most 253 bytes), as they travel in RPCs and lease datagrams.
 inline constexpr size_t kMaxNodeIdLength = 255;
 inline constexpr size_t kMaxHostLength = 255;
+// The interface addresses one node reports (NodeIdentity.addresses), each a numeric address.
+inline constexpr int kMaxNodeAddresses = 64;
+inline constexpr size_t kMaxAddressLength = 64;
 // A worker's error-file message as an agent reports it to the coordinator.
 inline constexpr size_t kMaxWireErrorMessage = 16 * 1024;
 

@@ -193,6 +193,9 @@ std::vector<std::string> InterfaceAddresses() {
 
 }  // namespace
 
+std::vector<std::string> LocalInterfaceAddresses() { return InterfaceAddresses(); }
+bool IsLoopbackIp(const std::string& ip) { return IsLoopbackAddress(ip); }
+
 absl::StatusOr<std::vector<std::string>> ResolveHost(const std::string& host) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;

@@ -28,6 +28,11 @@ std::pair<int, int> FreePortRange();
 // Whether something already listens on host:port (bind fails with EADDRINUSE).
 absl::StatusOr<bool> PortInUse(const std::string& host, int port);
 
+// The numeric addresses of this machine's interfaces, IPv4 and IPv6 (link-local ones left out).
+std::vector<std::string> LocalInterfaceAddresses();
+// Whether a numeric address is a loopback one (127/8, ::1, ::ffff:127.0.0.0/104).
+bool IsLoopbackIp(const std::string& ip);
+
 // The numeric addresses `host` resolves to (IPv4 and IPv6), in resolver order.
 absl::StatusOr<std::vector<std::string>> ResolveHost(const std::string& host);
 // Whether every address `host` resolves to is a loopback address (127/8, ::1).

@@ -48,6 +48,16 @@ absl::Status ValidateNode(const std::string& run_id, const v1::NodeIdentity& n) 
   if (n.host_address().size() > kMaxHostLength || n.hostname().size() > kMaxHostLength) {
     return absl::InvalidArgumentError(absl::StrCat("host name or address over ", kMaxHostLength, " bytes"));
   }
+  if (n.addresses_size() > kMaxNodeAddresses) {
+    return absl::InvalidArgumentError(absl::StrCat("node ", n.node_id(), ": ", n.addresses_size(),
+                                                   " interface addresses (expected at most ", kMaxNodeAddresses, ")"));
+  }
+  for (const auto& a : n.addresses()) {
+    if (!ValidId(a, kMaxAddressLength)) {
+      return absl::InvalidArgumentError(absl::StrCat("node ", n.node_id(), ": an interface address missing, over ",
+                                                     kMaxAddressLength, " bytes or not printable"));
+    }
+  }
   return absl::OkStatus();
 }
 

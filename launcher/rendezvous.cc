@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -318,6 +319,13 @@ void Rendezvous::FormRound() {
   for (const auto& [id, node] : identities_) {
     if (node.hosts_coordinator()) coordinator_host = absl::StrCat(node.hostname(), " (", node.host_address(), ")");
   }
+  // Whom the group-rank-0 agent's store lets in: every address of the round's nodes.
+  std::set<std::string> addresses;
+  for (const auto* w : order) {
+    const v1::NodeIdentity& n = w->join.node();
+    addresses.insert(n.addresses().begin(), n.addresses().end());
+    if (!n.host_address().empty()) addresses.insert(n.host_address());
+  }
   int offset = 0;
   const auto now = clock_->Now();
   for (size_t r = 0; r < order.size(); ++r) {
@@ -333,6 +341,8 @@ void Rendezvous::FormRound() {
     a.set_restart_count(restart_count_);
     a.set_max_restarts(config_.max_restarts);
     a.set_coordinator_host(coordinator_host);
+    a.set_agent_store(host.agent_store());
+    if (r == 0 && host.agent_store()) *a.mutable_member_addresses() = {addresses.begin(), addresses.end()};
     offset += j.node().local_world_size();
     members.push_back({j.node().node_id(), now, false});
     member_index_[j.node().node_id()] = r;

@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${LAUNCH_FUZZ_SECONDS:-60}
 case "$seconds" in ''|*[!0-9]*) echo "test_fuzz.sh: LAUNCH_FUZZ_SECONDS=$seconds: expected whole seconds" >&2; exit 2 ;; esac
-targets=(cli lease rendezvous coordinator_rpc)
+targets=(cli lease rendezvous coordinator_rpc store)
 CC=clang-14 CXX=clang++-14 cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=None "-DCMAKE_CXX_FLAGS=-O1 -g1" \
   -DLAUNCH_FUZZ=ON -DLAUNCH_SANITIZE=address,undefined -DLAUNCH_WITH_TORCH=OFF -DLAUNCH_BUILD_TESTS=OFF
 cmake --build build-fuzz -j "$(nproc)" --target "${targets[@]/#/fuzz_}"

@@ -148,10 +148,12 @@ TEST(Launch, ErrorFileMessageAppearsInSummary) {
   EXPECT_THAT(r.err, HasSubstr("ValueError: the real cause"));
 }
 
-TEST(Launch, RestartsUntilSuccessWithNewPortsAndCounts) {
+// The agent's store serves every attempt on one port (each attempt starts it empty).
+TEST(Launch, RestartsUntilSuccessOnTheAgentsStoreAndCounts) {
   // One worker: a failing worker stops its peers, which may not have printed yet.
   auto r = RunCmd(Cmd({"--nproc-per-node=1", "--max-restarts=3"},
-                   {"--print-env", "TORCHELASTIC_RESTART_COUNT,MASTER_PORT", "--fail-below-restart", "2", "1"}));
+                   {"--print-env", "TORCHELASTIC_RESTART_COUNT,MASTER_PORT,TORCHELASTIC_USE_AGENT_STORE",
+                    "--fail-below-restart", "2", "1"}));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(CountLines(r.err, "restarting the group"), 2) << r.err;
   for (int k = 0; k <= 2; ++k) {
@@ -160,7 +162,8 @@ TEST(Launch, RestartsUntilSuccessWithNewPortsAndCounts) {
   std::set<std::string> ports;
   for (const auto& l : Lines(r.out))
     if (absl::StrContains(l, "MASTER_PORT=")) ports.insert(l.substr(l.find('=') + 1));
-  EXPECT_EQ(ports.size(), 3u) << "a new MASTER_PORT per attempt: " << r.out;
+  EXPECT_EQ(ports.size(), 1u) << "the agent's store, on one MASTER_PORT for every attempt: " << r.out;
+  EXPECT_EQ(CountLines(r.out, "TORCHELASTIC_USE_AGENT_STORE=True"), 3) << r.out;
   EXPECT_THAT(r.err, Not(HasSubstr("internal"))) << "an illegal supervisor transition";
 }
 
@@ -715,6 +718,30 @@ TEST(Launch, PythonScriptWithGlooAllreduce) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("[0]:rank 0/2 allreduce=3"));
   EXPECT_THAT(r.out, HasSubstr("[1]:rank 1/2 allreduce=3"));
+}
+
+// torch's own TCPStore client against the agent's store: every operation this torch's Python has
+// (1.13 here; 2.6 in the Debian 13 run, where append, multi_get/set and check too), across ranks;
+// then a process group through it.
+TEST(Launch, TorchsStoreClientDoesEveryOperationOnTheAgentsStore) {
+  LAUNCH_NEED_PYTHON_TORCH();
+  auto r = RunCmd({kLaunch, "--nproc-per-node=2", std::string(TESTS_DIR) + "/python/store_ops.py"},
+                  {"PYTHON_EXEC=/usr/bin/python3"}, std::chrono::seconds(120));
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("\\[0\\]:rank 0 attempt 0: 1[59] store checks passed"));
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("\\[1\\]:rank 1 attempt 0: 1[59] store checks passed"));
+}
+
+// Keys of a failed attempt are gone in the next: torch 2.x workers do not prefix them per attempt
+// as 1.x's do, so the store itself must start empty.
+TEST(Launch, TheAgentsStoreForgetsTheLastAttemptsKeys) {
+  LAUNCH_NEED_PYTHON_TORCH();
+  auto r = RunCmd({kLaunch, "--nproc-per-node=2", "--max-restarts=1", std::string(TESTS_DIR) + "/python/store_ops.py"},
+                  {"PYTHON_EXEC=/usr/bin/python3", "STORE_OPS_FAIL=1"}, std::chrono::seconds(120));
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  EXPECT_THAT(r.err, HasSubstr("rank 1 failed (exit 3)"));
+  EXPECT_THAT(r.out, HasSubstr("[0]:rank 0 attempt 1: "));
+  EXPECT_THAT(r.out, HasSubstr("[1]:rank 1 attempt 1: "));
 }
 
 // A Python worker that reports through the shipped launch_progress module is watched for hangs

@@ -40,7 +40,7 @@ struct HasUseLibUV : std::false_type {};
 template <typename T>
 struct HasUseLibUV<T, std::void_t<decltype(std::declval<T&>().useLibUV)>> : std::true_type {};
 
-// Rank 0 hosts the store, as with torchrun. USE_LIBUV=0 (torch's own variable) asks for the
+// Rank 0 hosts the store unless the agent does. USE_LIBUV=0 (torch's own variable) asks for the
 // classic server; where LibTorch was built without libuv (Debian's 2.x) and USE_LIBUV is unset,
 // the classic server is used after one line that says so.
 // A template so that the useLibUV lines are compiled only where the member exists.
@@ -123,7 +123,7 @@ std::unique_ptr<Context> Context::Init(const InitOptions& opts) {
 
   c10d::TCPStoreOptions so;
   so.port = static_cast<uint16_t>(env.master_port);
-  so.isServer = env.rank == 0;
+  so.isServer = env.rank == 0 && !env.use_agent_store;
   so.numWorkers = static_cast<size_t>(env.world_size);
   so.timeout = opts.timeout;
   auto tcp = MakeTcpStore(env, so);

@@ -71,6 +71,8 @@ WorkerEnv ReadWorkerEnv() {
   Int("MASTER_PORT", &e.master_port, 1, 65535);
   Str("TORCHELASTIC_RUN_ID", &e.run_id);
   Str("TORCHELASTIC_ERROR_FILE", &e.error_file);
+  // torch's own test (rendezvous.py): exactly "True".
+  if (const char* v = Get("TORCHELASTIC_USE_AGENT_STORE")) e.use_agent_store = std::string(v) == "True";
   Str("LAUNCH_GPU_BINDING", &e.gpu_binding);
   OptInt("OMP_NUM_THREADS", &e.omp_threads, 1);
   OptDouble("LAUNCH_LR", &e.lr);

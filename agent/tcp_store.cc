@@ -1,0 +1,526 @@
+#include "agent/tcp_store.h"
+
+#include <algorithm>
+#include <cstring>
+#include <iterator>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace launch {
+namespace {
+
+static_assert(sizeof(uint64_t) == 8 && sizeof(int64_t) == 8, "torch sends 8-byte lengths and numbers");
+
+constexpr uint32_t kValidationMagic = 0x3C85F7CE;
+// The reply bytes (CheckResponseType, WaitResponseType, WatchResponseType).
+constexpr char kReady = 0, kNotReady = 1;
+constexpr char kStopWaiting = 0, kWaitCanceled = 1;
+constexpr char kKeyUpdated = 0, kKeyCreated = 1, kKeyDeleted = 2, kKeyCallbackRegistered = 3;
+
+// Wire number -> operation, per dialect (TCPStore.cpp's QueryType in 1.13.1; TCPStoreBackend.hpp's
+// in 2.6.0, with the queue operations of 2.8).
+constexpr StoreOp kTorch1Ops[] = {StoreOp::kSet,   StoreOp::kCompareSet, StoreOp::kGet,
+                                  StoreOp::kAdd,   StoreOp::kCheck,      StoreOp::kWait,
+                                  StoreOp::kNumKeys, StoreOp::kWatchKey, StoreOp::kDeleteKey};
+constexpr StoreOp kTorch2Ops[] = {
+    StoreOp::kValidate,  StoreOp::kSet,        StoreOp::kCompareSet, StoreOp::kGet,      StoreOp::kAdd,
+    StoreOp::kCheck,     StoreOp::kWait,       StoreOp::kNumKeys,    StoreOp::kDeleteKey, StoreOp::kAppend,
+    StoreOp::kMultiGet,  StoreOp::kMultiSet,   StoreOp::kCancelWait, StoreOp::kPing,     StoreOp::kQueuePush,
+    StoreOp::kQueuePop,  StoreOp::kQueueLen};
+
+// Reads fields off the unconsumed bytes. Each read either succeeds, or says the request is not
+// whole yet (need() bytes at least), or fails (status()).
+class Cursor {
+ public:
+  Cursor(const char* data, size_t size, const StoreLimits& limits) : data_(data), size_(size), limits_(limits) {}
+
+  bool Bytes(size_t n, const char** out) {
+    if (!ok()) return false;
+    if (n > limits_.max_request || pos_ + n > limits_.max_request) {
+      status_ = absl::InvalidArgumentError(
+          absl::StrCat("a request of over ", limits_.max_request, " bytes (expected at most that)"));
+      return false;
+    }
+    if (pos_ + n > size_) {
+      need_ = pos_ + n;
+      return false;
+    }
+    *out = data_ + pos_;
+    pos_ += n;
+    return true;
+  }
+  template <typename T>
+  bool Value(T* out) {
+    const char* p = nullptr;
+    if (!Bytes(sizeof(T), &p)) return false;
+    std::memcpy(out, p, sizeof(T));
+    return true;
+  }
+  // A length-prefixed string of at most `max` bytes; `what` names it in the error.
+  bool String(size_t max, const char* what, std::string* out) {
+    uint64_t n = 0;
+    if (!Value(&n)) return false;
+    if (n > max) {
+      status_ = absl::InvalidArgumentError(absl::StrCat("a ", what, " of ", n, " bytes (expected at most ", max, ")"));
+      return false;
+    }
+    const char* p = nullptr;
+    if (!Bytes(n, &p)) return false;
+    out->assign(p, n);
+    return true;
+  }
+  bool Count(uint64_t* n) {
+    if (!Value(n)) return false;
+    if (*n > limits_.max_keys_per_request) {
+      status_ = absl::InvalidArgumentError(
+          absl::StrCat("a request for ", static_cast<int64_t>(*n), " keys (expected at most ",
+                       limits_.max_keys_per_request, ")"));
+      return false;
+    }
+    return true;
+  }
+  bool Keys(std::vector<std::string>* keys) {
+    uint64_t n = 0;
+    if (!Count(&n)) return false;
+    keys->resize(n);
+    for (auto& k : *keys) {
+      if (!String(limits_.max_key, "key", &k)) return false;
+    }
+    return true;
+  }
+
+  bool ok() const { return status_.ok() && need_ == 0; }
+  size_t pos() const { return pos_; }
+  size_t need() const { return need_; }
+  const absl::Status& status() const { return status_; }
+
+ private:
+  const char* data_;
+  size_t size_;
+  const StoreLimits& limits_;
+  size_t pos_ = 0;
+  size_t need_ = 0;
+  absl::Status status_;
+};
+
+void PutU64(std::string* out, uint64_t v) { out->append(reinterpret_cast<const char*>(&v), sizeof v); }
+void PutI64(std::string* out, int64_t v) { out->append(reinterpret_cast<const char*>(&v), sizeof v); }
+void PutBytes(std::string* out, absl::string_view b) {
+  PutU64(out, b.size());
+  out->append(b.data(), b.size());
+}
+
+// The arguments of `op`, after its opcode byte.
+void ReadArgs(StoreOp op, Cursor* c, StoreRequest* r, const StoreLimits& limits) {
+  auto key = [&] {
+    r->keys.resize(1);
+    return c->String(limits.max_key, "key", &r->keys[0]);
+  };
+  auto value = [&] {
+    r->values.emplace_back();
+    return c->String(limits.max_value, "value", &r->values.back());
+  };
+  switch (op) {
+    case StoreOp::kValidate: {
+      c->Value(&r->nonce);  // the magic
+      return;
+    }
+    case StoreOp::kSet:
+    case StoreOp::kAppend:
+    case StoreOp::kQueuePush:
+      if (key()) value();
+      return;
+    case StoreOp::kCompareSet:
+      if (key() && value()) value();
+      return;
+    case StoreOp::kGet:
+    case StoreOp::kWatchKey:
+    case StoreOp::kDeleteKey:
+    case StoreOp::kQueuePop:
+    case StoreOp::kQueueLen:
+      key();
+      return;
+    case StoreOp::kAdd:
+      if (key()) c->Value(&r->delta);
+      return;
+    case StoreOp::kCheck:
+    case StoreOp::kWait:
+    case StoreOp::kMultiGet:
+      c->Keys(&r->keys);
+      return;
+    case StoreOp::kMultiSet: {
+      uint64_t n = 0;
+      if (!c->Count(&n)) return;
+      r->keys.resize(n);
+      r->values.resize(n);
+      for (uint64_t i = 0; i < n; ++i) {
+        if (!c->String(limits.max_key, "key", &r->keys[i]) || !c->String(limits.max_value, "value", &r->values[i])) {
+          return;
+        }
+      }
+      return;
+    }
+    case StoreOp::kPing:
+      c->Value(&r->nonce);
+      return;
+    case StoreOp::kNumKeys:
+    case StoreOp::kCancelWait:
+      return;
+  }
+}
+
+}  // namespace
+
+const char* StoreOpName(StoreOp op) {
+  switch (op) {
+    case StoreOp::kValidate: return "VALIDATE";
+    case StoreOp::kSet: return "SET";
+    case StoreOp::kCompareSet: return "COMPARE_SET";
+    case StoreOp::kGet: return "GET";
+    case StoreOp::kAdd: return "ADD";
+    case StoreOp::kCheck: return "CHECK";
+    case StoreOp::kWait: return "WAIT";
+    case StoreOp::kNumKeys: return "GETNUMKEYS";
+    case StoreOp::kWatchKey: return "WATCH_KEY";
+    case StoreOp::kDeleteKey: return "DELETE_KEY";
+    case StoreOp::kAppend: return "APPEND";
+    case StoreOp::kMultiGet: return "MULTI_GET";
+    case StoreOp::kMultiSet: return "MULTI_SET";
+    case StoreOp::kCancelWait: return "CANCEL_WAIT";
+    case StoreOp::kPing: return "PING";
+    case StoreOp::kQueuePush: return "QUEUE_PUSH";
+    case StoreOp::kQueuePop: return "QUEUE_POP";
+    case StoreOp::kQueueLen: return "QUEUE_LEN";
+  }
+  return "?";
+}
+
+absl::StatusOr<std::optional<StoreRequest>> StoreRequestReader::Next() {
+  const size_t avail = buffer_.size() - consumed_;
+  if (avail < need_) return std::nullopt;
+  const char* data = buffer_.data() + consumed_;
+  if (dialect_ == StoreDialect::kUnknown) {
+    // Every 2.x connection opens with VALIDATE: 00 and the magic. A 1.13 SET (00) would need a
+    // key length whose low four bytes are the magic: a key of about 1 GB, over any limit.
+    if (data[0] != 0) {
+      dialect_ = StoreDialect::kTorch1;
+    } else if (avail < 5) {
+      need_ = 5;
+      return std::nullopt;
+    } else {
+      uint32_t magic = 0;
+      std::memcpy(&magic, data + 1, sizeof magic);
+      dialect_ = magic == kValidationMagic ? StoreDialect::kTorch2 : StoreDialect::kTorch1;
+    }
+  }
+  const uint8_t code = static_cast<uint8_t>(data[0]);
+  StoreRequest r;
+  if (dialect_ == StoreDialect::kTorch1) {
+    if (code >= std::size(kTorch1Ops)) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown torch 1.x store operation ", code, " (expected 0-",
+                                                     std::size(kTorch1Ops) - 1, ")"));
+    }
+    r.op = kTorch1Ops[code];
+  } else {
+    if (code >= std::size(kTorch2Ops)) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown torch 2.x store operation ", code, " (expected 0-",
+                                                     std::size(kTorch2Ops) - 1, ")"));
+    }
+    r.op = kTorch2Ops[code];
+  }
+  Cursor c(data + 1, avail - 1, limits_);
+  ReadArgs(r.op, &c, &r, limits_);
+  if (!c.status().ok()) return c.status();
+  if (c.need()) {
+    need_ = 1 + c.need();
+    return std::nullopt;
+  }
+  if (r.op == StoreOp::kValidate) {
+    // The first one is known good (it decided the dialect); a later one is checked.
+    if (r.nonce != kValidationMagic) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a VALIDATE with magic ", r.nonce, " (expected ", kValidationMagic, ")"));
+    }
+  }
+  consumed_ += 1 + c.pos();
+  need_ = 1;
+  if (consumed_ == buffer_.size()) {
+    buffer_.clear();
+    consumed_ = 0;
+  } else if (consumed_ > (64 << 10) && consumed_ > buffer_.size() / 2) {
+    buffer_.erase(0, consumed_);
+    consumed_ = 0;
+  }
+  return std::optional<StoreRequest>(std::move(r));
+}
+
+bool StoreState::Exists(const std::string& key) const {
+  if (kv_.count(key)) return true;
+  auto q = queues_.find(key);
+  return q != queues_.end() && !q->second.empty();
+}
+
+absl::Status StoreState::Reserve(size_t add, size_t remove) {
+  const size_t after = stored_ - std::min(remove, stored_) + add;
+  if (after > limits_.max_stored) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the store would hold ", after, " bytes (expected at most ", limits_.max_stored, ")"));
+  }
+  stored_ = after;
+  return absl::OkStatus();
+}
+
+void StoreState::Changed(const std::string& key, const std::optional<std::string>& old_value,
+                         const std::optional<std::string>& new_value, std::vector<StoreReply>* replies) {
+  if (new_value) {
+    auto w = waiters_.find(key);
+    if (w != waiters_.end()) {
+      for (int conn : w->second) {
+        auto a = awaited_.find(conn);
+        if (a != awaited_.end() && --a->second == 0) {
+          awaited_.erase(a);
+          replies->push_back({conn, std::string(1, kStopWaiting)});
+        }
+      }
+      waiters_.erase(w);
+    }
+  }
+  auto watch = watchers_.find(key);
+  if (watch == watchers_.end()) return;
+  std::string note(1, !new_value ? kKeyDeleted : old_value ? kKeyUpdated : kKeyCreated);
+  PutBytes(&note, key);
+  PutBytes(&note, old_value.value_or(""));
+  PutBytes(&note, new_value.value_or(""));
+  for (int conn : watch->second) replies->push_back({conn, note});
+}
+
+absl::Status StoreState::Put(const std::string& key, std::string value, std::vector<StoreReply>* replies) {
+  auto it = kv_.find(key);
+  std::optional<std::string> old;
+  if (it != kv_.end()) old = it->second;
+  if (auto st = Reserve(key.size() + value.size(), old ? key.size() + old->size() : 0); !st.ok()) return st;
+  kv_[key] = value;
+  Changed(key, old, value, replies);
+  return absl::OkStatus();
+}
+
+absl::Status StoreState::Apply(int conn, const StoreRequest& r, std::vector<StoreReply>* replies) {
+  std::string out;
+  auto reply = [&] { replies->push_back({conn, std::move(out)}); };
+  switch (r.op) {
+    case StoreOp::kValidate:
+      return absl::OkStatus();
+    case StoreOp::kSet:
+      return Put(r.keys[0], r.values[0], replies);
+    case StoreOp::kAppend: {
+      auto it = kv_.find(r.keys[0]);
+      std::string joined = it == kv_.end() ? r.values[0] : it->second + r.values[0];
+      if (joined.size() > limits_.max_value) {
+        return absl::InvalidArgumentError(absl::StrCat("APPEND makes a value of ", joined.size(),
+                                                       " bytes (expected at most ", limits_.max_value, ")"));
+      }
+      return Put(r.keys[0], std::move(joined), replies);
+    }
+    case StoreOp::kCompareSet: {
+      const std::string& key = r.keys[0];
+      const std::string& expected = r.values[0];
+      const std::string& desired = r.values[1];
+      auto it = kv_.find(key);
+      if (it == kv_.end()) {
+        // torch: a missing key is created only when nothing was expected; else the expected
+        // value comes back and nothing is written.
+        if (expected.empty()) {
+          if (auto st = Put(key, desired, replies); !st.ok()) return st;
+          PutBytes(&out, desired);
+        } else {
+          PutBytes(&out, expected);
+        }
+      } else if (it->second == expected) {
+        if (auto st = Put(key, desired, replies); !st.ok()) return st;
+        PutBytes(&out, desired);
+      } else {
+        PutBytes(&out, it->second);
+      }
+      reply();
+      return absl::OkStatus();
+    }
+    case StoreOp::kGet: {
+      // Clients WAIT before a GET; a missing key reads as empty (torch's libuv server) rather
+      // than dropping the connection (its classic one).
+      auto it = kv_.find(r.keys[0]);
+      PutBytes(&out, it == kv_.end() ? absl::string_view() : absl::string_view(it->second));
+      reply();
+      return absl::OkStatus();
+    }
+    case StoreOp::kAdd: {
+      auto it = kv_.find(r.keys[0]);
+      int64_t value = 0;
+      if (it != kv_.end() && !absl::SimpleAtoi(it->second, &value)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("ADD to key '", absl::CEscape(r.keys[0].substr(0, 64)), "' whose value is no number"));
+      }
+      int64_t sum = 0;
+      if (__builtin_add_overflow(value, r.delta, &sum)) {
+        return absl::InvalidArgumentError(absl::StrCat("ADD of ", r.delta, " to ", value, " overflows 64 bits"));
+      }
+      if (auto st = Put(r.keys[0], std::to_string(sum), replies); !st.ok()) return st;
+      PutI64(&out, sum);
+      reply();
+      return absl::OkStatus();
+    }
+    case StoreOp::kCheck: {
+      bool all = std::all_of(r.keys.begin(), r.keys.end(), [&](const std::string& k) { return Exists(k); });
+      out.push_back(all ? kReady : kNotReady);
+      reply();
+      return absl::OkStatus();
+    }
+    case StoreOp::kWait: {
+      // A connection waits for one thing at a time: registrations left by an earlier WAIT that
+      // timed out on the client (1.13 sends no cancel) go, so no stale answer reaches it later.
+      DropWaits(conn);
+      size_t missing = 0;
+      for (const auto& k : r.keys) {
+        if (!Exists(k)) {
+          waiters_[k].push_back(conn);
+          ++missing;
+        }
+      }
+      if (missing == 0) {
+        out.push_back(kStopWaiting);
+        reply();
+      } else {
+        awaited_[conn] = missing;
+      }
+      return absl::OkStatus();
+    }
+    case StoreOp::kNumKeys:
+      PutI64(&out, static_cast<int64_t>(kv_.size()));
+      reply();
+      return absl::OkStatus();
+    case StoreOp::kWatchKey:
+      watchers_[r.keys[0]].insert(conn);
+      out.push_back(kKeyCallbackRegistered);
+      reply();
+      return absl::OkStatus();
+    case StoreOp::kDeleteKey: {
+      auto it = kv_.find(r.keys[0]);
+      int64_t n = 0;
+      if (it != kv_.end()) {
+        std::optional<std::string> old = std::move(it->second);
+        stored_ -= std::min(stored_, it->first.size() + old->size());
+        kv_.erase(it);
+        n = 1;
+        Changed(r.keys[0], old, std::nullopt, replies);
+      }
+      PutI64(&out, n);
+      reply();
+      return absl::OkStatus();
+    }
+    case StoreOp::kMultiGet: {
+      // One reply is bounded as one request is: 128K keys of 64 MiB would be 8 TiB.
+      size_t total = 0;
+      for (const auto& k : r.keys) {
+        auto it = kv_.find(k);
+        total += 8 + (it == kv_.end() ? 0 : it->second.size());
+      }
+      if (total > limits_.max_request) {
+        return absl::InvalidArgumentError(absl::StrCat("MULTI_GET of ", total, " bytes (expected at most ",
+                                                       limits_.max_request, ")"));
+      }
+      for (const auto& k : r.keys) {
+        auto it = kv_.find(k);
+        PutBytes(&out, it == kv_.end() ? absl::string_view() : absl::string_view(it->second));
+      }
+      reply();
+      return absl::OkStatus();
+    }
+    case StoreOp::kMultiSet:
+      for (size_t i = 0; i < r.keys.size(); ++i) {
+        if (auto st = Put(r.keys[i], r.values[i], replies); !st.ok()) return st;
+      }
+      return absl::OkStatus();
+    case StoreOp::kCancelWait:
+      DropWaits(conn);
+      out.push_back(kWaitCanceled);
+      reply();
+      return absl::OkStatus();
+    case StoreOp::kPing:
+      out.append(reinterpret_cast<const char*>(&r.nonce), sizeof r.nonce);
+      reply();
+      return absl::OkStatus();
+    case StoreOp::kQueuePush: {
+      const std::string& key = r.keys[0];
+      const bool new_queue = !queues_.count(key);
+      if (auto st = Reserve(r.values[0].size() + (new_queue ? key.size() : 0), 0); !st.ok()) return st;
+      queues_[key].push_back(r.values[0]);
+      // One value wakes one waiter (torch's wakeupOneWaitingClient).
+      auto w = waiters_.find(key);
+      if (w != waiters_.end()) {
+        auto& list = w->second;
+        while (!list.empty()) {
+          const int waiter = list.front();
+          list.erase(list.begin());
+          auto a = awaited_.find(waiter);
+          if (a != awaited_.end() && --a->second == 0) {
+            awaited_.erase(a);
+            replies->push_back({waiter, std::string(1, kStopWaiting)});
+            break;
+          }
+        }
+        if (list.empty()) waiters_.erase(w);
+      }
+      return absl::OkStatus();
+    }
+    case StoreOp::kQueuePop: {
+      auto q = queues_.find(r.keys[0]);
+      const size_t n = q == queues_.end() ? 0 : q->second.size();
+      PutI64(&out, static_cast<int64_t>(n));
+      if (n > 0) {
+        PutBytes(&out, q->second.front());
+        stored_ -= std::min(stored_, q->second.front().size());
+        q->second.pop_front();
+      }
+      reply();
+      return absl::OkStatus();
+    }
+    case StoreOp::kQueueLen: {
+      auto q = queues_.find(r.keys[0]);
+      PutI64(&out, q == queues_.end() ? 0 : static_cast<int64_t>(q->second.size()));
+      reply();
+      return absl::OkStatus();
+    }
+  }
+  return absl::InternalError("unhandled store operation");
+}
+
+void StoreState::DropWaits(int conn) {
+  if (!awaited_.erase(conn)) return;
+  for (auto it = waiters_.begin(); it != waiters_.end();) {
+    auto& list = it->second;
+    list.erase(std::remove(list.begin(), list.end(), conn), list.end());
+    it = list.empty() ? waiters_.erase(it) : std::next(it);
+  }
+}
+
+void StoreState::Disconnect(int conn) {
+  DropWaits(conn);
+  for (auto it = watchers_.begin(); it != watchers_.end();) {
+    it->second.erase(conn);
+    it = it->second.empty() ? watchers_.erase(it) : std::next(it);
+  }
+}
+
+void StoreState::Clear() {
+  kv_.clear();
+  queues_.clear();
+  stored_ = 0;
+  awaited_.clear();
+  waiters_.clear();
+  watchers_.clear();
+}
+
+StoreStats StoreState::Stats() const { return StoreStats{kv_.size(), stored_, awaited_.size()}; }
+
+}  // namespace launch
