@@ -932,6 +932,56 @@ TEST(MultiNodeNetns, NodeWhoseLeaseDatagramsAreBlockedHeartbeatsOnItsStream) {
   }
 }
 
+// The workers' store, served by the group-rank-0 agent, lets in the job's nodes (and on its own
+// node its own user) and no one else: the hub, on the same network, is refused.
+TEST(MultiNodeNetns, TheWorkersStoreTakesTheJobsNodesOnly) {
+  NetnsLab lab(2);
+  if (!lab.ok()) GTEST_SKIP() << "network namespaces unavailable: " << lab.why();
+  TempDir dir;
+  WriteFile(dir / "token", "netns-test-token\n");
+  Coordinator coord({"--rdzv-token-file", dir / "token"}, 0, {}, NetnsLab::In(lab.Hub(), {}), NetnsLab::HubAddress());
+  ASSERT_TRUE(coord.ready()) << coord.child().err();
+  std::vector<std::unique_ptr<Child>> agents;
+  for (int i = 0; i < 2; ++i) {
+    agents.push_back(std::make_unique<Child>(NetnsLab::In(
+        lab.Node(i), Agent(coord.endpoint(),
+                           {"--nnodes=2", "--nproc-per-node=1", "--local-addr", NetnsLab::NodeAddress(i),
+                            "--rdzv-token-file", dir / "token"},
+                           {"--print-env", "MASTER_ADDR,MASTER_PORT,TORCHELASTIC_USE_AGENT_STORE", "--wait-lines",
+                            dir / "go", "1"}))));
+  }
+  ASSERT_TRUE(WaitUntil([&] {
+    for (auto& a : agents) a->Pump(1);
+    coord.child().Pump(1);
+    return std::all_of(agents.begin(), agents.end(), [](const auto& a) { return !Values(a->out(), "MASTER_PORT").empty(); });
+  })) << coord.child().err();
+  const std::string addr = Values(agents[0]->out(), "MASTER_ADDR")[0];
+  const std::string port = Values(agents[0]->out(), "MASTER_PORT")[0];
+  EXPECT_THAT(Values(agents[1]->out(), "TORCHELASTIC_USE_AGENT_STORE"), ::testing::ElementsAre("True"));
+  // torch 2.x's first bytes (VALIDATE, then PING 1234): the nonce comes back, or the connection closes.
+  const std::string probe =
+      "import socket, struct, sys\n"
+      "s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)\n"
+      "s.sendall(b'\\x00\\xce\\xf7\\x85\\x3c\\x0d' + struct.pack('<I', 1234))\n"
+      "d = b''\n"
+      "while len(d) < 4:\n"
+      "    c = s.recv(4 - len(d))\n"
+      "    if not c: break\n"
+      "    d += c\n"
+      "print('echo %d' % struct.unpack('<I', d)[0] if len(d) == 4 else 'closed')\n";
+  for (int i = 0; i < 2; ++i) {
+    auto r = RunCmd(NetnsLab::In(lab.Node(i), {"/usr/bin/python3", "-c", probe, addr, port}));
+    EXPECT_EQ(r.out, "echo 1234\n") << "from node " << i << ": " << r.err;
+  }
+  auto hub = RunCmd(NetnsLab::In(lab.Hub(), {"/usr/bin/python3", "-c", probe, addr, port}));
+  EXPECT_EQ(hub.out, "closed\n") << hub.err;
+  WriteFile(dir / "go", "go\n");
+  for (const auto& r : WaitAll(agents)) EXPECT_EQ(r.exit_code, 0) << r.err;
+  bool told = false;
+  for (auto& a : agents) told = told || absl::StrContains(a->err(), "refused a connection from " + NetnsLab::HubAddress());
+  EXPECT_TRUE(told) << "the host agent logs the refusal";
+}
+
 // ---- chaos ----
 
 #ifdef TRAIN_MLP_BIN
