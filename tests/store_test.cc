@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "agent/store_server.h"
 #include "agent/tcp_store.h"
 #include "gmock/gmock.h"
