@@ -309,6 +309,10 @@ int Agent::Run() {
 }
 
 AgentEvent Agent::Join(Attempt* at) {
+  // The last round's store stops serving now, not when this node learns the next round: another
+  // node's next workers may connect before that, and must not be served the last round's keys
+  // (or be cut off when the new serving starts). They wait in the listening socket's backlog.
+  if (store_) store_->Stop();
   auto request = [this]() -> absl::StatusOr<v1::JoinRequest> {
     v1::JoinRequest req;
     req.set_run_id(opts_.spec.run_id);
@@ -316,8 +320,9 @@ AgentEvent Agent::Join(Attempt* at) {
     req.set_last_round(last_round_);
     req.set_proposed_master_addr(opts_.master_addr);
     if (opts_.run_spec.min_nodes() > 0) *req.mutable_spec() = opts_.run_spec;
-    // Static ranks keep torchrun's static way (worker rank 0 hosts the store), a dry run hosts none.
-    req.set_agent_store(!opts_.static_topology);
+    // Static ranks keep torchrun's static way (worker rank 0 hosts the store), a dry run hosts none;
+    // TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 is torchrun's way to have worker rank 0 host it.
+    req.set_agent_store(!opts_.static_topology && !StoreSharingDisabled(parent_env_));
     if (opts_.master_port) {
       req.set_proposed_master_port(*opts_.master_port);
       return req;
@@ -375,6 +380,11 @@ AgentEvent Agent::Join(Attempt* at) {
   *at = Attempt();
   at->assignment = *assignment;
   return AgentEvent::Of(AgentEvent::Kind::kAssigned);
+}
+
+bool StoreSharingDisabled(const Env& env) {
+  auto it = env.find(kDisableSharedStoreEnv);
+  return it != env.end() && it->second == "1";
 }
 
 absl::Status Agent::HostStore(const v1::Assignment& a) {

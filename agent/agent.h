@@ -32,6 +32,12 @@ namespace launch {
 // earlier runs with this id left theirs (made with mkdir, so two runs never share files).
 absl::StatusOr<std::string> MakeRunLogDir(const std::string& log_dir, const std::string& run_id);
 
+// torchrun's opt-out of the agent's store (torch 2.x): "1" has worker rank 0 host the store.
+// Needed where Python torch >= 2.4 was built without libuv (Debian's): its env:// client, made for
+// the agent's store, asks for libuv and fails.
+inline constexpr char kDisableSharedStoreEnv[] = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE";
+bool StoreSharingDisabled(const Env& env);
+
 class Agent {
  public:
   Agent(AgentOptions opts, CoordinatorClient* coordinator, ProcessLauncher* launcher, OrphanGuard* guard,

@@ -48,7 +48,10 @@ std::pair<std::string, int> AddressOf(const sockaddr_storage& ss) {
 
 // Binds without SO_REUSEADDR when the port is ours to choose, so that no other socket (even one
 // with SO_REUSEADDR) can bind it while the agent holds it unlisened.
-absl::StatusOr<UniqueFd> BindOne(bool loopback, int port, bool reuse) {
+enum class Side { kLoopback4, kLoopback6, kEverywhere };
+
+absl::StatusOr<UniqueFd> BindOne(Side side, int port, bool reuse) {
+  const bool loopback = side != Side::kEverywhere;
   auto attempt = [&](int family) -> absl::StatusOr<UniqueFd> {
     UniqueFd fd(::socket(family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     if (!fd.valid()) return Errno("socket");
@@ -59,7 +62,7 @@ absl::StatusOr<UniqueFd> BindOne(bool loopback, int port, bool reuse) {
       ::setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
       sockaddr_in6 a{};
       a.sin6_family = AF_INET6;
-      a.sin6_addr = in6addr_any;
+      a.sin6_addr = loopback ? in6addr_loopback : in6addr_any;
       a.sin6_port = htons(static_cast<uint16_t>(port));
       rc = ::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a);
     } else {
@@ -72,7 +75,8 @@ absl::StatusOr<UniqueFd> BindOne(bool loopback, int port, bool reuse) {
     if (rc != 0) return Errno(absl::StrCat("bind port ", port));
     return fd;
   };
-  if (loopback) return attempt(AF_INET);
+  if (side == Side::kLoopback4) return attempt(AF_INET);
+  if (side == Side::kLoopback6) return attempt(AF_INET6);
   auto v6 = attempt(AF_INET6);
   if (v6.ok() || errno == EADDRINUSE) return v6;
   return attempt(AF_INET);  // no IPv6 on this machine
@@ -137,7 +141,13 @@ absl::StatusOr<uid_t> LocalTcpPeerUid(const std::string& peer_ip, int peer_port,
       return Errno("sock_diag");
     }
     if (h->nlmsg_type == SOCK_DIAG_BY_FAMILY && h->nlmsg_len >= NLMSG_LENGTH(sizeof(inet_diag_msg))) {
-      return static_cast<uid_t>(static_cast<const inet_diag_msg*>(NLMSG_DATA(h))->idiag_uid);
+      const auto* m = static_cast<const inet_diag_msg*>(NLMSG_DATA(h));
+      // A socket in TIME_WAIT or one its process closed (orphaned) has no inode, and the kernel
+      // reports uid 0 for the former: only a live socket's owner counts.
+      if (m->idiag_inode == 0) {
+        return absl::NotFoundError(absl::StrCat("the socket at ", peer_ip, ":", peer_port, " is closed"));
+      }
+      return static_cast<uid_t>(m->idiag_uid);
     }
   }
   return absl::NotFoundError(absl::StrCat("no local socket at ", peer_ip, ":", peer_port));
@@ -150,7 +160,10 @@ StoreServer::~StoreServer() { Stop(); }
 
 absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Bind(const std::string& host, int port, int avoid,
                                                                Options options) {
-  const bool loopback = IsLoopbackIp(host) || host == "localhost";
+  // MASTER_ADDR on loopback: the workers are all here, so only loopback listens.
+  const Side loopback = host == "::1" ? Side::kLoopback6
+                        : IsLoopbackIp(host) || host == "localhost" ? Side::kLoopback4
+                                                                    : Side::kEverywhere;
   if (port > 0) {
     auto fd = BindOne(loopback, port, /*reuse=*/true);
     if (!fd.ok()) {
@@ -183,6 +196,8 @@ absl::Status StoreServer::Serve(StorePeers peers) {
   }
   wake_ = UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake_.valid()) return Errno("eventfd");
+  epoll_ = UniqueFd(::epoll_create1(EPOLL_CLOEXEC));
+  if (!epoll_.valid()) return Errno("epoll_create1");
   peers_ = std::move(peers);
   thread_ = std::thread([this] { Loop(); });
   return absl::OkStatus();
@@ -209,19 +224,17 @@ struct Connection {
   StoreRequestReader reader;
   std::string out;
   size_t out_sent = 0;
-  uint32_t events = 0;  // what epoll watches for it now
-  size_t counted = 0;   // its unparsed bytes as counted in the total
+  uint32_t events = 0;    // what epoll watches for it now
+  size_t counted_in = 0;  // its unparsed bytes as counted in the total
+  size_t counted_out = 0; // its unsent replies as counted in the total
+  bool closing = false;   // closed at the end of this round of events: nothing more is done for it
   size_t pending() const { return out.size() - out_sent; }
 };
 
 }  // namespace
 
 void StoreServer::Loop() {
-  UniqueFd ep(::epoll_create1(EPOLL_CLOEXEC));
-  if (!ep.valid()) {
-    spdlog::error("the workers' store stopped: {}", std::string(Errno("epoll_create1").message()));
-    return;
-  }
+  UniqueFd ep = std::move(epoll_);
   auto watch = [&](int fd, uint32_t events, int op) {
     epoll_event e{};
     e.events = events;
@@ -238,7 +251,7 @@ void StoreServer::Loop() {
     return std::set<std::string>(v.begin(), v.end());
   }();
   const uid_t uid = peers_.uid;
-  size_t buffered = 0;
+  size_t buffered = 0, unsent = 0;  // every connection's unparsed requests and unsent replies
   {
     std::lock_guard<std::mutex> lock(mu_);
     stats_ = StoreServerStats();
@@ -254,7 +267,8 @@ void StoreServer::Loop() {
   auto close_conn = [&](int fd) {
     auto it = conns.find(fd);
     if (it == conns.end()) return;
-    buffered -= it->second->counted;
+    buffered -= it->second->counted_in;
+    unsent -= it->second->counted_out;
     state.Disconnect(fd);
     ::epoll_ctl(ep.get(), EPOLL_CTL_DEL, fd, nullptr);
     conns.erase(it);
@@ -275,12 +289,37 @@ void StoreServer::Loop() {
     }
     if (c.out_sent == c.out.size()) {
       c.out.clear();
+      if (c.out.capacity() > (1 << 20)) std::string().swap(c.out);  // a big reply's room goes
       c.out_sent = 0;
     } else if (c.out_sent > (1 << 20)) {
       c.out.erase(0, c.out_sent);
       c.out_sent = 0;
     }
+    unsent = unsent - c.counted_out + c.pending();
+    c.counted_out = c.pending();
     return true;
+  };
+  std::vector<int> dead;
+  auto drop = [&](Connection& c, const std::string& why) {
+    if (c.closing) return;
+    if (!why.empty()) {
+      spdlog::warn("workers' store: a connection closed: {}", why);
+      count(&StoreServerStats::dropped);
+    }
+    c.closing = true;
+    dead.push_back(c.fd.get());
+  };
+  // Over a bound on every connection together, the connection holding most goes (not the one that
+  // happened to cross it: one peer's hoard must not cost the others their connections).
+  auto drop_largest = [&](size_t Connection::*field, const char* what) {
+    Connection* largest = nullptr;
+    for (auto& [fd, c] : conns) {
+      if (!c->closing && (!largest || (*c).*field > (*largest).*field)) largest = c.get();
+    }
+    if (largest) {
+      drop(*largest, absl::StrCat("the connections' ", what, " passed ", options_.max_buffered,
+                                  " bytes; this one held the most (", (*largest).*field, ")"));
+    }
   };
   auto rewatch = [&](Connection& c) {
     uint32_t want = (c.pending() < kMaxPendingReplies ? EPOLLIN : 0) | (c.pending() ? EPOLLOUT : 0) | EPOLLRDHUP;
@@ -289,44 +328,47 @@ void StoreServer::Loop() {
       watch(c.fd.get(), want, EPOLL_CTL_MOD);
     }
   };
-  std::vector<int> dead;
+  std::set<int> again;  // connections whose replies drained while requests of theirs wait
   // Serves the connection's whole requests while its replies are under the bound.
   auto process = [&](int fd) {
     Connection& c = *conns.at(fd);
+    if (c.closing) return;
     std::vector<StoreReply> replies;
     while (c.pending() < kMaxPendingReplies) {
       auto next = c.reader.Next();
-      if (!next.ok() || !*next) {
-        if (!next.ok()) {
-          spdlog::warn("workers' store: a connection closed for its request: {}", std::string(next.status().message()));
-          count(&StoreServerStats::dropped);
-          dead.push_back(fd);
-        }
+      if (!next.ok()) {
+        drop(c, absl::StrCat("its request: ", next.status().message()));
         break;
       }
+      if (!*next) break;
       replies.clear();
       if (auto st = state.Apply(fd, **next, &replies); !st.ok()) {
-        spdlog::warn("workers' store: a connection closed for its {}: {}", StoreOpName((*next)->op),
-                     std::string(st.message()));
-        count(&StoreServerStats::dropped);
-        dead.push_back(fd);
+        drop(c, absl::StrCat("its ", StoreOpName((*next)->op), ": ", st.message()));
         break;
       }
       for (auto& r : replies) {
         auto to = conns.find(r.connection);
-        if (to == conns.end()) continue;
-        to->second->out += r.bytes;
-        if (!flush(*to->second)) {
-          dead.push_back(r.connection);
+        if (to == conns.end() || to->second->closing) continue;
+        Connection& t = *to->second;
+        t.out += r.bytes;
+        if (!flush(t)) {
+          drop(t, "");
         } else if (r.connection != fd) {
-          rewatch(*to->second);
+          if (t.pending() > options_.limits.max_request + kMaxPendingReplies) {
+            // A 1.13 watcher (or a waiter) that never reads what it is sent.
+            drop(t, absl::StrCat("it does not read its replies (", t.pending(), " bytes wait)"));
+            continue;
+          }
+          if (t.pending() < kMaxPendingReplies && t.reader.buffered() > 0) again.insert(r.connection);
+          rewatch(t);
         }
       }
+      if (unsent > options_.max_buffered) drop_largest(&Connection::counted_out, "unsent replies");
     }
     const size_t now = c.reader.buffered();
-    buffered = buffered - c.counted + now;
-    c.counted = now;
-    rewatch(c);
+    buffered = buffered - c.counted_in + now;
+    c.counted_in = now;
+    if (!c.closing) rewatch(c);
   };
   auto accept_all = [&] {
     while (true) {
@@ -398,34 +440,34 @@ void StoreServer::Loop() {
         continue;
       }
       auto it = conns.find(fd);
-      if (it == conns.end()) continue;
+      if (it == conns.end() || it->second->closing) continue;
       Connection& c = *it->second;
       if (ev & EPOLLOUT) {
         if (!flush(c)) {
-          dead.push_back(fd);
+          drop(c, "");
           continue;
         }
         process(fd);  // replies drained: its waiting requests go on
       }
-      if (ev & (EPOLLIN | EPOLLHUP | EPOLLERR | EPOLLRDHUP)) {
-        bool closed = false;
-        // One chunk at a time, then the others' turn; the bound on buffered bytes checked as it grows.
+      if (!c.closing && (ev & (EPOLLIN | EPOLLHUP | EPOLLERR | EPOLLRDHUP))) {
+        // One chunk at a time, then the others' turn.
         ssize_t r = ::recv(fd, chunk, sizeof chunk, 0);
         if (r > 0) {
-          if (buffered + static_cast<size_t>(r) > options_.max_buffered) {
-            spdlog::warn("workers' store: a connection closed: every connection's unread requests would pass {} bytes",
-                         options_.max_buffered);
-            count(&StoreServerStats::dropped);
-            dead.push_back(fd);
-            continue;
-          }
           c.reader.Append(absl::string_view(chunk, static_cast<size_t>(r)));
+          buffered += static_cast<size_t>(r);
+          c.counted_in += static_cast<size_t>(r);
           process(fd);
+          if (buffered > options_.max_buffered) drop_largest(&Connection::counted_in, "unread requests");
         } else if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-          closed = true;
+          drop(c, "");
         }
-        if (closed) dead.push_back(fd);
       }
+    }
+    // Connections whose replies another's request drained, with requests of their own waiting.
+    while (!again.empty()) {
+      const int fd = *again.begin();
+      again.erase(again.begin());
+      if (conns.count(fd)) process(fd);
     }
     for (int fd : dead) close_conn(fd);
     dead.clear();

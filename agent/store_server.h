@@ -74,7 +74,8 @@ class StoreServer {
   int port_ = 0;
   Options options_;
   bool listening_ = false;
-  UniqueFd wake_;  // eventfd: Stop
+  UniqueFd wake_;   // eventfd: Stop
+  UniqueFd epoll_;  // made by Serve, taken by the thread
   std::thread thread_;
   StorePeers peers_;  // read by the thread only while it runs
   mutable std::mutex mu_;

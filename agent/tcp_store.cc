@@ -14,6 +14,9 @@ namespace {
 static_assert(sizeof(uint64_t) == 8 && sizeof(int64_t) == 8, "torch sends 8-byte lengths and numbers");
 
 constexpr uint32_t kValidationMagic = 0x3C85F7CE;
+// What an entry (a key's value, a queued value, a wait or a watch on a key) costs beyond its bytes:
+// charged to max_stored, so that many tiny entries are bounded as a few big ones are.
+constexpr size_t kEntryCost = 64;
 // The reply bytes (CheckResponseType, WaitResponseType, WatchResponseType).
 constexpr char kReady = 0, kNotReady = 1;
 constexpr char kStopWaiting = 0, kWaitCanceled = 1;
@@ -34,7 +37,12 @@ constexpr StoreOp kTorch2Ops[] = {
 // whole yet (need() bytes at least), or fails (status()).
 class Cursor {
  public:
-  Cursor(const char* data, size_t size, const StoreLimits& limits) : data_(data), size_(size), limits_(limits) {}
+  // `dry`: strings are measured, not copied, and a scan of many keys resumes at `resume` (the
+  // offset and count of the repetitions a former scan of this request got through) so that a
+  // request trickling in is scanned once in all, not once per read.
+  using Resume = StoreScanResume;
+  Cursor(const char* data, size_t size, const StoreLimits& limits, bool dry = false, Resume resume = {})
+      : data_(data), size_(size), limits_(limits), dry_(dry), resume_(resume) {}
 
   bool Bytes(size_t n, const char** out) {
     if (!ok()) return false;
@@ -68,7 +76,7 @@ class Cursor {
     }
     const char* p = nullptr;
     if (!Bytes(n, &p)) return false;
-    out->assign(p, n);
+    if (!dry_) out->assign(p, n);
     return true;
   }
   bool Count(uint64_t* n) {
@@ -81,15 +89,30 @@ class Cursor {
     }
     return true;
   }
-  bool Keys(std::vector<std::string>* keys) {
+  // `n` repetitions of `group` strings (a key, or a key and a value), after their count.
+  bool Repeated(int group, std::vector<std::string>* keys, std::vector<std::string>* values) {
     uint64_t n = 0;
     if (!Count(&n)) return false;
-    keys->resize(n);
-    for (auto& k : *keys) {
-      if (!String(limits_.max_key, "key", &k)) return false;
+    uint64_t i = 0;
+    std::string scratch;
+    if (dry_) {
+      if (resume_.done > 0) {
+        pos_ = resume_.pos;
+        i = resume_.done;
+      }
+    } else {
+      keys->resize(n);
+      if (group == 2) values->resize(n);
+    }
+    for (; i < n; ++i) {
+      if (!String(limits_.max_key, "key", dry_ ? &scratch : &(*keys)[i])) return false;
+      if (group == 2 && !String(limits_.max_value, "value", dry_ ? &scratch : &(*values)[i])) return false;
+      reached_ = {pos_, static_cast<size_t>(i + 1)};
     }
     return true;
   }
+  // Where a dry scan got to in the repetitions.
+  Resume reached() const { return reached_; }
 
   bool ok() const { return status_.ok() && need_ == 0; }
   size_t pos() const { return pos_; }
@@ -100,6 +123,9 @@ class Cursor {
   const char* data_;
   size_t size_;
   const StoreLimits& limits_;
+  bool dry_;
+  Resume resume_;
+  Resume reached_;
   size_t pos_ = 0;
   size_t need_ = 0;
   absl::Status status_;
@@ -148,20 +174,11 @@ void ReadArgs(StoreOp op, Cursor* c, StoreRequest* r, const StoreLimits& limits)
     case StoreOp::kCheck:
     case StoreOp::kWait:
     case StoreOp::kMultiGet:
-      c->Keys(&r->keys);
+      c->Repeated(1, &r->keys, &r->values);
       return;
-    case StoreOp::kMultiSet: {
-      uint64_t n = 0;
-      if (!c->Count(&n)) return;
-      r->keys.resize(n);
-      r->values.resize(n);
-      for (uint64_t i = 0; i < n; ++i) {
-        if (!c->String(limits.max_key, "key", &r->keys[i]) || !c->String(limits.max_value, "value", &r->values[i])) {
-          return;
-        }
-      }
+    case StoreOp::kMultiSet:
+      c->Repeated(2, &r->keys, &r->values);
       return;
-    }
     case StoreOp::kPing:
       c->Value(&r->nonce);
       return;
@@ -230,13 +247,22 @@ absl::StatusOr<std::optional<StoreRequest>> StoreRequestReader::Next() {
     }
     r.op = kTorch2Ops[code];
   }
-  Cursor c(data + 1, avail - 1, limits_);
-  ReadArgs(r.op, &c, &r, limits_);
-  if (!c.status().ok()) return c.status();
-  if (c.need()) {
-    need_ = 1 + c.need();
+  // First a scan that copies nothing and resumes where the last one stopped; the request is read
+  // (copied) once it is whole.
+  Cursor scan(data + 1, avail - 1, limits_, /*dry=*/true, resume_);
+  StoreRequest measured;
+  measured.op = r.op;
+  ReadArgs(r.op, &scan, &measured, limits_);
+  if (!scan.status().ok()) return scan.status();
+  if (scan.need()) {
+    need_ = 1 + scan.need();
+    resume_ = scan.reached();
     return std::nullopt;
   }
+  resume_ = {};
+  Cursor c(data + 1, avail - 1, limits_);
+  ReadArgs(r.op, &c, &r, limits_);
+  if (!c.status().ok() || c.need()) return absl::InternalError("a whole request did not read as one");
   if (r.op == StoreOp::kValidate) {
     // The first one is known good (it decided the dialect); a later one is checked.
     if (r.nonce != kValidationMagic) {
@@ -248,6 +274,7 @@ absl::StatusOr<std::optional<StoreRequest>> StoreRequestReader::Next() {
   need_ = 1;
   if (consumed_ == buffer_.size()) {
     buffer_.clear();
+    if (buffer_.capacity() > (1 << 20)) std::string().swap(buffer_);  // a big request's room goes
     consumed_ = 0;
   } else if (consumed_ > (64 << 10) && consumed_ > buffer_.size() / 2) {
     buffer_.erase(0, consumed_);
@@ -261,6 +288,8 @@ bool StoreState::Exists(const std::string& key) const {
   auto q = queues_.find(key);
   return q != queues_.end() && !q->second.empty();
 }
+
+void StoreState::Release(size_t bytes) { stored_ -= std::min(stored_, bytes); }
 
 absl::Status StoreState::Reserve(size_t add, size_t remove) {
   const size_t after = stored_ - std::min(remove, stored_) + add;
@@ -277,6 +306,7 @@ void StoreState::Changed(const std::string& key, const std::optional<std::string
   if (new_value) {
     auto w = waiters_.find(key);
     if (w != waiters_.end()) {
+      Release(w->second.size() * (key.size() + kEntryCost));
       for (int conn : w->second) {
         auto a = awaited_.find(conn);
         if (a != awaited_.end() && --a->second == 0) {
@@ -300,13 +330,19 @@ absl::Status StoreState::Put(const std::string& key, std::string value, std::vec
   auto it = kv_.find(key);
   std::optional<std::string> old;
   if (it != kv_.end()) old = it->second;
-  if (auto st = Reserve(key.size() + value.size(), old ? key.size() + old->size() : 0); !st.ok()) return st;
+  if (auto st = Reserve(key.size() + value.size() + kEntryCost, old ? key.size() + old->size() + kEntryCost : 0);
+      !st.ok()) {
+    return st;
+  }
   kv_[key] = value;
   Changed(key, old, value, replies);
   return absl::OkStatus();
 }
 
 absl::Status StoreState::Apply(int conn, const StoreRequest& r, std::vector<StoreReply>* replies) {
+  // A client has one request out at a time: one that asks anything waits no more (a 1.13 WAIT
+  // that timed out on the client is never cancelled), so no late STOP_WAITING reaches it.
+  DropWaits(conn);
   std::string out;
   auto reply = [&] { replies->push_back({conn, std::move(out)}); };
   switch (r.op) {
@@ -377,15 +413,16 @@ absl::Status StoreState::Apply(int conn, const StoreRequest& r, std::vector<Stor
       return absl::OkStatus();
     }
     case StoreOp::kWait: {
-      // A connection waits for one thing at a time: registrations left by an earlier WAIT that
-      // timed out on the client (1.13 sends no cancel) go, so no stale answer reaches it later.
-      DropWaits(conn);
-      size_t missing = 0;
+      size_t missing = 0, cost = 0;
       for (const auto& k : r.keys) {
         if (!Exists(k)) {
-          waiters_[k].push_back(conn);
           ++missing;
+          cost += k.size() + kEntryCost;
         }
+      }
+      if (auto st = Reserve(cost, 0); !st.ok()) return st;
+      for (const auto& k : r.keys) {
+        if (!Exists(k)) waiters_[k].push_back(conn);
       }
       if (missing == 0) {
         out.push_back(kStopWaiting);
@@ -400,7 +437,10 @@ absl::Status StoreState::Apply(int conn, const StoreRequest& r, std::vector<Stor
       reply();
       return absl::OkStatus();
     case StoreOp::kWatchKey:
-      watchers_[r.keys[0]].insert(conn);
+      if (!watchers_[r.keys[0]].count(conn)) {
+        if (auto st = Reserve(r.keys[0].size() + kEntryCost, 0); !st.ok()) return st;
+        watchers_[r.keys[0]].insert(conn);
+      }
       out.push_back(kKeyCallbackRegistered);
       reply();
       return absl::OkStatus();
@@ -409,7 +449,7 @@ absl::Status StoreState::Apply(int conn, const StoreRequest& r, std::vector<Stor
       int64_t n = 0;
       if (it != kv_.end()) {
         std::optional<std::string> old = std::move(it->second);
-        stored_ -= std::min(stored_, it->first.size() + old->size());
+        Release(it->first.size() + old->size() + kEntryCost);
         kv_.erase(it);
         n = 1;
         Changed(r.keys[0], old, std::nullopt, replies);
@@ -453,7 +493,9 @@ absl::Status StoreState::Apply(int conn, const StoreRequest& r, std::vector<Stor
     case StoreOp::kQueuePush: {
       const std::string& key = r.keys[0];
       const bool new_queue = !queues_.count(key);
-      if (auto st = Reserve(r.values[0].size() + (new_queue ? key.size() : 0), 0); !st.ok()) return st;
+      if (auto st = Reserve(r.values[0].size() + kEntryCost + (new_queue ? key.size() + kEntryCost : 0), 0); !st.ok()) {
+        return st;
+      }
       queues_[key].push_back(r.values[0]);
       // One value wakes one waiter (torch's wakeupOneWaitingClient).
       auto w = waiters_.find(key);
@@ -462,6 +504,7 @@ absl::Status StoreState::Apply(int conn, const StoreRequest& r, std::vector<Stor
         while (!list.empty()) {
           const int waiter = list.front();
           list.erase(list.begin());
+          Release(key.size() + kEntryCost);
           auto a = awaited_.find(waiter);
           if (a != awaited_.end() && --a->second == 0) {
             awaited_.erase(a);
@@ -479,7 +522,7 @@ absl::Status StoreState::Apply(int conn, const StoreRequest& r, std::vector<Stor
       PutI64(&out, static_cast<int64_t>(n));
       if (n > 0) {
         PutBytes(&out, q->second.front());
-        stored_ -= std::min(stored_, q->second.front().size());
+        Release(q->second.front().size() + kEntryCost);
         q->second.pop_front();
       }
       reply();
@@ -499,7 +542,9 @@ void StoreState::DropWaits(int conn) {
   if (!awaited_.erase(conn)) return;
   for (auto it = waiters_.begin(); it != waiters_.end();) {
     auto& list = it->second;
+    const size_t before = list.size();
     list.erase(std::remove(list.begin(), list.end(), conn), list.end());
+    Release((before - list.size()) * (it->first.size() + kEntryCost));
     it = list.empty() ? waiters_.erase(it) : std::next(it);
   }
 }
@@ -507,7 +552,7 @@ void StoreState::DropWaits(int conn) {
 void StoreState::Disconnect(int conn) {
   DropWaits(conn);
   for (auto it = watchers_.begin(); it != watchers_.end();) {
-    it->second.erase(conn);
+    if (it->second.erase(conn)) Release(it->first.size() + kEntryCost);
     it = it->second.empty() ? watchers_.erase(it) : std::next(it);
   }
 }

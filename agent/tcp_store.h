@@ -70,6 +70,12 @@ struct StoreRequest {
   uint32_t nonce = 0;               // kPing
 };
 
+// Where a scan of a request's many keys stopped: the offset after its last whole key and how
+// many keys that was.
+struct StoreScanResume {
+  size_t pos = 0, done = 0;
+};
+
 // One connection's bytes in, its requests out. A request split over reads waits for the rest;
 // several in one read come out one by one.
 class StoreRequestReader {
@@ -89,6 +95,8 @@ class StoreRequestReader {
   std::string buffer_;
   size_t consumed_ = 0;  // bytes of buffer_ already taken as requests
   size_t need_ = 1;      // no request can be whole with fewer unconsumed bytes than this
+  // How far the scan of a request still coming got in its keys (agent/tcp_store.cc's Cursor).
+  StoreScanResume resume_;
   StoreDialect dialect_ = StoreDialect::kUnknown;
 };
 
@@ -100,7 +108,7 @@ struct StoreReply {
 
 struct StoreStats {
   size_t keys = 0;
-  size_t stored_bytes = 0;
+  size_t stored_bytes = 0;  // keys, values, queued values, waits and watches, each entry with its cost
   size_t waiting_connections = 0;
 };
 
@@ -127,7 +135,9 @@ class StoreState {
   // The key changed: waiters whose last key it was are answered; 1.13 watchers told.
   void Changed(const std::string& key, const std::optional<std::string>& old_value,
                const std::optional<std::string>& new_value, std::vector<StoreReply>* replies);
+  // Charges `add` bytes (having freed `remove`) to max_stored; an error if that passes it.
   absl::Status Reserve(size_t add, size_t remove);
+  void Release(size_t bytes);
   absl::Status Put(const std::string& key, std::string value, std::vector<StoreReply>* replies);
 
   const StoreLimits& limits_;

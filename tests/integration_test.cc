@@ -723,7 +723,7 @@ TEST(Launch, ConfigFileSetsFlagsAndFlagsOverrideIt) {
 TEST(Launch, PythonScriptWithGlooAllreduce) {
   LAUNCH_NEED_PYTHON_TORCH();
   auto r = RunCmd({kLaunch, "--nproc-per-node=2", std::string(TESTS_DIR) + "/python/allreduce.py"},
-               {"PYTHON_EXEC=/usr/bin/python3"}, std::chrono::seconds(120));
+               PythonTorchEnv(), std::chrono::seconds(120));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("[0]:rank 0/2 allreduce=3"));
   EXPECT_THAT(r.out, HasSubstr("[1]:rank 1/2 allreduce=3"));
@@ -761,7 +761,7 @@ TEST(Launch, AHungPythonRankIsNamedWithItsPythonStack) {
   TempDir dir;
   auto r = RunCmd({kLaunch, "--nproc-per-node=2", "--max-restarts=1", "--hang-timeout", "2", "--log-dir", dir / "logs",
                    "--rdzv-id", "pyhang", std::string(TESTS_DIR) + "/python/hang.py"},
-                  {"PYTHON_EXEC=/usr/bin/python3"}, std::chrono::seconds(120));
+                  PythonTorchEnv(), std::chrono::seconds(120));
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.err, HasSubstr("rank 1 failed (hung: no step for"));
   EXPECT_THAT(r.err, HasSubstr("stop_here (hang.py:"));

@@ -1103,7 +1103,15 @@ TEST(MultiNodeChaos, TrainingSurvivesRandomWorkerAndAgentKillsWithExactSteps) {
           return fresh && NewestCheckpoint(dir / "chaos-ckpt") > last_kill_step && resumes() >= disruption;
         },
         std::chrono::seconds(60)))
-        << "disruption " << disruption << ": no new round made progress; coordinator:\n" << coord.child().err();
+        << "disruption " << disruption << ": no new round made progress; coordinator:\n" << coord.child().err()
+        << [&] {
+             std::string tails;
+             for (auto& a : agents) {
+               const std::string& e = a->err();
+               tails += absl::StrCat("\nagent ", a->pid(), ":\n", e.size() > 4000 ? e.substr(e.size() - 4000) : e);
+             }
+             return tails;
+           }();
     seen_workers.insert(workers.begin(), workers.end());
     std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 30)(rng)));
     last_kill_step = NewestCheckpoint(dir / "chaos-ckpt");

@@ -213,7 +213,7 @@ TEST(Sdk, PythonDdpTwinTrainsTheSameUnderLaunch) {
   std::vector<std::string> cc = {LAUNCH_BIN, "--nproc-per-node=2", TRAIN_MLP_BIN};
   py.insert(py.end(), flags.begin(), flags.end());
   cc.insert(cc.end(), flags.begin(), flags.end());
-  auto p = RunCmd(py, {"PYTHON_EXEC=/usr/bin/python3"}, std::chrono::seconds(120));
+  auto p = RunCmd(py, PythonTorchEnv(), std::chrono::seconds(120));
   auto c = RunCmd(cc, {}, std::chrono::seconds(120));
   ASSERT_EQ(p.exit_code, 0) << p.err;
   ASSERT_EQ(c.exit_code, 0) << c.err;

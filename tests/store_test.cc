@@ -84,6 +84,28 @@ TEST(StoreRequestReader, ATorch2StreamReadsTheSameByteByByteAsWhole) {
   EXPECT_EQ(whole.buffered(), 0u);
 }
 
+// A WAIT for 3000 keys arriving 7 bytes at a time reads as the same request (its scan resumes
+// where the last read's stopped).
+TEST(StoreRequestReader, ARequestOfManyKeysTricklingInReadsWhole) {
+  std::vector<std::string> keys;
+  for (int i = 0; i < 3000; ++i) keys.push_back("/rank" + std::to_string(i));
+  const std::string stream = kValidate + Op(kWait) + Keys(keys) + Op(kMultiSet) + I64(2) + Str("a") + Str("1") +
+                             Str("bb") + Str("22");
+  StoreLimits limits;
+  StoreRequestReader r(limits);
+  std::vector<StoreRequest> got;
+  for (size_t i = 0; i < stream.size(); i += 7) {
+    r.Append(stream.substr(i, 7));
+    auto more = ReadAll(&r);
+    got.insert(got.end(), more.begin(), more.end());
+  }
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[1].op, StoreOp::kWait);
+  EXPECT_EQ(got[1].keys, keys);
+  EXPECT_THAT(got[2].keys, ElementsAre("a", "bb"));
+  EXPECT_THAT(got[2].values, ElementsAre("1", "22"));
+}
+
 // 1.13 numbers the operations from SET = 0 and has no handshake: 2 is GET there, COMPARE_SET in 2.x.
 TEST(StoreRequestReader, ATorch1StreamIsToldByItsFirstBytes) {
   StoreLimits limits;
@@ -245,7 +267,7 @@ TEST_F(StateTest, Torch1WatchersHearOfEveryChange) {
 
 TEST(StoreState, WhatItHoldsIsBounded) {
   StoreLimits limits;
-  limits.max_stored = 100;
+  limits.max_stored = 200;  // each entry costs its bytes and 64
   limits.max_value = 60;
   StoreState s(limits);
   std::vector<StoreReply> out;
@@ -254,10 +276,19 @@ TEST(StoreState, WhatItHoldsIsBounded) {
   set.keys = {"b"};
   auto st = s.Apply(1, set, &out);
   EXPECT_TRUE(absl::IsResourceExhausted(st)) << st;
-  EXPECT_THAT(std::string(st.message()), HasSubstr("(expected at most 100)"));
+  EXPECT_THAT(std::string(st.message()), HasSubstr("the store would hold 230 bytes (expected at most 200)"));
   set.keys = {"a"};  // replacing a value frees the old one first
   EXPECT_TRUE(s.Apply(1, set, &out).ok());
-  EXPECT_EQ(s.Stats().stored_bytes, 51u);
+  EXPECT_EQ(s.Stats().stored_bytes, 115u);
+  // Waits and watches are charged too: 2 waits of 64 + 1 is over what is left.
+  StoreRequest wait{StoreOp::kWait, {"x", "y"}, {}};
+  st = s.Apply(2, wait, &out);
+  EXPECT_TRUE(absl::IsResourceExhausted(st)) << st;
+  wait.keys = {"x"};
+  ASSERT_TRUE(s.Apply(2, wait, &out).ok());
+  EXPECT_EQ(s.Stats().stored_bytes, 180u);
+  s.Disconnect(2);
+  EXPECT_EQ(s.Stats().stored_bytes, 115u);
   StoreRequest append{StoreOp::kAppend, {"a"}, {std::string(20, 'y')}};
   st = s.Apply(1, append, &out);
   EXPECT_THAT(std::string(st.message()), HasSubstr("APPEND makes a value of 70 bytes (expected at most 60)"));

@@ -105,6 +105,13 @@ RunResult Child::Wait(std::chrono::milliseconds timeout) {
   return r;
 }
 
+std::vector<std::string> PythonTorchEnv(std::vector<std::string> more) {
+  more.insert(more.begin(), "PYTHON_EXEC=/usr/bin/python3");
+  const char* libuv = std::getenv("USE_LIBUV");
+  if (libuv && std::string(libuv) == "0") more.push_back("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1");
+  return more;
+}
+
 RunResult RunCmd(const std::vector<std::string>& argv, const std::vector<std::string>& extra_env,
               std::chrono::milliseconds timeout) {
   Child c(argv, extra_env);

@@ -47,6 +47,13 @@ class Child {
 RunResult RunCmd(const std::vector<std::string>& argv, const std::vector<std::string>& extra_env = {},
               std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
+// The environment for a Python torch.distributed (env://) worker under launch: /usr/bin/python3,
+// and where that torch has no libuv (USE_LIBUV=0 set for the test run, as scripts/test_torch2.sh
+// does for Debian 13's torch 2.6) TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: there torch's env://
+// client for the agent's store asks for libuv and fails, so worker rank 0 hosts the store
+// (tests/python/store_ops.py tests the agent's store there with use_libuv=False).
+std::vector<std::string> PythonTorchEnv(std::vector<std::string> more = {});
+
 // Polls `cond` (every few ms) until true or the deadline; returns its last value.
 bool WaitUntil(const std::function<bool()>& cond,
                std::chrono::milliseconds timeout = std::chrono::seconds(20));

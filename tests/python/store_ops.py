@@ -1,6 +1,6 @@
 # torch's own TCPStore client against the store launch's agent serves (MASTER_ADDR:MASTER_PORT,
 # TORCHELASTIC_USE_AGENT_STORE=True): every operation this torch's Python API has, across ranks,
-# then an init_process_group and an all-reduce through it. With --max-restarts=1 and
+# then a Gloo process group and an all-reduce through it. With --max-restarts=1 and
 # STORE_OPS_FAIL=1, attempt 0 leaves a key and rank 1 fails; attempt 1 must not see that key.
 import datetime
 import os
@@ -12,8 +12,14 @@ import torch.distributed as dist
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 assert os.environ["TORCHELASTIC_USE_AGENT_STORE"] == "True", os.environ["TORCHELASTIC_USE_AGENT_STORE"]
-store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size=world, is_master=False,
-                      timeout=datetime.timedelta(seconds=30))
+kwargs = dict(world_size=world, is_master=False, timeout=datetime.timedelta(seconds=30))
+try:
+    # torch 2.x: as its env:// client would, except that USE_LIBUV=0 is heeded (a torch built
+    # without libuv, Debian's, refuses the default; the server is launch's either way).
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          use_libuv=os.environ.get("USE_LIBUV", "1") == "1", **kwargs)
+except TypeError:  # torch 1.x has no use_libuv
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), **kwargs)
 done = []
 
 
@@ -77,7 +83,8 @@ store.wait([f"{other}/hello"])
 check("another rank's key", store.get(f"{other}/hello"), f"from {(rank + 1) % world}".encode())
 check("num_keys", store.num_keys() > 0, True)
 
-dist.init_process_group("gloo")
+# The process group through this client of the agent's store (env:// would make its own).
+dist.init_process_group("gloo", store=dist.PrefixStore(f"pg{attempt}", store), rank=rank, world_size=world)
 t = torch.tensor([float(rank + 1)])
 dist.all_reduce(t)
 check("all_reduce", t.item(), world * (world + 1) / 2)
