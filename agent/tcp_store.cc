@@ -344,7 +344,9 @@ absl::Status StoreState::Apply(int conn, const StoreRequest& r, std::vector<Stor
   // that timed out on the client is never cancelled), so no late STOP_WAITING reaches it.
   DropWaits(conn);
   std::string out;
-  auto reply = [&] { replies->push_back({conn, std::move(out)}); };
+  auto reply = [&] {
+    if (!out.empty()) replies->push_back({conn, std::move(out)});  // MULTI_GET of no keys: nothing
+  };
   switch (r.op) {
     case StoreOp::kValidate:
       return absl::OkStatus();

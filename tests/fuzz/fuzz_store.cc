@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "agent/tcp_store.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -39,7 +40,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       continue;
     }
     const size_t n = std::min(len, size - pos);
-    readers[conn]->Append(std::string_view(reinterpret_cast<const char*>(data) + pos, n));
+    readers[conn]->Append(absl::string_view(reinterpret_cast<const char*>(data) + pos, n));
     pos += n;
     while (true) {
       auto next = readers[conn]->Next();
