@@ -1046,8 +1046,10 @@ TEST(MultiNodeChaos, TrainingSurvivesRandomWorkerAndAgentKillsWithExactSteps) {
   std::printf("chaos: %d disruptions, seed %u (LAUNCH_SOAK_SEED=%u replays it)\n", kills, seed, seed);
   std::fflush(stdout);
   SCOPED_TRACE("LAUNCH_SOAK_SEED=" + std::to_string(seed));
-  // Enough steps for every disruption to come after a checkpoint of its own.
-  const std::string kSteps = std::to_string(std::max(200, 20 * (kills + 2)));
+  // Enough steps for every disruption to come after a checkpoint of its own, and steps of at
+  // least 10 ms (rank 0 sleeps that long in each): with the agent's store a restart takes well
+  // under a second, and 200 steps of 15 ms once ended the job before its second disruption.
+  const std::string kSteps = std::to_string(std::max(400, 40 * (kills + 2)));
   const std::string kMaxRestarts = std::to_string(kills + 5);
   auto agent_argv = [&](const std::string& run, const std::string& out) {
     std::vector<std::string> argv = {kLaunch, "--rdzv-endpoint", coord.endpoint(), "--rdzv-id", run, "--nnodes=2",
@@ -1055,6 +1057,7 @@ TEST(MultiNodeChaos, TrainingSurvivesRandomWorkerAndAgentKillsWithExactSteps) {
                                      "heartbeat_timeout=1,heartbeat_interval=0.2", TRAIN_MLP_BIN, "--dims",
                                      "32,64,64,10", "--batch", "16", "--steps", kSteps, "--dataset-size", "512",
                                      "--warmup", "0", "--checkpoint-every", "5", "--keep", "3", "--print-every", "0",
+                                     "--slow-rank", "0", "--slow-ms", "10",
                                      "--checkpoint-dir", dir / (out + "-ckpt"), "--save-params", dir / (out + ".bin")};
     return argv;
   };
