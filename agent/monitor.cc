@@ -53,7 +53,7 @@ std::optional<ProcStat> ParseProcStat(absl::string_view text) {
   if (!absl::SimpleAtoi(f[11], &utime) || !absl::SimpleAtoi(f[12], &stime) || !absl::SimpleAtoi(f[17], &threads)) {
     return std::nullopt;
   }
-  return ProcStat{utime + stime, threads};
+  return ProcStat{utime + stime, threads, f[0] == "Z" || f[0] == "X"};
 }
 
 std::optional<int64_t> ParseStatmResidentPages(absl::string_view text) {
@@ -205,20 +205,27 @@ v1::SampleRequest Monitor::Collect() {
     r->set_gpu(f.gpu);
     if (!f.running || f.pid <= 0) continue;
     const std::string dir = absl::StrCat(opts_.proc_dir, "/", f.pid);
-    if (auto text = ReadProcFile(dir + "/stat")) {
-      if (auto st = ParseProcStat(*text)) {
-        r->set_threads(st->threads);
-        marks[f.pid] = {st->cpu_ticks, now};
-        auto before = cpu_marks_.find(f.pid);
-        if (before != cpu_marks_.end() && now > before->second.at && st->cpu_ticks >= before->second.ticks && kTicks > 0) {
-          const double cpu_s = static_cast<double>(st->cpu_ticks - before->second.ticks) / static_cast<double>(kTicks);
-          r->set_cpu_percent(100 * cpu_s / SecondsBetween(before->second.at, now));
-        }
+    // A worker caught between its exit and its reaping has no memory and no threads to show: it
+    // is sampled as exited (a zombie; or exiting, its memory already released), not as a running
+    // rank with nothing resident.
+    auto stat_text = ReadProcFile(dir + "/stat");
+    auto st = stat_text ? ParseProcStat(*stat_text) : std::nullopt;
+    auto statm_text = ReadProcFile(dir + "/statm");
+    auto pages = statm_text ? ParseStatmResidentPages(*statm_text) : std::nullopt;
+    if ((st && st->exited) || (pages && *pages == 0)) {
+      r->set_state("exited");
+      continue;
+    }
+    if (st) {
+      r->set_threads(st->threads);
+      marks[f.pid] = {st->cpu_ticks, now};
+      auto before = cpu_marks_.find(f.pid);
+      if (before != cpu_marks_.end() && now > before->second.at && st->cpu_ticks >= before->second.ticks && kTicks > 0) {
+        const double cpu_s = static_cast<double>(st->cpu_ticks - before->second.ticks) / static_cast<double>(kTicks);
+        r->set_cpu_percent(100 * cpu_s / SecondsBetween(before->second.at, now));
       }
     }
-    if (auto text = ReadProcFile(dir + "/statm")) {
-      if (auto pages = ParseStatmResidentPages(*text)) r->set_rss_bytes(Bytes(static_cast<uint64_t>(*pages) * kPage));
-    }
+    if (pages) r->set_rss_bytes(Bytes(static_cast<uint64_t>(*pages) * kPage));
   }
   cpu_marks_ = std::move(marks);  // pids that are gone are forgotten
   if (opts_.gpus) {

@@ -32,6 +32,7 @@ namespace launch {
 struct ProcStat {
   uint64_t cpu_ticks = 0;
   int threads = 0;
+  bool exited = false;  // a zombie (Z) or dead (X): it has exited and waits to be reaped
 };
 std::optional<ProcStat> ParseProcStat(absl::string_view text);
 // /proc/<pid>/statm: resident pages (its second field).

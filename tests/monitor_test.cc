@@ -209,6 +209,19 @@ TEST(Monitor, ASampleFromProcToTheFileAndTheCoordinator) {
   EXPECT_EQ(coordinator.samples[1].events_seen(), 4u);
   // This round's event counts once as an episode of rank 7 (the second answer repeats it).
   EXPECT_EQ(live.Snapshot()[0].straggler_episodes, 1);
+
+  // Exited and not reaped yet (a zombie), or exiting with its memory gone: sampled as exited,
+  // with no figures, though the worker group has not seen the exit.
+  WriteFile(proc + "/4242/stat", "4242 (train) Z 1 1 1 0 -1 0 0 0 0 0 5 0 0 0 20 0 1 0");
+  WriteFile(proc + "/4242/statm", "0 0 0 0 0 0 0\n");
+  v1::SampleRequest zombie = monitor.SampleOnce();
+  ASSERT_EQ(zombie.ranks_size(), 1);
+  EXPECT_EQ(zombie.ranks(0).state(), "exited");
+  EXPECT_EQ(zombie.ranks(0).rss_bytes(), 0);
+  EXPECT_EQ(zombie.ranks(0).threads(), 0);
+  stat(ticks);
+  v1::SampleRequest exiting = monitor.SampleOnce();
+  EXPECT_EQ(exiting.ranks(0).state(), "exited");
 }
 
 TEST(Monitor, EachSampleIsOneJsonLineThatReadsBack) {
