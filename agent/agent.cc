@@ -111,12 +111,12 @@ int Agent::WaitSignalOr(int fd, std::optional<std::chrono::milliseconds> timeout
 }
 
 absl::StatusOr<std::vector<WorkerLaunch>> Agent::PrepareAttempt(const v1::Assignment& a,
-                                                                const std::string& attempt_dir) {
+                                                                const std::string& attempt_dir, bool make_dirs) {
   const int n = opts_.spec.local_world_size;
   std::vector<WorkerPaths> paths;
   for (int i = 0; i < n; ++i) {
     std::string dir = absl::StrCat(attempt_dir, "/", i);
-    if (!opts_.dry_run) RETURN_IF_ERROR(MakeDirs(dir));
+    if (make_dirs) RETURN_IF_ERROR(MakeDirs(dir));
     paths.push_back({dir + "/error.json", opts_.log_dir.empty() ? "" : dir, dir + "/py_stacks.txt"});
   }
   RoundInfo round;
@@ -133,7 +133,7 @@ absl::StatusOr<std::vector<WorkerLaunch>> Agent::PrepareAttempt(const v1::Assign
   if (file_timer_) {
     for (Env& env : plan.envs) env[kTimerFileEnv] = file_timer_->path();
   }
-  if (a.restart_count() == 0) {
+  if (a.restart_count() == 0 && make_dirs) {
     for (const auto& note : plan.notes) spdlog::info("{}", note);
   }
 
@@ -278,6 +278,7 @@ int Agent::Run() {
       return 2;
     }
     file_timer_ = std::move(*timer);
+    if (opts_.warm_start) PrepareFirstStandbys();
   }
   AgentState state;
   Attempt at;
@@ -305,7 +306,30 @@ int Agent::Run() {
   const int code = Finish(state, at, dir.temporary());
   file_timer_.reset();  // the FIFO goes with the run (the agent may stay to serve the coordinator)
   store_.reset();       // and so does the workers' store
+  warm_.reset();        // and the standbys no attempt took
   return code;
+}
+
+void Agent::PrepareFirstStandbys() {
+  WarmStart::Options wo;
+  wo.python_dir = opts_.spec.python_dir;
+  wo.imports = opts_.warm_imports;
+  wo.signal_fd = signals_->fd();
+  wo.guard_fd = guard_ ? guard_->fd() : -1;
+  warm_ = std::make_unique<WarmStart>(std::move(wo), launcher_, guard_);
+  // Only the round's variables differ between this and the first round's environment; the
+  // standbys get those at their start.
+  v1::Assignment a;
+  a.set_world_size(opts_.spec.local_world_size);
+  a.set_group_world_size(1);
+  a.set_master_addr(opts_.master_addr);
+  auto workers = PrepareAttempt(a, absl::StrCat(run_dir_, "/attempt_0"), false);
+  if (!workers.ok()) {
+    spdlog::info("warm start: {}; the workers start cold", std::string(workers.status().message()));
+    warm_.reset();
+    return;
+  }
+  warm_->Prepare(*workers);
 }
 
 AgentEvent Agent::Join(Attempt* at) {
@@ -410,7 +434,7 @@ absl::Status Agent::HostStore(const v1::Assignment& a) {
 AgentEvent Agent::RunWorkers(Attempt* at) {
   const v1::Assignment& a = at->assignment;
   at->dir = absl::StrCat(run_dir_, "/attempt_", a.restart_count());
-  auto workers = PrepareAttempt(a, at->dir);
+  auto workers = PrepareAttempt(a, at->dir, !opts_.dry_run);
   if (!workers.ok()) {
     at->error = std::string(workers.status().message());
     return AgentEvent::Of(AgentEvent::Kind::kBadInput);
@@ -472,6 +496,17 @@ AgentEvent Agent::RunWorkers(Attempt* at) {
   };
   if (file_timer_) {
     gopts.on_spawned = [this](const WorkerResult& w) { file_timer_->AddWorker(w.pid, w.rank); };
+  }
+  if (warm_) {
+    gopts.warm = warm_.get();
+    const int taken_before = warm_->taken();
+    gopts.on_started = [this, &a, at, taken_before] {
+      spdlog::info("round {}: {} of {} worker(s) started warm", a.round(), warm_->taken() - taken_before,
+                   at->workers.size());
+      // The next attempt's standbys import while this one runs, if there can be a next one.
+      const bool elastic = opts_.run_spec.min_nodes() != opts_.run_spec.max_nodes();
+      if (a.restart_count() < a.max_restarts() || elastic) warm_->Prepare(at->workers);
+    };
   }
   WorkerGroup group(gopts, launcher_, guard_, signals_, clock_);
   auto outcome = group.Run(at->workers);

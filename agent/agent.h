@@ -22,6 +22,7 @@
 #include "agent/process.h"
 #include "agent/signals.h"
 #include "agent/store_server.h"
+#include "agent/warm_start.h"
 #include "agent/worker_env.h"
 #include "agent/worker_group.h"
 #include "common/clock.h"
@@ -76,8 +77,11 @@ class Agent {
   // Waits until `fd` is readable (0), `timeout` passes (-1), or a terminating signal arrives
   // (its number). fd < 0: only the timeout and signals; no timeout: wait for ever.
   int WaitSignalOr(int fd, std::optional<std::chrono::milliseconds> timeout);
-  absl::StatusOr<std::vector<WorkerLaunch>> PrepareAttempt(const v1::Assignment& a,
-                                                           const std::string& attempt_dir);
+  // make_dirs false: the attempt's directories are not made (a dry run, or standbys made ahead).
+  absl::StatusOr<std::vector<WorkerLaunch>> PrepareAttempt(const v1::Assignment& a, const std::string& attempt_dir,
+                                                           bool make_dirs);
+  // --warm-start: standbys for the first attempt, made while the rendezvous runs.
+  void PrepareFirstStandbys();
   void PrintDryRun(const std::vector<WorkerLaunch>& workers) const;
 
   AgentOptions opts_;
@@ -98,6 +102,8 @@ class Agent {
   // The workers' TCPStore: bound when this node proposes its port, served while it is group
   // rank 0, through every restart (agent/store_server.h).
   std::unique_ptr<StoreServer> store_;
+  // --warm-start: the standby interpreters of the next attempt's workers.
+  std::unique_ptr<WarmStart> warm_;
 };
 
 }  // namespace launch

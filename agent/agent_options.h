@@ -52,6 +52,10 @@ struct AgentOptions {
   // How long to keep trying an unreachable coordinator once the workers have ended.
   std::chrono::milliseconds coordinator_patience{30000};
   bool dry_run = false;
+  // --warm-start: each Python worker starts from a standby interpreter that imported these
+  // modules ahead of its attempt (agent/warm_start.h).
+  bool warm_start = false;
+  std::vector<std::string> warm_imports = {"torch"};
   // The run's settings, sent with every join (the coordinator checks all nodes agree).
   v1::RunSpec run_spec;
   std::optional<StaticTopology> static_topology;

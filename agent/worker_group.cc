@@ -489,8 +489,6 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
     s.launch = &l;
     s.result.local_rank = l.local_rank;
     s.result.rank = l.rank;
-    Pipe out, err;
-    if (!MakePipe(&out) || !MakePipe(&err)) return ErrnoStatus("pipe");
     auto out_file = OpenLog(l.stdout_file);
     auto err_file = OpenLog(l.stderr_file);
     if (!out_file.ok() || !err_file.ok()) return out_file.ok() ? err_file.status() : out_file.status();
@@ -506,44 +504,56 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
     s.err = std::make_unique<LineRelay>(LineRelay::Options{prefix, s.err_console, s.err_file.get(),
                                                            opts_.stderr_tail_lines, &opts_.stderr_filters,
                                                            filtered_err.get()});
-    SpawnOptions so;
-    so.cpus = l.cpus;
-    so.preferred_memory_node = l.memory_node;
     Pipe in;
-    so.stdin_fd = dev_null.get();
+    int stdin_fd = dev_null.get();
     if (l.reads_stdin && stdin_relay.tty.valid()) {
       if (!MakePipe(&in)) return ErrnoStatus("pipe");
-      so.stdin_fd = in.read.get();
+      stdin_fd = in.read.get();
     } else if (l.reads_stdin) {
-      so.stdin_fd = opts_.stdin_fd;
+      stdin_fd = opts_.stdin_fd;
     }
-    so.argv = l.argv;
-    so.env = l.env;
-    so.stdout_fd = out.write.get();
-    so.stderr_fd = err.write.get();
-    so.extra_fd = progress_write.get();
-    so.extra_fd_target = kProgressFd;
-    // Registered by the child itself before exec: a launch killed right after a worker started
-    // (before it could register the group here) left that worker's children running.
-    so.guard_fd = guard_ ? guard_->fd() : -1;
     s.start = clock_->Now();
-    auto pid = launcher_->Spawn(so);
-    if (!pid.ok()) return pid.status();
-    s.pid = *pid;
-    s.result.pid = *pid;
-    if (opts_.live) opts_.live->Spawned(i, *pid);
+    std::optional<AdoptedWorker> adopted;
+    if (opts_.warm) adopted = opts_.warm->Take(l, progress_write.get(), stdin_fd);
+    if (adopted) {
+      s.pid = adopted->pid;
+      s.out_read = std::move(adopted->out_read);
+      s.err_read = std::move(adopted->err_read);
+    } else {
+      Pipe out, err;
+      if (!MakePipe(&out) || !MakePipe(&err)) return ErrnoStatus("pipe");
+      SpawnOptions so;
+      so.cpus = l.cpus;
+      so.preferred_memory_node = l.memory_node;
+      so.stdin_fd = stdin_fd;
+      so.argv = l.argv;
+      so.env = l.env;
+      so.stdout_fd = out.write.get();
+      so.stderr_fd = err.write.get();
+      so.extra_fd = progress_write.get();
+      so.extra_fd_target = kProgressFd;
+      // Registered by the child itself before exec: a launch killed right after a worker started
+      // (before it could register the group here) left that worker's children running.
+      so.guard_fd = guard_ ? guard_->fd() : -1;
+      auto pid = launcher_->Spawn(so);
+      if (!pid.ok()) return pid.status();
+      s.pid = *pid;
+      s.out_read = std::move(out.read);
+      s.err_read = std::move(err.read);
+    }
+    s.result.pid = s.pid;
+    if (opts_.live) opts_.live->Spawned(i, s.pid);
     if (opts_.on_spawned) opts_.on_spawned(s.result);
     ++state.running;
     if (in.write.valid()) {
       ::fcntl(in.write.get(), F_SETFL, O_NONBLOCK);
       stdin_relay.to_worker = std::move(in.write);
     }
-    s.out_read = std::move(out.read);
-    s.err_read = std::move(err.read);
     for (int fd : {s.out_read.get(), s.err_read.get()}) ::fcntl(fd, F_SETFL, O_NONBLOCK);
     watch(s.out_read.get(), i);
     watch(s.err_read.get(), i | kStderrBit);
   }
+  if (opts_.on_started) opts_.on_started();
 
   char buf[65536];
   auto drain = [&](Slot& s, bool is_err, bool final) {

@@ -21,6 +21,7 @@
 #include "agent/process.h"
 #include "agent/signals.h"
 #include "common/clock.h"
+#include "common/unique_fd.h"
 
 namespace launch {
 
@@ -74,6 +75,21 @@ struct WorkerResult {
   static constexpr int kHungExitCode = 124;
 };
 
+// A worker's process made ready before its attempt (agent/warm_start.h), handed to the group.
+struct AdoptedWorker {
+  pid_t pid = -1;
+  UniqueFd out_read, err_read;  // its stdout and stderr: what it wrote while it waited is there
+};
+
+// Where a worker can come from other than a cold Spawn.
+class WarmWorkers {
+ public:
+  virtual ~WarmWorkers() = default;
+  // Worker `w` from a process made ready for it, now given its environment, `progress_fd` (as
+  // fd 3) and `stdin_fd`; nullopt: it starts cold (the reason is logged).
+  virtual std::optional<AdoptedWorker> Take(const WorkerLaunch& w, int progress_fd, int stdin_fd) = 0;
+};
+
 struct GroupOutcome {
   GroupEnd kind = GroupEnd::kSucceeded;
   int signal = 0;       // kInterrupted: the signal launch got
@@ -96,6 +112,10 @@ class WorkerGroup {
     std::function<void(const WorkerResult&)> on_failure;
     // Called as each worker is spawned (its rank and pid set), before it can be reaped.
     std::function<void(const WorkerResult&)> on_spawned;
+    // Workers made ready ahead (--warm-start; nullptr: every worker starts cold), and what to do
+    // once every worker has started (make the next attempt's ready).
+    WarmWorkers* warm = nullptr;
+    std::function<void()> on_started;
     std::string console_prefix_format = "[{rank}]:";
     // torchrun's --duplicate-std{out,err}-filters: matching lines of every worker, prefixed, are
     // appended to these files (created when a filter is given).

@@ -27,6 +27,8 @@ inline constexpr size_t kMaxRunIdLength = 128;
 inline constexpr double kMaxStragglerFactor = 1000;
 // The fastest the agent samples its workers (--monitor-interval below it samples this often).
 inline constexpr double kMinMonitorInterval = 1.0;
+// --warm-import: the modules a standby imports.
+inline constexpr size_t kMaxWarmImports = 64;
 // Workers on one node (--nproc-per-node, and a node's local world size on the wire).
 inline constexpr int kMaxWorkersPerNode = 4096;
 // Nodes in one run (--nnodes MAX, and every node count on the wire).

@@ -73,6 +73,11 @@ const OptionDef kOptions[] = {
     {"no_flight_recorder", "--no-flight-recorder,--no_flight_recorder", Kind::kFlag,
      "Do not turn on PyTorch's NCCL flight recorder for GPU workers"},
     {"run_path", "--run-path,--run_path", Kind::kFlag, "Not supported (workers are processes)"},
+    {"warm_start", "--warm-start,--warm_start", Kind::kFlag,
+     "Start each Python worker from a standby interpreter that imported torch ahead of its attempt "
+     "(a restart skips the import)"},
+    {"warm_import", "--warm-import,--warm_import", Kind::kValue,
+     "Modules a --warm-start standby imports, comma separated (default torch)"},
     {"start_method", "--start-method,--start_method", Kind::kValue,
      "spawn, fork or forkserver: accepted for torchrun compatibility; every worker is a fresh process (exec)"},
     {"logs_specs", "--logs-specs,--logs_specs", Kind::kValue, "Not supported (torchrun's plugin for log layouts)"},
@@ -153,6 +158,17 @@ const OptionDef* FindOption(const std::string& key) {
 
 absl::Status Bad(const RawValue& v, const std::string& expected) {
   return absl::InvalidArgumentError(absl::StrCat(v.origin, "=", v.value, ": expected ", expected));
+}
+
+// A dotted Python module name ("torch", "mypkg.models"), at most 200 characters.
+bool IsPythonModuleName(absl::string_view m) {
+  if (m.empty() || m.size() > 200) return false;
+  for (absl::string_view part : absl::StrSplit(m, '.')) {
+    if (part.empty() || absl::ascii_isdigit(part[0])) return false;
+    for (char ch : part)
+      if (!absl::ascii_isalnum(ch) && ch != '_') return false;
+  }
+  return true;
 }
 
 // ---- YAML ----
@@ -486,6 +502,19 @@ absl::StatusOr<LaunchConfig> Validate(RawMap& raw, std::vector<std::string> rema
   c.module = flag("module");
   c.no_python = flag("no_python");
   c.no_flight_recorder = flag("no_flight_recorder");
+  c.warm_start = flag("warm_start");
+  if (is("warm_import")) {
+    c.warm_imports.clear();
+    for (absl::string_view m : absl::StrSplit(raw["warm_import"].value, ',', absl::SkipWhitespace())) {
+      m = absl::StripAsciiWhitespace(m);
+      if (!IsPythonModuleName(m) || c.warm_imports.size() >= kMaxWarmImports) {
+        return Bad(raw["warm_import"], absl::StrCat("at most ", kMaxWarmImports,
+                                                    " Python module names (e.g. torch,numpy,mypkg.models)"));
+      }
+      c.warm_imports.emplace_back(m);
+    }
+    if (c.warm_imports.empty()) return Bad(raw["warm_import"], "one or more Python module names");
+  }
   if (is("start_method")) {
     const std::string m = raw["start_method"].value;
     if (m != "spawn" && m != "fork" && m != "forkserver") return Bad(raw["start_method"], "spawn, fork or forkserver");

@@ -51,6 +51,9 @@ struct LaunchConfig {
   bool module = false;
   bool no_python = false;
   bool no_flight_recorder = false;
+  // --warm-start, and what its standbys import (--warm-import).
+  bool warm_start = false;
+  std::vector<std::string> warm_imports = {"torch"};
   std::string log_dir;
   StdSpec redirects, tee;
   std::optional<std::set<int>> local_ranks_filter;

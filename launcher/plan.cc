@@ -298,6 +298,8 @@ absl::StatusOr<LaunchPlan> Plan(const LaunchConfig& c, const HostFacts& host) {
   const std::string path_env = host.env.count("PATH") ? host.env.at("PATH") : "/usr/local/bin:/usr/bin:/bin";
   if (auto gdb = q.ResolveExecutable("gdb", path_env); gdb.ok()) opts.debugger = *gdb;
   opts.spec.python_dir = host.python_dir;
+  opts.warm_start = c.warm_start;
+  opts.warm_imports = c.warm_imports;
   opts.spec.flight_recorder = !c.no_flight_recorder;
   opts.spec.virtual_local_rank = c.virtual_local_rank;
   if (c.numa_binding != NumaBinding::kNone) {

@@ -96,6 +96,23 @@ TEST(Options, MonitorIntervalAndStandaloneAccepted) {
   EXPECT_EQ(c->role, "trainer");
 }
 
+TEST(Options, WarmStartAndItsImports) {
+  auto c = Parse({"x.py"});
+  ASSERT_TRUE(c.ok());
+  EXPECT_FALSE(c->warm_start);
+  EXPECT_THAT(c->warm_imports, ::testing::ElementsAre("torch"));
+  c = Parse({"--warm-start", "--warm-import", "torch, numpy,my_pkg.models", "x.py"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->warm_start);
+  EXPECT_THAT(c->warm_imports, ::testing::ElementsAre("torch", "numpy", "my_pkg.models"));
+  for (const char* bad : {"--warm-import=os;rm", "--warm-import=9lives", "--warm-import=a..b", "--warm-import=,"}) {
+    EXPECT_THAT(Error({bad, "x.py"}), HasSubstr(std::string(bad) + ": expected")) << bad;
+  }
+  std::string many = "--warm-import=m0";
+  for (int i = 1; i <= 64; ++i) many += ",m" + std::to_string(i);
+  EXPECT_THAT(Error({many, "x.py"}), HasSubstr("expected at most 64 Python module names"));
+}
+
 class YamlTest : public ::testing::Test {
  protected:
   std::string Write(const std::string& text) {

@@ -1,0 +1,298 @@
+#include "agent/warm_start.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "common/status_macros.h"
+#include "spdlog/spdlog.h"
+
+namespace launch {
+
+namespace {
+
+constexpr char kBootstrap[] = "import _launch_standby; _launch_standby.main()";
+constexpr char kGoMagic[] = "LGO1";
+constexpr int kControlFd = 3;  // where the standby finds its control socket; the progress fd later
+constexpr idtype_t kPidfdIdType = static_cast<idtype_t>(3);  // P_PIDFD (Linux 5.4), not in every libc
+
+const std::set<std::string>& RoundVariables() {
+  static const auto* vars = new std::set<std::string>{
+      "RANK", "GROUP_RANK", "ROLE_RANK", "WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE",
+      "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE",
+      "TORCHELASTIC_ERROR_FILE", "LAUNCH_LOG_DIR", "LAUNCH_STACK_FILE", "LAUNCH_ROUND", "LAUNCH_LR",
+      "LAUNCH_LR_SCALE", "LAUNCH_PER_WORKER_BATCH", "LAUNCH_GLOBAL_BATCH",
+      // In the attempt's log directory; torch reads them when a process group is made.
+      "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE"};
+  return *vars;
+}
+
+Env ToEnv(const std::vector<std::string>& env) {
+  Env out;
+  for (const auto& kv : env) {
+    const size_t eq = kv.find('=');
+    if (eq == std::string::npos) continue;
+    out[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  return out;
+}
+
+// The first variable whose value differs between the two (set in only one counts).
+std::string FirstDifference(const Env& a, const Env& b) {
+  for (const auto& [k, v] : a) {
+    auto it = b.find(k);
+    if (it == b.end() || it->second != v) return k;
+  }
+  for (const auto& [k, v] : b)
+    if (!a.count(k)) return k;
+  return "";
+}
+
+bool Readable(int fd, int timeout_ms) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, timeout_ms) > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR));
+}
+
+}  // namespace
+
+bool IsRoundVariable(const std::string& key) { return RoundVariables().count(key) > 0; }
+
+Env StandbyEnv(const std::vector<std::string>& env) {
+  Env out = ToEnv(env);
+  for (auto it = out.begin(); it != out.end();) it = IsRoundVariable(it->first) ? out.erase(it) : std::next(it);
+  return out;
+}
+
+absl::StatusOr<std::vector<std::string>> StandbyArgv(const std::vector<std::string>& cold) {
+  const bool python = cold.size() >= 3 && cold[1] == "-u" && (cold[2] != "-m" || cold.size() >= 4);
+  if (!python) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", absl::StrJoin(cold.begin(), cold.begin() + std::min<size_t>(cold.size(), 3), " "),
+                     "' is not a Python worker (expected python -u SCRIPT or -m MODULE)"));
+  }
+  std::vector<std::string> argv = {cold[0], "-u", "-c", kBootstrap};
+  argv.insert(argv.end(), cold.begin() + 2, cold.end());
+  return argv;
+}
+
+std::string EncodeGo(const std::vector<std::string>& env) {
+  std::string body = absl::StrJoin(env, std::string(1, '\0'));
+  const uint32_t n = static_cast<uint32_t>(body.size());
+  std::string msg(kGoMagic, 4);
+  for (int i = 0; i < 4; ++i) msg.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
+  return msg + body;
+}
+
+WarmStart::~WarmStart() {
+  for (auto& [rank, s] : standbys_) Discard(s);
+}
+
+void WarmStart::Prepare(const std::vector<WorkerLaunch>& launches) {
+  auto cold = [this](const std::string& why) {
+    if (!told_cold_) spdlog::info("warm start: {}; the workers start cold", why);
+    told_cold_ = true;
+  };
+  if (opts_.python_dir.empty() || ::access((opts_.python_dir + "/_launch_standby.py").c_str(), R_OK) != 0) {
+    cold(absl::StrCat("launch's Python module _launch_standby is not in '", opts_.python_dir, "'"));
+    return;
+  }
+  if (cannot_import_) return;  // said at the rank's cold start; it would fail the same way again
+  for (const WorkerLaunch& w : launches) {
+    if (standbys_.count(w.local_rank)) continue;
+    auto argv = StandbyArgv(w.argv);
+    if (!argv.ok()) {
+      cold(std::string(argv.status().message()));
+      return;
+    }
+    int sv[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+      cold(absl::StrCat("socketpair: ", std::strerror(errno)));
+      return;
+    }
+    UniqueFd mine(sv[0]), theirs(sv[1]);
+    Pipe out, err;
+    UniqueFd dev_null(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    if (!MakePipe(&out) || !MakePipe(&err) || !dev_null.valid()) {
+      cold(absl::StrCat("pipe: ", std::strerror(errno)));
+      return;
+    }
+    Standby s;
+    s.cold_argv = w.argv;
+    s.env = StandbyEnv(w.env);
+    s.cpus = w.cpus;
+    s.memory_node = w.memory_node;
+    Env env = s.env;
+    env["LAUNCH_STANDBY_FD"] = std::to_string(kControlFd);
+    env["LAUNCH_STANDBY_IMPORTS"] = absl::StrJoin(opts_.imports, ",");
+    SpawnOptions so;
+    so.argv = *argv;
+    so.env = EnvToStrings(env);
+    so.stdin_fd = dev_null.get();
+    so.stdout_fd = out.write.get();
+    so.stderr_fd = err.write.get();
+    so.extra_fd = theirs.get();
+    so.extra_fd_target = kControlFd;
+    so.guard_fd = opts_.guard_fd;
+    so.cpus = w.cpus;
+    so.preferred_memory_node = w.memory_node;
+    auto pid = launcher_->Spawn(so);
+    if (!pid.ok()) {
+      cold(absl::StrCat("cannot start a standby: ", pid.status().message()));
+      return;
+    }
+    s.pid = *pid;
+#ifdef SYS_pidfd_open
+    s.pidfd.Reset(static_cast<int>(::syscall(SYS_pidfd_open, *pid, 0)));
+    if (s.pidfd.valid()) ::fcntl(s.pidfd.get(), F_SETFD, FD_CLOEXEC);
+#endif
+    s.control = std::move(mine);
+    s.out_read = std::move(out.read);
+    s.err_read = std::move(err.read);
+    standbys_[w.local_rank] = std::move(s);
+    ++started_;
+  }
+}
+
+std::string WarmStart::Ready(Standby& s, const WorkerLaunch& w) {
+  if (s.cold_argv != w.argv) return "its command is not the one its standby was made for";
+  const Env env = StandbyEnv(w.env);
+  if (std::string k = FirstDifference(s.env, env); !k.empty()) {
+    return absl::StrCat("its environment changed since its standby started (", k, ")");
+  }
+  if (s.cpus != w.cpus || s.memory_node != w.memory_node) return "its CPU binding changed";
+  const auto deadline = std::chrono::steady_clock::now() + opts_.ready_timeout;
+  for (;;) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      return absl::StrCat("its standby was not ready within ", opts_.ready_timeout.count() / 1000, " s");
+    }
+    // The signal fd is left for the agent to read. A pending SIGCHLD alone (a worker or a standby
+    // exited; the agent reaps it later) does not stop the wait, which then polls in short steps.
+    bool only_sigchld = false;
+    if (opts_.signal_fd >= 0 && Readable(opts_.signal_fd, 0)) {
+      sigset_t pending;
+      sigemptyset(&pending);
+      ::sigpending(&pending);
+      sigdelset(&pending, SIGCHLD);
+      if (!sigisemptyset(&pending)) return "a signal came while its standby got ready";
+      only_sigchld = true;
+    }
+    pollfd p[2] = {{s.control.get(), POLLIN, 0}, {opts_.signal_fd, POLLIN, 0}};
+    const int n = ::poll(p, opts_.signal_fd >= 0 && !only_sigchld ? 2 : 1,
+                         static_cast<int>(std::min<int64_t>(left.count(), only_sigchld ? 20 : 1000)));
+    if (n < 0 && errno != EINTR) return absl::StrCat("poll: ", std::strerror(errno));
+    if (p[0].revents) break;
+  }
+  char c = 0;
+  ssize_t r;
+  while ((r = ::read(s.control.get(), &c, 1)) < 0 && errno == EINTR) {
+  }
+  if (r == 1 && c == 'R') return "";
+  if (r == 1 && c == 'F') {
+    // "F<why>\n", then it exits: read to the newline or its end.
+    std::string why;
+    char buf[512];
+    while (why.size() < 4096 && why.find('\n') == std::string::npos && Readable(s.control.get(), 2000)) {
+      ssize_t m = ::read(s.control.get(), buf, sizeof buf);
+      if (m < 0 && errno == EINTR) continue;
+      if (m <= 0) break;
+      why.append(buf, static_cast<size_t>(m));
+    }
+    why = why.substr(0, why.find('\n'));
+    cannot_import_ = true;
+    return absl::StrCat("its standby ", why.empty() ? std::string("failed") : why);
+  }
+  return "its standby exited before it was ready";
+}
+
+absl::Status WarmStart::Send(Standby& s, const WorkerLaunch& w, int progress_fd, int stdin_fd) {
+  const std::string msg = EncodeGo(w.env);
+  int fds[2] = {progress_fd, stdin_fd};
+  char control[CMSG_SPACE(sizeof fds)] = {};
+  iovec iov{const_cast<char*>(msg.data()), msg.size()};
+  msghdr mh{};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  mh.msg_control = control;
+  mh.msg_controllen = sizeof control;
+  cmsghdr* cm = CMSG_FIRSTHDR(&mh);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(sizeof fds);
+  std::memcpy(CMSG_DATA(cm), fds, sizeof fds);
+  ::fcntl(s.control.get(), F_SETFL, O_NONBLOCK);
+  size_t sent = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (sent < msg.size()) {
+    ssize_t n;
+    if (sent == 0) {
+      n = ::sendmsg(s.control.get(), &mh, MSG_NOSIGNAL);
+    } else {
+      n = ::send(s.control.get(), msg.data() + sent, msg.size() - sent, MSG_NOSIGNAL);
+    }
+    if (n > 0) {
+      sent += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN && std::chrono::steady_clock::now() < deadline) {
+      pollfd p{s.control.get(), POLLOUT, 0};
+      ::poll(&p, 1, 100);
+      continue;
+    }
+    return absl::UnavailableError(absl::StrCat("cannot hand its standby the environment: ",
+                                               n < 0 ? std::strerror(errno) : "it took nothing"));
+  }
+  return absl::OkStatus();
+}
+
+std::optional<AdoptedWorker> WarmStart::Take(const WorkerLaunch& w, int progress_fd, int stdin_fd) {
+  auto it = standbys_.find(w.local_rank);
+  if (it == standbys_.end()) return std::nullopt;
+  Standby s = std::move(it->second);
+  standbys_.erase(it);
+  std::string why = Ready(s, w);
+  if (why.empty()) {
+    if (auto st = Send(s, w, progress_fd, stdin_fd); !st.ok()) why = std::string(st.message());
+  }
+  if (!why.empty()) {
+    spdlog::info("rank {} (local rank {}) starts cold: {}", w.rank, w.local_rank, why);
+    Discard(s);
+    return std::nullopt;
+  }
+  ++taken_;
+  AdoptedWorker a;
+  a.pid = s.pid;
+  a.out_read = std::move(s.out_read);
+  a.err_read = std::move(s.err_read);
+  return a;
+}
+
+void WarmStart::Discard(Standby& s) {
+  if (s.pid <= 0) return;
+  bool gone = false;
+  if (s.pidfd.valid()) gone = Readable(s.pidfd.get(), 0);
+  if (!gone) {
+    launcher_->KillAndReap(s.pid);
+  } else {
+    // Its zombie, unless something reaped it already (waitid by pidfd: never another process).
+    siginfo_t info{};
+    ::waitid(kPidfdIdType, static_cast<id_t>(s.pidfd.get()), &info, WEXITED | WNOHANG);
+  }
+  if (guard_) guard_->Remove(s.pid);
+  s.pid = -1;
+}
+
+}  // namespace launch

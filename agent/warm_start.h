@@ -1,0 +1,91 @@
+// Warm starts (--warm-start): per local rank a standby Python interpreter, started ahead of its
+// attempt, that has imported torch (and the modules the user names) and waits; at the attempt's
+// start it gets its rank's environment and runs the script as `python -u` would. A worker that
+// cannot start this way starts cold, with one log line saying why.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "agent/process.h"
+#include "agent/worker_env.h"
+#include "agent/worker_group.h"
+#include "common/unique_fd.h"
+
+namespace launch {
+
+// The variables whose value depends on the round or the attempt (ranks, sizes, the master, the
+// restart count, the attempt's files, the scaled training figures): a standby is started without
+// them and given them at its start. Every other variable must be the same as when it was started.
+bool IsRoundVariable(const std::string& key);
+// `env` ("KEY=VALUE" strings) without the round's variables.
+Env StandbyEnv(const std::vector<std::string>& env);
+
+// The standby's command for a worker whose cold command is `python -u TARGET...` (TARGET a script
+// or -m MODULE); InvalidArgument for any other command.
+absl::StatusOr<std::vector<std::string>> StandbyArgv(const std::vector<std::string>& cold_argv);
+
+// The go message: "LGO1", the body's length (u32, little endian), then NUL-separated KEY=VALUE.
+std::string EncodeGo(const std::vector<std::string>& env);
+
+class WarmStart : public WarmWorkers {
+ public:
+  struct Options {
+    // Where _launch_standby.py is (launch's Python directory, on the workers' PYTHONPATH).
+    std::string python_dir;
+    // What a standby imports before it waits (--warm-import; default torch).
+    std::vector<std::string> imports = {"torch"};
+    // How long Take waits for a standby still importing; then the worker starts cold.
+    std::chrono::milliseconds ready_timeout{300000};
+    // Readable when a signal is pending for launch: Take waits no longer (the worker starts cold
+    // and the group acts on the signal at once). -1: none.
+    int signal_fd = -1;
+    int guard_fd = -1;  // OrphanGuard::fd(): standbys are registered as workers are
+  };
+  WarmStart(Options opts, ProcessLauncher* launcher, OrphanGuard* guard)
+      : opts_(std::move(opts)), launcher_(launcher), guard_(guard) {}
+  // Every standby not taken is killed and reaped.
+  ~WarmStart() override;
+  WarmStart(const WarmStart&) = delete;
+  WarmStart& operator=(const WarmStart&) = delete;
+
+  // Starts a standby for each worker of `launches` that has none (never waits: they import on
+  // their own). A worker that cannot have one is logged once and starts cold.
+  void Prepare(const std::vector<WorkerLaunch>& launches);
+  std::optional<AdoptedWorker> Take(const WorkerLaunch& w, int progress_fd, int stdin_fd) override;
+  // Standbys started and taken since the start (for tests and the log).
+  int started() const { return started_; }
+  int taken() const { return taken_; }
+
+ private:
+  struct Standby {
+    pid_t pid = -1;
+    UniqueFd pidfd;     // tells whether it is still there, even once reaped elsewhere
+    UniqueFd control;   // the agent's end of its control socket
+    UniqueFd out_read, err_read;
+    std::vector<std::string> cold_argv;
+    Env env;  // StandbyEnv of the worker it was made for
+    std::vector<int> cpus;
+    int memory_node = -1;
+  };
+  // Why `s` cannot be worker `w`, or why it is not ready (waits for it); empty: it can.
+  std::string Ready(Standby& s, const WorkerLaunch& w);
+  void Discard(Standby& s);
+  absl::Status Send(Standby& s, const WorkerLaunch& w, int progress_fd, int stdin_fd);
+
+  Options opts_;
+  ProcessLauncher* launcher_;
+  OrphanGuard* guard_;
+  std::map<int, Standby> standbys_;  // by local rank
+  bool told_cold_ = false;           // "cannot start warm" said once for the run
+  bool cannot_import_ = false;       // a standby could not import: no more standbys this run
+  int started_ = 0, taken_ = 0;
+};
+
+}  // namespace launch

@@ -1,0 +1,76 @@
+# What a script sees of its interpreter, as one JSON line per rank, so that a warm start
+# (--warm-start) can be compared with a cold one. Run as a script or with -m warm_probe.
+# argv[1]: "" (print and exit 0), "raise" or "exit" (rank 1 fails so), "fail-first" (rank 1 exits 3
+# in attempt 0), "wait FILE" (wait until FILE exists).
+import sys
+
+_PRELOADED = "xml.dom.minidom" in sys.modules  # before any import here: only a standby imported it
+
+import json
+import os
+import pickle
+import signal
+import stat
+import threading
+import time
+
+
+class Point:  # pickled by reference to __main__, as multiprocessing and torch.save do
+    def __init__(self, x):
+        self.x = x
+
+
+def fd_kind(fd):
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        return "closed"
+    for name in ("S_ISSOCK", "S_ISFIFO", "S_ISCHR", "S_ISREG"):
+        if getattr(stat, name)(mode):
+            return name[4:]
+    return "other"
+
+
+main = sys.modules["__main__"]
+info = {
+    "argv": sys.argv,
+    "path0": sys.path[0],
+    "orig_argv": getattr(sys, "orig_argv", [None])[1:],
+    "name": __name__,
+    "file": __file__,
+    "main_is_globals": main.__dict__ is globals(),
+    "dunders": sorted(k for k in globals() if k.startswith("__")),
+    "loader": type(__loader__).__name__,
+    "spec": None if __spec__ is None else [__spec__.name, __spec__.origin],
+    "package": __package__,
+    "cached": globals().get("__cached__"),
+    "doc": __doc__,
+    "builtins_is_module": type(__builtins__).__name__,
+    "env": {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK",
+                                            "TORCHELASTIC_RESTART_COUNT", "LAUNCH_PROGRESS_FD",
+                                            "LAUNCH_STANDBY_FD", "LAUNCH_STANDBY_IMPORTS")},
+    "env_keys": sorted(os.environ),
+    "fds": {fd: fd_kind(fd) for fd in range(0, 8)},
+    "stdin": os.path.basename(os.readlink("/proc/self/fd/0")) if os.readlink("/proc/self/fd/0") == "/dev/null" else "other",
+    "threads": threading.active_count(),
+    "signals": {n: str(signal.getsignal(getattr(signal, n))) for n in ("SIGINT", "SIGTERM", "SIGPIPE", "SIGHUP")},
+    "stdout": [sys.stdout.write_through, sys.stdout.line_buffering, sys.stdout.encoding],
+    "flags": repr(sys.flags),
+    "pickle": pickle.loads(pickle.dumps(Point(3))).x,
+}
+rank = int(os.environ.get("RANK", "0"))
+restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+print("PROBE %d %d %s %s" % (rank, restart, "warm" if _PRELOADED else "cold", json.dumps(info, sort_keys=True)))
+
+mode = sys.argv[1] if len(sys.argv) > 1 else ""
+if mode == "raise" and rank == 1:
+    def deeper():
+        raise ValueError("rank 1 found a bad batch")
+    deeper()
+if mode == "exit" and rank == 1:
+    sys.exit(7)
+if mode == "fail-first" and rank == 1 and restart == 0:
+    sys.exit(3)
+if mode == "wait":
+    while not os.path.exists(sys.argv[2]):
+        time.sleep(0.05)

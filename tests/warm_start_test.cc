@@ -1,0 +1,219 @@
+// --warm-start against the real launch and Python: a script started from a standby sees what it
+// sees started cold (tests/python/warm_probe.py prints it), exits and fails the same, restarts
+// from the standby made during the last attempt, falls back to a cold start with one line, and
+// leaves no standby behind.
+#include <dirent.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace launch::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+const std::string kLaunch = LAUNCH_BIN;
+const std::string kProbe = std::string(TESTS_DIR) + "/python/warm_probe.py";
+// Light for a standby to import, and imported by nothing else: the probe tells warm from cold by it.
+const std::string kLightImport = "--warm-import=xml.dom.minidom";
+
+struct Probe {
+  std::string start;  // "warm" or "cold"
+  std::string json;
+};
+
+// "rank restart" -> what that worker printed.
+std::map<std::string, Probe> Probes(const std::string& out) {
+  std::map<std::string, Probe> probes;
+  for (absl::string_view line : absl::StrSplit(out, '\n')) {
+    const size_t at = line.find("PROBE ");
+    if (at == absl::string_view::npos) continue;
+    std::vector<std::string> f = absl::StrSplit(line.substr(at + 6), absl::MaxSplits(' ', 3));
+    if (f.size() == 4) probes[f[0] + " " + f[1]] = Probe{f[2], f[3]};
+  }
+  return probes;
+}
+
+int Count(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// The pids of live processes whose environment holds `entry` ("KEY=VALUE").
+std::vector<pid_t> ProcessesWithEnv(const std::string& entry) {
+  std::vector<pid_t> pids;
+  DIR* d = ::opendir("/proc");
+  if (!d) return pids;
+  while (dirent* e = ::readdir(d)) {
+    const pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
+    if (pid <= 0 || !ProcessAlive(pid)) continue;
+    const std::string env = ReadFile(absl::StrCat("/proc/", pid, "/environ"));
+    for (absl::string_view kv : absl::StrSplit(env, '\0'))
+      if (kv == entry) pids.push_back(pid);
+  }
+  ::closedir(d);
+  return pids;
+}
+
+RunResult Launch(std::vector<std::string> flags, const std::vector<std::string>& script_args,
+                 std::vector<std::string> env = {}) {
+  std::vector<std::string> argv = {kLaunch, "--nproc-per-node=2"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  argv.insert(argv.end(), script_args.begin(), script_args.end());
+  env.push_back("PYTHON_EXEC=/usr/bin/python3");
+  return RunCmd(argv, env, std::chrono::seconds(120));
+}
+
+TEST(WarmStart, AScriptSeesWhatItSeesStartedCold) {
+  auto cold = Launch({}, {kProbe});
+  auto warm = Launch({"--warm-start", kLightImport}, {kProbe});
+  ASSERT_EQ(cold.exit_code, 0) << cold.err;
+  ASSERT_EQ(warm.exit_code, 0) << warm.err;
+  EXPECT_THAT(warm.err, HasSubstr("round 1: 2 of 2 worker(s) started warm"));
+  auto c = Probes(cold.out), w = Probes(warm.out);
+  ASSERT_EQ(c.size(), 2u) << cold.out;
+  ASSERT_EQ(w.size(), 2u) << warm.out;
+  for (const char* key : {"0 0", "1 0"}) {
+    EXPECT_EQ(c[key].start, "cold");
+    EXPECT_EQ(w[key].start, "warm") << "the standby's import is not there: it did not run the script";
+    EXPECT_EQ(w[key].json, c[key].json) << key;
+  }
+  EXPECT_THAT(w["1 0"].json, HasSubstr("\"LAUNCH_STANDBY_FD\": null"));
+  EXPECT_THAT(w["1 0"].json, HasSubstr("\"3\": \"SOCK\""));  // the progress socket, as cold
+}
+
+TEST(WarmStart, AModuleSeesWhatItSeesStartedCold) {
+  const std::string path = "PYTHONPATH=" + std::string(TESTS_DIR) + "/python";
+  auto cold = Launch({"-m"}, {"warm_probe", "x y"}, {path});
+  auto warm = Launch({"-m", "--warm-start", kLightImport}, {"warm_probe", "x y"}, {path});
+  ASSERT_EQ(cold.exit_code, 0) << cold.err;
+  ASSERT_EQ(warm.exit_code, 0) << warm.err;
+  auto c = Probes(cold.out), w = Probes(warm.out);
+  ASSERT_EQ(w.size(), 2u) << warm.out;
+  for (const char* key : {"0 0", "1 0"}) {
+    EXPECT_EQ(w[key].start, "warm");
+    EXPECT_EQ(w[key].json, c[key].json) << key;
+  }
+  EXPECT_THAT(w["0 0"].json, HasSubstr("warm_probe.py\", \"x y\"]"));  // sys.argv[0] is the module's file
+}
+
+// An exception's traceback is the script's own (no frame of the standby), and the exit codes and
+// the failure table are the cold start's.
+TEST(WarmStart, FailuresAndTracebacksAreTheColdStarts) {
+  TempDir dir;
+  auto cold = Launch({"--log-dir", dir / "logs", "--rdzv-id", "cold"}, {kProbe, "raise"});
+  auto warm = Launch({"--warm-start", kLightImport, "--log-dir", dir / "logs", "--rdzv-id", "warm"}, {kProbe, "raise"});
+  EXPECT_EQ(cold.exit_code, 1) << cold.err;
+  EXPECT_EQ(warm.exit_code, 1) << warm.err;
+  const std::string cold_tb = ReadFile(dir / "logs/cold/attempt_0/1/stderr.log");
+  const std::string warm_tb = ReadFile(dir / "logs/warm/attempt_0/1/stderr.log");
+  EXPECT_THAT(cold_tb, HasSubstr("ValueError: rank 1 found a bad batch"));
+  EXPECT_THAT(cold_tb, HasSubstr("in deeper"));
+  EXPECT_EQ(warm_tb, cold_tb);
+  EXPECT_THAT(warm_tb, Not(HasSubstr("_launch_standby")));
+  EXPECT_THAT(warm.err, ::testing::ContainsRegex("\n  1 +1 +[0-9]+ +exit 1 "));
+
+  auto exit7 = Launch({"--warm-start", kLightImport}, {kProbe, "exit"});
+  EXPECT_EQ(exit7.exit_code, 7) << exit7.err;
+  EXPECT_THAT(exit7.err, ::testing::ContainsRegex("\n  1 +1 +[0-9]+ +exit 7 "));
+}
+
+// @record's error file (torch.distributed.elastic) is written at the attempt's path, which the
+// standby learns only at its start.
+TEST(WarmStart, TheErrorFileOfATorchScriptReachesTheSummary) {
+  LAUNCH_NEED_PYTHON_TORCH();
+  auto r = Launch({"--warm-start"}, {std::string(TESTS_DIR) + "/python/record_error.py"});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("round 1: 2 of 2 worker(s) started warm"));
+  EXPECT_THAT(r.err, HasSubstr("ValueError: rank 1 found a bad batch"));
+  EXPECT_THAT(r.err, HasSubstr("<- root cause"));
+}
+
+// The standbys of attempt 1 are made while attempt 0 runs; attempt 1 starts from them.
+TEST(WarmStart, ARestartStartsFromTheStandbysMadeDuringTheLastAttempt) {
+  auto r = Launch({"--warm-start", kLightImport, "--max-restarts=1"}, {kProbe, "fail-first"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(Count(r.err, "2 of 2 worker(s) started warm"), 2) << r.err;
+  auto p = Probes(r.out);
+  ASSERT_EQ(p.size(), 4u) << r.out;
+  EXPECT_EQ(p["0 1"].start, "warm");
+  EXPECT_EQ(p["1 1"].start, "warm");
+  EXPECT_THAT(p["1 1"].json, HasSubstr("\"TORCHELASTIC_RESTART_COUNT\": \"1\""));
+  EXPECT_THAT(p["1 1"].json, HasSubstr("\"RANK\": \"1\""));
+}
+
+// A real DDP-style torch script (gloo all-reduce on the agent's store) on the default import,
+// torch, through a restart.
+TEST(WarmStart, ATorchJobRestartsWarm) {
+  LAUNCH_NEED_PYTHON_TORCH();
+  std::vector<std::string> env = PythonTorchEnv();
+  env.push_back("ALLREDUCE_FAIL_FIRST=1");
+  auto r = Launch({"--warm-start", "--max-restarts=1"}, {std::string(TESTS_DIR) + "/python/allreduce.py"}, env);
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  EXPECT_EQ(Count(r.err, "2 of 2 worker(s) started warm"), 2) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("[0]:rank 0/2 allreduce=3 torch preloaded"));
+}
+
+TEST(WarmStart, AStandbyThatCannotImportStartsColdWithOneLine) {
+  // Through a restart: the standbys that cannot import are not made again for the next attempt.
+  auto r = Launch({"--warm-start", "--warm-import=xml.dom.minidom,no_such_module_for_launch", "--max-restarts=1"},
+                  {kProbe, "fail-first"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* rank : {"rank 0 (local rank 0)", "rank 1 (local rank 1)"}) {
+    EXPECT_EQ(Count(r.err, absl::StrCat(rank, " starts cold: its standby cannot import no_such_module_for_launch: "
+                                              "ModuleNotFoundError: No module named 'no_such_module_for_launch'")),
+              1)
+        << r.err;
+  }
+  EXPECT_THAT(r.err, HasSubstr("round 1: 0 of 2 worker(s) started warm"));
+  auto p = Probes(r.out);
+  ASSERT_EQ(p.size(), 4u) << r.out;
+  EXPECT_EQ(p["0 0"].start, "cold");  // the half-made standby's import is not in the cold worker
+  EXPECT_EQ(p["1 1"].start, "cold");
+}
+
+TEST(WarmStart, AProgramThatIsNotPythonStartsColdWithOneLine) {
+  auto r = RunCmd({kLaunch, "--nproc-per-node=2", "--warm-start", "/bin/true"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(Count(r.err, "warm start: '/bin/true' is not a Python worker"), 1) << r.err;
+}
+
+// The next attempt's standbys, never used, go with launch: at its end, and when it is killed.
+TEST(WarmStart, NoStandbyOutlivesLaunch) {
+  TempDir dir;
+  const std::string marker = "WARM_TEST_MARKER=" + dir.path();
+  auto r = Launch({"--warm-start", kLightImport, "--max-restarts=2"}, {kProbe}, {marker});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(ProcessesWithEnv(marker), ::testing::IsEmpty());
+
+  Child c({kLaunch, "--nproc-per-node=2", "--warm-start", kLightImport, "--max-restarts=2", kProbe, "wait",
+           dir / "never"},
+          {marker, "PYTHON_EXEC=/usr/bin/python3"});
+  // launch, its orphan guard, 2 workers and 2 standbys for the next attempt; then launch dies
+  // without a word.
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        c.Pump(10);
+        return absl::StrContains(c.err(), "started warm") && ProcessesWithEnv(marker).size() >= 6;
+      },
+      std::chrono::seconds(60)))
+      << c.err();
+  ::kill(c.pid(), SIGKILL);
+  c.Wait(std::chrono::seconds(10));
+  EXPECT_TRUE(WaitUntil([&] { return ProcessesWithEnv(marker).empty(); }, std::chrono::seconds(20)));
+}
+
+}  // namespace
+}  // namespace launch::testing

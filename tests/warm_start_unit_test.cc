@@ -1,0 +1,169 @@
+// agent/warm_start: which variables a standby gets at its start, its command, the go message, and
+// one standby through the real protocol (a Python interpreter, the shipped _launch_standby.py).
+#include "agent/warm_start.h"
+
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace launch {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+std::vector<WorkerPaths> Paths(const std::string& attempt, int n) {
+  std::vector<WorkerPaths> p;
+  for (int i = 0; i < n; ++i) {
+    const std::string d = absl::StrCat(attempt, "/", i);
+    p.push_back({d + "/error.json", d, d + "/py_stacks.txt"});
+  }
+  return p;
+}
+
+// Everything that differs between two rounds' environments is a round variable (given at the
+// start); everything else is fixed, so the standby made in one round is right for the next.
+TEST(WarmStartEnv, OnlyTheRoundsVariablesDifferBetweenRounds) {
+  WorkerGroupSpec spec;
+  spec.local_world_size = 2;
+  spec.usable_cpus = 8;
+  spec.python_dir = "/opt/launch/python";
+  spec.gpu_pool = {"0", "1"};
+  spec.cuda_alloc_conf = "expandable_segments:True";
+  TrainScaling t;
+  t.base_lr = 0.1;
+  t.per_worker_batch = 32;
+  spec.train = t;
+  const Env parent = {{"PATH", "/usr/bin"}, {"PYTHONPATH", "/src"}};
+  RoundInfo a;
+  RoundInfo b;
+  b.round = 7;
+  b.group_rank = 2;
+  b.group_world_size = 3;
+  b.world_size = 6;
+  b.rank_offset = 4;
+  b.master_addr = "10.0.0.9";
+  b.master_port = 29511;
+  b.restart_count = 3;
+  b.agent_store = true;
+  auto ea = BuildWorkerEnvs(parent, spec, a, Paths("/r/attempt_0", 2));
+  auto eb = BuildWorkerEnvs(parent, spec, b, Paths("/r/attempt_3", 2));
+  ASSERT_TRUE(ea.ok() && eb.ok());
+  std::set<std::string> differing;
+  for (int i = 0; i < 2; ++i) {
+    for (const auto& [k, v] : ea->envs[i]) {
+      auto it = eb->envs[i].find(k);
+      if (it == eb->envs[i].end() || it->second != v) differing.insert(k);
+    }
+    for (const auto& [k, v] : eb->envs[i])
+      if (!ea->envs[i].count(k)) differing.insert(k);
+  }
+  for (const auto& k : differing) EXPECT_TRUE(IsRoundVariable(k)) << k << " differs between rounds";
+  EXPECT_TRUE(differing.count("RANK") && differing.count("MASTER_PORT") && differing.count("LAUNCH_LR"));
+  for (const char* fixed : {"LOCAL_RANK", "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES",
+                            "PYTORCH_CUDA_ALLOC_CONF", "PYTHONPATH", "LAUNCH_PROGRESS_FD", "TORCHELASTIC_RUN_ID"}) {
+    EXPECT_FALSE(IsRoundVariable(fixed)) << fixed;
+  }
+  // StandbyEnv of the two rounds' environments is the same.
+  EXPECT_EQ(StandbyEnv(EnvToStrings(ea->envs[1])), StandbyEnv(EnvToStrings(eb->envs[1])));
+}
+
+TEST(WarmStartArgv, OnlyPythonScriptsAndModulesHaveStandbys) {
+  auto s = StandbyArgv({"/usr/bin/python3", "-u", "train.py", "--lr", "0.1"});
+  ASSERT_TRUE(s.ok());
+  EXPECT_THAT(*s, ElementsAre("/usr/bin/python3", "-u", "-c", "import _launch_standby; _launch_standby.main()",
+                              "train.py", "--lr", "0.1"));
+  auto m = StandbyArgv({"/usr/bin/python3", "-u", "-m", "pkg.train"});
+  ASSERT_TRUE(m.ok());
+  EXPECT_THAT(*m, ElementsAre("/usr/bin/python3", "-u", "-c", "import _launch_standby; _launch_standby.main()", "-m",
+                              "pkg.train"));
+  for (std::vector<std::string> bad : std::vector<std::vector<std::string>>{
+           {"./train_mlp", "--steps", "3"}, {"/usr/bin/python3", "-u", "-m"}, {"/usr/bin/python3"}, {}}) {
+    auto r = StandbyArgv(bad);
+    EXPECT_FALSE(r.ok());
+  }
+  EXPECT_THAT(std::string(StandbyArgv({"./train_mlp", "--steps", "3"}).status().message()),
+              HasSubstr("'./train_mlp --steps 3' is not a Python worker"));
+}
+
+TEST(WarmStartGo, IsMagicLengthAndNulSeparatedEntries) {
+  const std::string go = EncodeGo({"A=1", "B=x=y"});
+  EXPECT_EQ(go, std::string("LGO1\x09\x00\x00\x00" "A=1\0B=x=y", 17));
+  EXPECT_EQ(EncodeGo({}), std::string("LGO1\0\0\0\0", 8));
+}
+
+// One standby through the real protocol: it imports, waits, gets its environment, the progress
+// socket at fd 3 and its stdin, and runs the script; its output is in the pipes it started with.
+TEST(WarmStartStandby, RunsTheScriptWithTheEnvironmentAndDescriptorsItIsGiven) {
+  testing::TempDir dir;
+  testing::WriteFile(dir / "w.py",
+                     "import os, sys, socket\n"
+                     "s = socket.socket(fileno=int(os.environ['LAUNCH_PROGRESS_FD']))\n"
+                     "s.send(b'progress from ' + os.environ['RANK'].encode())\n"
+                     "print('rank', os.environ['RANK'], 'stdin', sys.stdin.read().strip(), 'argv', sys.argv[1:],\n"
+                     "      'standby fd', os.environ.get('LAUNCH_STANDBY_FD'), 'json' in sys.modules)\n"
+                     "sys.exit(5)\n");
+  PosixProcessLauncher launcher;
+  WarmStart::Options o;
+  o.python_dir = SDK_PYTHON_DIR;
+  o.imports = {"json"};
+  WarmStart warm(o, &launcher, nullptr);
+  WorkerLaunch w;
+  w.local_rank = 0;
+  w.rank = 4;
+  w.argv = {"/usr/bin/python3", "-u", dir / "w.py", "a b"};
+  w.env = {"PATH=/usr/bin:/bin", std::string("PYTHONPATH=") + SDK_PYTHON_DIR, "LAUNCH_PROGRESS_FD=3", "RANK=-1"};
+  warm.Prepare({w});
+  EXPECT_EQ(warm.started(), 1);
+  w.env.back() = "RANK=4";  // a round variable: given at the start
+  int progress[2], in[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, progress), 0);
+  ASSERT_EQ(::pipe2(in, O_CLOEXEC), 0);
+  ASSERT_EQ(::write(in[1], "hello\n", 6), 6);
+  ::close(in[1]);
+  auto a = warm.Take(w, progress[1], in[0]);
+  ::close(in[0]);
+  ::close(progress[1]);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(warm.taken(), 1);
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(a->out_read.get(), buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(n));
+  EXPECT_EQ(out, "rank 4 stdin hello argv ['a b'] standby fd None True\n");
+  n = ::recv(progress[0], buf, sizeof buf, MSG_DONTWAIT);
+  EXPECT_EQ(std::string(buf, n > 0 ? static_cast<size_t>(n) : 0), "progress from 4");
+  ::close(progress[0]);
+  int status = 0;
+  ASSERT_EQ(::waitpid(a->pid, &status, 0), a->pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 5);
+}
+
+// A standby made for one environment is not used for another (a variable that is not the
+// round's changed): the worker starts cold and the standby is gone.
+TEST(WarmStartStandby, IsNotUsedWhenAFixedVariableChanged) {
+  PosixProcessLauncher launcher;
+  WarmStart::Options o;
+  o.python_dir = SDK_PYTHON_DIR;
+  o.imports = {};
+  WarmStart warm(o, &launcher, nullptr);
+  WorkerLaunch w;
+  w.argv = {"/usr/bin/python3", "-u", "/nonexistent.py"};
+  w.env = {std::string("PYTHONPATH=") + SDK_PYTHON_DIR, "OMP_NUM_THREADS=4"};
+  warm.Prepare({w});
+  w.env.back() = "OMP_NUM_THREADS=2";
+  EXPECT_FALSE(warm.Take(w, 0, 0).has_value());
+  EXPECT_FALSE(warm.Take(w, 0, 0).has_value());  // and it is gone
+  EXPECT_EQ(warm.taken(), 0);
+}
+
+}  // namespace
+}  // namespace launch
