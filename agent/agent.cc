@@ -499,10 +499,10 @@ AgentEvent Agent::RunWorkers(Attempt* at) {
   }
   if (warm_) {
     gopts.warm = warm_.get();
-    const int taken_before = warm_->taken();
-    gopts.on_started = [this, &a, at, taken_before] {
-      spdlog::info("round {}: {} of {} worker(s) started warm", a.round(), warm_->taken() - taken_before,
-                   at->workers.size());
+    const int taken_before = warm_->taken(), forked_before = warm_->forked();
+    gopts.on_started = [this, &a, at, taken_before, forked_before] {
+      spdlog::info("round {}: {} of {} worker(s) started warm ({} forked from standbys that stay)", a.round(),
+                   warm_->taken() - taken_before, at->workers.size(), warm_->forked() - forked_before);
       // The next attempt's standbys import while this one runs, if there can be a next one.
       const bool elastic = opts_.run_spec.min_nodes() != opts_.run_spec.max_nodes();
       if (a.restart_count() < a.max_restarts() || elastic) warm_->Prepare(at->workers);

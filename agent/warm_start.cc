@@ -3,15 +3,21 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <poll.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <set>
 
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
@@ -64,6 +70,55 @@ bool Readable(int fd, int timeout_ms) {
   return ::poll(&p, 1, timeout_ms) > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR));
 }
 
+// One byte from `fd` within `timeout_ms`; nullopt at its end, an error or the timeout.
+std::optional<char> ReadByte(int fd, int timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() < 0 || !Readable(fd, static_cast<int>(left.count()))) {
+      if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+      continue;  // EINTR
+    }
+    char c = 0;
+    ssize_t n = ::read(fd, &c, 1);
+    if (n == 1) return c;
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    return std::nullopt;
+  }
+}
+
+// The last line `fd` (a file from its start) ends with, at most 200 bytes of it; "" if none.
+std::string LastLine(int fd) {
+  struct stat st {};
+  if (fd < 0 || ::fstat(fd, &st) != 0 || st.st_size <= 0) return "";
+  const off_t from = std::max<off_t>(0, st.st_size - 4096);
+  std::string text(static_cast<size_t>(st.st_size - from), '\0');
+  const ssize_t n = ::pread(fd, text.data(), text.size(), from);
+  text.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' ')) text.pop_back();
+  text = text.substr(text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1);
+  if (text.size() > 200) text = text.substr(0, 200) + "...";
+  for (char& c : text)
+    if (static_cast<unsigned char>(c) < 0x20) c = ' ';
+  return text;
+}
+
+// The parent of process `pid` (from /proc), -1 if unknown.
+pid_t ParentOf(pid_t pid) {
+  const std::string path = absl::StrCat("/proc/", pid, "/stat");
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  char buf[1024];
+  const ssize_t n = fd.valid() ? ::read(fd.get(), buf, sizeof buf - 1) : -1;
+  if (n <= 0) return -1;
+  const std::string stat(buf, static_cast<size_t>(n));
+  const size_t paren = stat.rfind(')');  // the name may hold anything, ')' and spaces too
+  int ppid = -1;
+  char state = 0;
+  if (paren == std::string::npos || std::sscanf(stat.c_str() + paren + 1, " %c %d", &state, &ppid) != 2) return -1;
+  return ppid;
+}
+
 }  // namespace
 
 bool IsRoundVariable(const std::string& key) { return RoundVariables().count(key) > 0; }
@@ -108,6 +163,8 @@ void WarmStart::Prepare(const std::vector<WorkerLaunch>& launches) {
     return;
   }
   if (cannot_import_) return;  // said at the rank's cold start; it would fail the same way again
+  int subreaper = 0;
+  may_fork_ = ::prctl(PR_GET_CHILD_SUBREAPER, &subreaper) == 0 && subreaper != 0;
   for (const WorkerLaunch& w : launches) {
     if (standbys_.count(w.local_rank)) continue;
     auto argv = StandbyArgv(w.argv);
@@ -121,10 +178,12 @@ void WarmStart::Prepare(const std::vector<WorkerLaunch>& launches) {
       return;
     }
     UniqueFd mine(sv[0]), theirs(sv[1]);
-    Pipe out, err;
+    // What it prints while it imports: replayed into each worker's stdout and stderr.
+    UniqueFd out(::memfd_create("launch-standby-stdout", MFD_CLOEXEC));
+    UniqueFd err(::memfd_create("launch-standby-stderr", MFD_CLOEXEC));
     UniqueFd dev_null(::open("/dev/null", O_RDONLY | O_CLOEXEC));
-    if (!MakePipe(&out) || !MakePipe(&err) || !dev_null.valid()) {
-      cold(absl::StrCat("pipe: ", std::strerror(errno)));
+    if (!out.valid() || !err.valid() || !dev_null.valid()) {
+      cold(absl::StrCat("memfd_create: ", std::strerror(errno)));
       return;
     }
     Standby s;
@@ -135,12 +194,13 @@ void WarmStart::Prepare(const std::vector<WorkerLaunch>& launches) {
     Env env = s.env;
     env["LAUNCH_STANDBY_FD"] = std::to_string(kControlFd);
     env["LAUNCH_STANDBY_IMPORTS"] = absl::StrJoin(opts_.imports, ",");
+    if (may_fork_) env["LAUNCH_STANDBY_FORK"] = "1";
     SpawnOptions so;
     so.argv = *argv;
     so.env = EnvToStrings(env);
     so.stdin_fd = dev_null.get();
-    so.stdout_fd = out.write.get();
-    so.stderr_fd = err.write.get();
+    so.stdout_fd = out.get();
+    so.stderr_fd = err.get();
     so.extra_fd = theirs.get();
     so.extra_fd_target = kControlFd;
     so.guard_fd = opts_.guard_fd;
@@ -157,8 +217,7 @@ void WarmStart::Prepare(const std::vector<WorkerLaunch>& launches) {
     if (s.pidfd.valid()) ::fcntl(s.pidfd.get(), F_SETFD, FD_CLOEXEC);
 #endif
     s.control = std::move(mine);
-    s.out_read = std::move(out.read);
-    s.err_read = std::move(err.read);
+    s.err = std::move(err);
     standbys_[w.local_rank] = std::move(s);
     ++started_;
   }
@@ -171,6 +230,7 @@ std::string WarmStart::Ready(Standby& s, const WorkerLaunch& w) {
     return absl::StrCat("its environment changed since its standby started (", k, ")");
   }
   if (s.cpus != w.cpus || s.memory_node != w.memory_node) return "its CPU binding changed";
+  if (s.ready) return "";  // it serves one go after another
   const auto deadline = std::chrono::steady_clock::now() + opts_.ready_timeout;
   for (;;) {
     const auto left =
@@ -199,7 +259,10 @@ std::string WarmStart::Ready(Standby& s, const WorkerLaunch& w) {
   ssize_t r;
   while ((r = ::read(s.control.get(), &c, 1)) < 0 && errno == EINTR) {
   }
-  if (r == 1 && c == 'R') return "";
+  if (r == 1 && c == 'R') {
+    s.ready = true;
+    return "";
+  }
   if (r == 1 && c == 'F') {
     // "F<why>\n", then it exits: read to the newline or its end.
     std::string why;
@@ -214,24 +277,27 @@ std::string WarmStart::Ready(Standby& s, const WorkerLaunch& w) {
     cannot_import_ = true;
     return absl::StrCat("its standby ", why.empty() ? std::string("failed") : why);
   }
-  return "its standby exited before it was ready";
+  const std::string said = LastLine(s.err.get());
+  return absl::StrCat("its standby exited before it was ready", said.empty() ? "" : ": ", said);
 }
 
-absl::Status WarmStart::Send(Standby& s, const WorkerLaunch& w, int progress_fd, int stdin_fd) {
+absl::Status WarmStart::Send(Standby& s, const WorkerLaunch& w, const WorkerFds& wf) {
   const std::string msg = EncodeGo(w.env);
-  int fds[2] = {progress_fd, stdin_fd};
+  // The guard's pipe, when there is one: a forked worker registers its process group on it.
+  int fds[5] = {wf.progress, wf.in, wf.out, wf.err, opts_.guard_fd};
+  const size_t nfds = opts_.guard_fd >= 0 ? 5 : 4;
   char control[CMSG_SPACE(sizeof fds)] = {};
   iovec iov{const_cast<char*>(msg.data()), msg.size()};
   msghdr mh{};
   mh.msg_iov = &iov;
   mh.msg_iovlen = 1;
   mh.msg_control = control;
-  mh.msg_controllen = sizeof control;
+  mh.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
   cmsghdr* cm = CMSG_FIRSTHDR(&mh);
   cm->cmsg_level = SOL_SOCKET;
   cm->cmsg_type = SCM_RIGHTS;
-  cm->cmsg_len = CMSG_LEN(sizeof fds);
-  std::memcpy(CMSG_DATA(cm), fds, sizeof fds);
+  cm->cmsg_len = CMSG_LEN(nfds * sizeof(int));
+  std::memcpy(CMSG_DATA(cm), fds, nfds * sizeof(int));
   ::fcntl(s.control.get(), F_SETFL, O_NONBLOCK);
   size_t sent = 0;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
@@ -258,26 +324,57 @@ absl::Status WarmStart::Send(Standby& s, const WorkerLaunch& w, int progress_fd,
   return absl::OkStatus();
 }
 
-std::optional<AdoptedWorker> WarmStart::Take(const WorkerLaunch& w, int progress_fd, int stdin_fd) {
+absl::StatusOr<std::pair<pid_t, bool>> WarmStart::Started(Standby& s) {
+  // "P<pid>\n": the worker's pid, within 10 s (a fork takes milliseconds).
+  constexpr int kTimeoutMs = 10000;
+  std::string line;
+  for (;;) {
+    auto c = ReadByte(s.control.get(), kTimeoutMs);
+    if (!c) return absl::UnavailableError("its standby did not say which process is the worker");
+    if (*c == '\n') break;
+    line.push_back(*c);
+    if (line.size() > 12) return absl::DataLossError("its standby said something else than a pid");
+  }
+  pid_t pid = 0;
+  if (line.size() < 2 || line[0] != 'P' || !absl::SimpleAtoi(absl::string_view(line).substr(1), &pid) || pid <= 1) {
+    return absl::DataLossError(absl::StrCat("its standby said '", absl::CEscape(line), "', not a pid"));
+  }
+  if (pid == s.pid) return std::make_pair(pid, false);
+  // A fork: "D" once the process between them has exited and the worker is launch's child.
+  auto d = ReadByte(s.control.get(), kTimeoutMs);
+  if (d == 'D' && ParentOf(pid) == ::getpid()) return std::make_pair(pid, true);
+  // It never became launch's: it cannot be watched, so it does not run.
+  if (ParentOf(pid) == s.pid || ParentOf(pid) == ::getpid()) ::kill(pid, SIGKILL);
+  return absl::UnavailableError(absl::StrCat("the worker its standby forked (pid ", pid, ") did not become launch's"));
+}
+
+std::optional<pid_t> WarmStart::Take(const WorkerLaunch& w, const WorkerFds& fds) {
   auto it = standbys_.find(w.local_rank);
   if (it == standbys_.end()) return std::nullopt;
-  Standby s = std::move(it->second);
-  standbys_.erase(it);
+  Standby& s = it->second;
   std::string why = Ready(s, w);
   if (why.empty()) {
-    if (auto st = Send(s, w, progress_fd, stdin_fd); !st.ok()) why = std::string(st.message());
+    if (auto st = Send(s, w, fds); !st.ok()) why = std::string(st.message());
+  }
+  absl::StatusOr<std::pair<pid_t, bool>> started = absl::UnknownError("");
+  if (why.empty()) {
+    started = Started(s);
+    if (!started.ok()) why = std::string(started.status().message());
   }
   if (!why.empty()) {
     spdlog::info("rank {} (local rank {}) starts cold: {}", w.rank, w.local_rank, why);
     Discard(s);
+    standbys_.erase(it);
     return std::nullopt;
   }
   ++taken_;
-  AdoptedWorker a;
-  a.pid = s.pid;
-  a.out_read = std::move(s.out_read);
-  a.err_read = std::move(s.err_read);
-  return a;
+  const auto [pid, forked] = *started;
+  if (forked) {
+    ++forked_;  // the standby stays for the next attempt
+  } else {
+    standbys_.erase(it);  // it is the worker now (still registered with the guard, as workers are)
+  }
+  return pid;
 }
 
 void WarmStart::Discard(Standby& s) {

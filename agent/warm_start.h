@@ -1,7 +1,10 @@
 // Warm starts (--warm-start): per local rank a standby Python interpreter, started ahead of its
 // attempt, that has imported torch (and the modules the user names) and waits; at the attempt's
-// start it gets its rank's environment and runs the script as `python -u` would. A worker that
-// cannot start this way starts cold, with one log line saying why.
+// start it gets its rank's environment and descriptors and a worker runs the script as `python -u`
+// would. The worker is a fork of the standby, which stays for the next attempt, when launch adopts
+// orphans (PR_SET_CHILD_SUBREAPER) and the standby has one thread; otherwise the standby becomes
+// the worker and the next attempt gets a new one. A worker that cannot start either way starts
+// cold, with one log line saying why.
 #pragma once
 
 #include <sys/types.h>
@@ -58,17 +61,19 @@ class WarmStart : public WarmWorkers {
   // Starts a standby for each worker of `launches` that has none (never waits: they import on
   // their own). A worker that cannot have one is logged once and starts cold.
   void Prepare(const std::vector<WorkerLaunch>& launches);
-  std::optional<AdoptedWorker> Take(const WorkerLaunch& w, int progress_fd, int stdin_fd) override;
-  // Standbys started and taken since the start (for tests and the log).
+  std::optional<pid_t> Take(const WorkerLaunch& w, const WorkerFds& fds) override;
+  // Standbys started, workers started warm, and of those the ones forked (for tests and the log).
   int started() const { return started_; }
   int taken() const { return taken_; }
+  int forked() const { return forked_; }
 
  private:
   struct Standby {
     pid_t pid = -1;
     UniqueFd pidfd;     // tells whether it is still there, even once reaped elsewhere
     UniqueFd control;   // the agent's end of its control socket
-    UniqueFd out_read, err_read;
+    UniqueFd err;       // its stderr (a memfd): what it said, when it exits before it is ready
+    bool ready = false;  // it said "R"
     std::vector<std::string> cold_argv;
     Env env;  // StandbyEnv of the worker it was made for
     std::vector<int> cpus;
@@ -77,7 +82,9 @@ class WarmStart : public WarmWorkers {
   // Why `s` cannot be worker `w`, or why it is not ready (waits for it); empty: it can.
   std::string Ready(Standby& s, const WorkerLaunch& w);
   void Discard(Standby& s);
-  absl::Status Send(Standby& s, const WorkerLaunch& w, int progress_fd, int stdin_fd);
+  absl::Status Send(Standby& s, const WorkerLaunch& w, const WorkerFds& fds);
+  // After the go: the worker's pid, and whether it is a fork (the standby stays); else why not.
+  absl::StatusOr<std::pair<pid_t, bool>> Started(Standby& s);
 
   Options opts_;
   ProcessLauncher* launcher_;
@@ -85,7 +92,8 @@ class WarmStart : public WarmWorkers {
   std::map<int, Standby> standbys_;  // by local rank
   bool told_cold_ = false;           // "cannot start warm" said once for the run
   bool cannot_import_ = false;       // a standby could not import: no more standbys this run
-  int started_ = 0, taken_ = 0;
+  bool may_fork_ = false;            // launch adopts orphans: a forked worker becomes its child
+  int started_ = 0, taken_ = 0, forked_ = 0;
 };
 
 }  // namespace launch

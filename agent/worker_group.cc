@@ -513,15 +513,13 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
       stdin_fd = opts_.stdin_fd;
     }
     s.start = clock_->Now();
-    std::optional<AdoptedWorker> adopted;
-    if (opts_.warm) adopted = opts_.warm->Take(l, progress_write.get(), stdin_fd);
-    if (adopted) {
-      s.pid = adopted->pid;
-      s.out_read = std::move(adopted->out_read);
-      s.err_read = std::move(adopted->err_read);
+    Pipe out, err;
+    if (!MakePipe(&out) || !MakePipe(&err)) return ErrnoStatus("pipe");
+    std::optional<pid_t> warm;
+    if (opts_.warm) warm = opts_.warm->Take(l, {progress_write.get(), stdin_fd, out.write.get(), err.write.get()});
+    if (warm) {
+      s.pid = *warm;
     } else {
-      Pipe out, err;
-      if (!MakePipe(&out) || !MakePipe(&err)) return ErrnoStatus("pipe");
       SpawnOptions so;
       so.cpus = l.cpus;
       so.preferred_memory_node = l.memory_node;
@@ -538,9 +536,9 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
       auto pid = launcher_->Spawn(so);
       if (!pid.ok()) return pid.status();
       s.pid = *pid;
-      s.out_read = std::move(out.read);
-      s.err_read = std::move(err.read);
     }
+    s.out_read = std::move(out.read);
+    s.err_read = std::move(err.read);
     s.result.pid = s.pid;
     if (opts_.live) opts_.live->Spawned(i, s.pid);
     if (opts_.on_spawned) opts_.on_spawned(s.result);

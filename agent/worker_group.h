@@ -75,19 +75,19 @@ struct WorkerResult {
   static constexpr int kHungExitCode = 124;
 };
 
-// A worker's process made ready before its attempt (agent/warm_start.h), handed to the group.
-struct AdoptedWorker {
-  pid_t pid = -1;
-  UniqueFd out_read, err_read;  // its stdout and stderr: what it wrote while it waited is there
+// The descriptors a worker gets: its progress socket (fd 3), stdin, stdout and stderr.
+struct WorkerFds {
+  int progress = -1, in = -1, out = -1, err = -1;
 };
 
 // Where a worker can come from other than a cold Spawn.
 class WarmWorkers {
  public:
   virtual ~WarmWorkers() = default;
-  // Worker `w` from a process made ready for it, now given its environment, `progress_fd` (as
-  // fd 3) and `stdin_fd`; nullopt: it starts cold (the reason is logged).
-  virtual std::optional<AdoptedWorker> Take(const WorkerLaunch& w, int progress_fd, int stdin_fd) = 0;
+  // The pid of worker `w`, started from a process made ready for it and given its environment
+  // and `fds`; a child of launch, in a process group of its own as a cold worker. nullopt: it
+  // starts cold (the reason is logged).
+  virtual std::optional<pid_t> Take(const WorkerLaunch& w, const WorkerFds& fds) = 0;
 };
 
 struct GroupOutcome {

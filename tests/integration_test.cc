@@ -317,9 +317,13 @@ TEST(Launch, LinesWrittenByteByByteComeOutWholeAndUnmixed) {
 // loop in its writes: a failed worker was never reaped and the restart never came. Now rank 1's
 // failure is seen and the group restarts and gives up on schedule while stdout is not read; rank
 // 0, whose output waits, is stopped like any worker, and launch still writes all it was given.
+// Each rank writes a line and waits for the other before rank 1 fails: else rank 0 could be
+// stopped before its first write (a restart takes milliseconds).
 TEST(Launch, AConsoleThatStopsReadingDoesNotDelayARestart) {
+  TempDir dir;
+  const std::string ready = dir / "ready.{restart}";
   Child c(Cmd({"--nproc-per-node=2", "--max-restarts=1", "--stop-timeout=5"},
-              {"--fail-rank", "1", "3", "--spew", "0"}));
+              {"--spew", "100", "--pid-file", ready, "--wait-lines", ready, "2", "--fail-rank", "1", "3", "--spew", "0"}));
   c.PauseStdout(true);
   const bool ended = WaitUntil([&] {
     c.Pump(20);

@@ -3,11 +3,13 @@
 #include "agent/warm_start.h"
 
 #include <fcntl.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -27,6 +29,55 @@ std::vector<WorkerPaths> Paths(const std::string& attempt, int n) {
     p.push_back({d + "/error.json", d, d + "/py_stacks.txt"});
   }
   return p;
+}
+
+// A worker started through WarmStart::Take, with its stdout and progress socket here.
+struct Worker {
+  pid_t pid = -1;
+  int out = -1, progress = -1;
+  Worker() = default;
+  Worker(Worker&& o) noexcept : pid(o.pid), out(std::exchange(o.out, -1)), progress(std::exchange(o.progress, -1)) {}
+  Worker& operator=(Worker&&) = delete;
+  ~Worker() {
+    if (out >= 0) ::close(out);
+    if (progress >= 0) ::close(progress);
+  }
+  std::string Out() {
+    std::string text;
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::read(out, buf, sizeof buf)) > 0) text.append(buf, static_cast<size_t>(n));
+    return text;
+  }
+  std::string Progress() {
+    char buf[256];
+    ssize_t n = ::recv(progress, buf, sizeof buf, MSG_DONTWAIT);
+    return std::string(buf, n > 0 ? static_cast<size_t>(n) : 0);
+  }
+  int Wait() {
+    int status = 0;
+    if (::waitpid(pid, &status, 0) != pid) return -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+};
+
+Worker Start(WarmStart* warm, const WorkerLaunch& w, const std::string& input) {
+  Worker a;
+  int progress[2], in[2], out[2];
+  if (::socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, progress) != 0 || ::pipe2(in, O_CLOEXEC) != 0 ||
+      ::pipe2(out, O_CLOEXEC) != 0) {
+    return a;
+  }
+  if (::write(in[1], input.data(), input.size()) != static_cast<ssize_t>(input.size())) return a;
+  ::close(in[1]);
+  auto pid = warm->Take(w, {progress[1], in[0], out[1], STDERR_FILENO});
+  ::close(in[0]);
+  ::close(progress[1]);
+  ::close(out[1]);
+  a.out = out[0];
+  a.progress = progress[0];
+  if (pid) a.pid = *pid;
+  return a;
 }
 
 // Everything that differs between two rounds' environments is a round variable (given at the
@@ -124,27 +175,51 @@ TEST(WarmStartStandby, RunsTheScriptWithTheEnvironmentAndDescriptorsItIsGiven) {
   warm.Prepare({w});
   EXPECT_EQ(warm.started(), 1);
   w.env.back() = "RANK=4";  // a round variable: given at the start
-  int progress[2], in[2];
-  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, progress), 0);
-  ASSERT_EQ(::pipe2(in, O_CLOEXEC), 0);
-  ASSERT_EQ(::write(in[1], "hello\n", 6), 6);
-  ::close(in[1]);
-  auto a = warm.Take(w, progress[1], in[0]);
-  ::close(in[0]);
-  ::close(progress[1]);
-  ASSERT_TRUE(a.has_value());
+  Worker a = Start(&warm, w, "hello\n");
+  ASSERT_GT(a.pid, 0);
   EXPECT_EQ(warm.taken(), 1);
-  std::string out;
-  char buf[4096];
-  ssize_t n;
-  while ((n = ::read(a->out_read.get(), buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(n));
-  EXPECT_EQ(out, "rank 4 stdin hello argv ['a b'] standby fd None True\n");
-  n = ::recv(progress[0], buf, sizeof buf, MSG_DONTWAIT);
-  EXPECT_EQ(std::string(buf, n > 0 ? static_cast<size_t>(n) : 0), "progress from 4");
-  ::close(progress[0]);
-  int status = 0;
-  ASSERT_EQ(::waitpid(a->pid, &status, 0), a->pid);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 5);
+  EXPECT_EQ(warm.forked(), 0);  // this test is no subreaper: the standby itself is the worker
+  EXPECT_EQ(a.Out(), "rank 4 stdin hello argv ['a b'] standby fd None True\n");
+  EXPECT_EQ(a.Progress(), "progress from 4");
+  EXPECT_EQ(a.Wait(), 5);
+}
+
+// With launch adopting orphans, each go forks a worker from the standby, which stays: one import
+// serves every attempt. Each worker is this process's child, in a process group of its own, and
+// gets what the standby printed while it imported.
+TEST(WarmStartStandby, ForksOneWorkerPerGoWhenLaunchAdoptsOrphans) {
+  ASSERT_EQ(::prctl(PR_SET_CHILD_SUBREAPER, 1), 0);  // as launch's main does; this test's process only
+  testing::TempDir dir;
+  testing::WriteFile(dir / "noisy.py", "print('imported noisy')\n");
+  testing::WriteFile(dir / "w.py",
+                     "import os, sys, socket\n"
+                     "s = socket.socket(fileno=int(os.environ['LAUNCH_PROGRESS_FD']))\n"
+                     "s.send(b'progress from ' + os.environ['RANK'].encode())\n"
+                     "print('rank', os.environ['RANK'], 'stdin', sys.stdin.read().strip(),\n"
+                     "      'own group', os.getpgid(0) == os.getpid())\n"
+                     "sys.exit(int(os.environ['RANK']))\n");
+  PosixProcessLauncher launcher;
+  WarmStart::Options o;
+  o.python_dir = SDK_PYTHON_DIR;
+  o.imports = {"noisy"};
+  WarmStart warm(o, &launcher, nullptr);
+  WorkerLaunch w;
+  w.argv = {"/usr/bin/python3", "-u", dir / "w.py"};
+  w.env = {"PATH=/usr/bin:/bin", absl::StrCat("PYTHONPATH=", SDK_PYTHON_DIR, ":", dir.path()), "LAUNCH_PROGRESS_FD=3",
+           "RANK=-1"};
+  warm.Prepare({w});
+  for (int rank : {3, 7}) {
+    w.env.back() = absl::StrCat("RANK=", rank);
+    Worker a = Start(&warm, w, absl::StrCat("attempt ", rank, "\n"));
+    ASSERT_GT(a.pid, 0);
+    EXPECT_EQ(a.Out(), absl::StrCat("imported noisy\nrank ", rank, " stdin attempt ", rank, " own group True\n"));
+    EXPECT_EQ(a.Progress(), absl::StrCat("progress from ", rank));
+    EXPECT_EQ(a.Wait(), rank);  // waitpid here: the worker is this process's child
+    warm.Prepare({w});          // the standby is still there: nothing to start
+  }
+  EXPECT_EQ(warm.started(), 1);
+  EXPECT_EQ(warm.taken(), 2);
+  EXPECT_EQ(warm.forked(), 2);
 }
 
 // A standby made for one environment is not used for another (a variable that is not the
@@ -160,8 +235,8 @@ TEST(WarmStartStandby, IsNotUsedWhenAFixedVariableChanged) {
   w.env = {std::string("PYTHONPATH=") + SDK_PYTHON_DIR, "OMP_NUM_THREADS=4"};
   warm.Prepare({w});
   w.env.back() = "OMP_NUM_THREADS=2";
-  EXPECT_FALSE(warm.Take(w, 0, 0).has_value());
-  EXPECT_FALSE(warm.Take(w, 0, 0).has_value());  // and it is gone
+  EXPECT_FALSE(warm.Take(w, {}).has_value());
+  EXPECT_FALSE(warm.Take(w, {}).has_value());  // and it is gone
   EXPECT_EQ(warm.taken(), 0);
 }
 

@@ -1,14 +1,22 @@
 """launch's standby interpreter (--warm-start).
 
 The agent starts `python -u -c "import _launch_standby; _launch_standby.main()" SCRIPT ARGS` (or
-`-m MODULE ARGS`) ahead of an attempt. It imports LAUNCH_STANDBY_IMPORTS (torch by default), says
-"R" on its control socket (fd LAUNCH_STANDBY_FD), and waits. At the agent's go it takes the
-worker's whole environment and its progress socket and stdin, and runs the script or module as
-`python -u SCRIPT ARGS` would: the same sys.argv, sys.path[0], __main__, signals and exit codes.
+`-m MODULE ARGS`) for a local rank. It imports LAUNCH_STANDBY_IMPORTS (torch by default), says "R"
+on its control socket (fd LAUNCH_STANDBY_FD), and waits for a go. At each go it gets the worker's
+whole environment and its descriptors, and a worker runs the script or module as `python -u
+SCRIPT ARGS` would: the same sys.argv, sys.path[0], __main__, signals and exit codes.
+
+The worker is a fork of the standby when the agent allows it (LAUNCH_STANDBY_FORK=1: the agent
+adopts orphans) and the standby has one thread: then the standby stays and serves the next go, so
+a rank imports once per job. Through a middle process that exits at once, the fork becomes the
+agent's child, as a worker started cold is. Otherwise the standby itself becomes the worker.
 Anything it cannot import it reports ("F<why>") and exits, and the agent starts that worker cold.
 
-Protocol (agent -> standby, once): b"LGO1", a little-endian u32 N, then N bytes of NUL-separated
-KEY=VALUE; the first byte carries two descriptors (SCM_RIGHTS): the progress socket, then stdin.
+Protocol. Agent -> standby, per go: b"LGO1", a little-endian u32 N, then N bytes of NUL-separated
+KEY=VALUE; the first byte carries the worker's descriptors (SCM_RIGHTS): its progress socket,
+stdin, stdout, stderr and, when there is one, the orphan guard's pipe. Standby -> agent: "R" once
+ready; per go "P<pid>\\n", the worker's pid (its own: it is the worker, and serves no more), and
+after a fork "D" once the worker is the agent's child.
 """
 
 import array
@@ -22,6 +30,9 @@ import sys
 _MAGIC = b"LGO1"
 _PROGRESS_FD = 3  # LAUNCH_PROGRESS_FD, where a cold worker finds it too
 _MAX_GO = 64 << 20
+_MAX_FDS = 5
+_MAX_REPLAY = 1 << 20  # of what the imports printed, replayed into each worker's stdout and stderr
+_PR_SET_PDEATHSIG = 1
 
 
 def _say(sock, data):
@@ -34,7 +45,7 @@ def _say(sock, data):
 def _read_go(sock):
     head, fds = b"", []
     while len(head) < 8:
-        data, anc, _, _ = sock.recvmsg(8 - len(head), socket.CMSG_SPACE(4 * 4))
+        data, anc, _, _ = sock.recvmsg(8 - len(head), socket.CMSG_SPACE(_MAX_FDS * 4))
         for level, kind, payload in anc:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 a = array.array("i")
@@ -44,7 +55,7 @@ def _read_go(sock):
             os._exit(0)  # closed without a go: this standby is not needed
         head += data
     (size,) = struct.unpack("<I", head[4:8])
-    if head[:4] != _MAGIC or size > _MAX_GO or len(fds) != 2:
+    if head[:4] != _MAGIC or size > _MAX_GO or len(fds) not in (4, 5):
         sys.stderr.write("launch standby: a malformed go from the agent\n")
         os._exit(70)
     body = bytearray()
@@ -59,6 +70,97 @@ def _read_go(sock):
             key, _, value = entry.partition(b"=")
             env[key] = value
     return env, fds
+
+
+def _threads():
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 0  # unknown: never fork
+
+
+def _settle():
+    """True when this process has one thread, after one fork whose child exits at once: thread
+    pools that stop at a fork and start again when used (OpenBLAS's) stop now."""
+    if _threads() == 1:
+        return True
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # 3.12+: "multi-threaded, use of fork() may lead to deadlocks"
+        try:
+            pid = os.fork()
+        except OSError:
+            return False
+        if pid == 0:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    return _threads() == 1
+
+
+def _fork(sock):
+    """In the standby: forks the worker through a middle process that tells the agent the worker's
+    pid and exits, so that the worker becomes the agent's child. Returns (True, pipe) in the worker,
+    where the pipe reads b"1" once the agent has its pid; (False, -1) in the standby after the middle
+    process exited (0: the worker is the agent's; else none was made); then the pipe's writer is
+    the middle process, whose pid is the third value."""
+    r, w = os.pipe()
+    try:
+        middle = os.fork()
+    except OSError:
+        os.close(r)
+        os.close(w)
+        return False, 1, 0
+    if middle == 0:
+        try:
+            middle = os.getpid()
+            worker = os.fork()
+            if worker == 0:
+                os.close(w)
+                return True, r, middle
+            sock.sendall(b"P%d\n" % worker)
+            os.write(w, b"1")
+        except BaseException:
+            os._exit(1)  # a worker, if made, reads EOF and exits
+        os._exit(0)
+    os.close(r)
+    os.close(w)
+    while True:
+        try:
+            _, status = os.waitpid(middle, 0)
+            break
+        except ChildProcessError:
+            status = 1
+            break
+    return False, status, 0
+
+
+def _adopted(ready, agent, middle):
+    """In a forked worker: waits until the agent has its pid and is its parent, then dies with it."""
+    ok = os.read(ready, 1) == b"1"
+    os.close(ready)
+    if not ok:
+        os._exit(1)
+    while os.getppid() == middle:  # the middle process is exiting: a matter of microseconds
+        os.sched_yield()
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)  # SIGKILL, as a cold worker
+    if os.getppid() != agent:
+        os._exit(1)  # the agent is gone
+
+
+def _captured(fd):
+    """What the standby wrote to `fd` (its stdout or stderr, files the agent made) before the go."""
+    try:
+        return os.pread(fd, _MAX_REPLAY, 0)
+    except OSError:
+        return b""
+
+
+def _write_all(fd, data):
+    while data:
+        data = data[os.write(fd, data):]
 
 
 def _main_dict(**extra):
@@ -99,6 +201,8 @@ def main():
     args = sys.argv[1:]
     module = len(args) >= 2 and args[0] == "-m"
     sock = socket.socket(fileno=int(os.environ["LAUNCH_STANDBY_FD"]))
+    may_fork = os.environ.get("LAUNCH_STANDBY_FORK") == "1"
+    agent = os.getppid()
     # As `python -u [-m] TARGET ARGS` sets them, before anything is imported.
     flags = sys.orig_argv[: sys.orig_argv.index("-c")] if hasattr(sys, "orig_argv") else []
     if module:
@@ -120,18 +224,49 @@ def main():
             _say(sock, ("F" + "cannot import %s: %s%s\n" % (name, type(e).__name__, ": " + why if why else ""))
                  .encode("utf-8", "replace"))
             os._exit(1)
+    may_fork = may_fork and _settle()
     _say(sock, b"R")
 
-    env, (progress, stdin) = _read_go(sock)
+    while True:
+        env, fds = _read_go(sock)
+        forked, status, middle = _fork(sock) if may_fork and _threads() == 1 else (False, 1, 0)
+        if forked:
+            break
+        if status == 0:  # a worker of its own now: this standby serves the next go
+            for fd in fds:
+                os.close(fd)
+            _say(sock, b"D")
+            continue
+        _say(sock, b"P%d\n" % os.getpid())  # the standby itself becomes the worker
+        break
+
+    progress, stdin, out, err = fds[:4]
+    guard = fds[4] if len(fds) > 4 else -1
+    if forked:
+        sock.close()
+        os.setpgid(0, 0)  # as a cold worker: its own process group, registered with the guard
+        if guard >= 0:
+            os.write(guard, b"+%d\n" % os.getpid())
+        _adopted(status, agent, middle)
+        if "numpy" in sys.modules:  # each cold worker seeds numpy afresh; Python's random reseeds at fork
+            sys.modules["numpy"].random.seed()
+    else:
+        sock.detach()  # fd 3 becomes the progress socket below
+    if guard >= 0:
+        os.close(guard)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    replay = [(1, _captured(1)), (2, _captured(2))]
     os.environb.clear()
     os.environb.update(env)
-    sock.detach()  # fd 3 becomes the progress socket below
-    os.dup2(progress, _PROGRESS_FD)
-    os.dup2(stdin, 0)
-    for fd in (progress, stdin):
-        if fd not in (0, _PROGRESS_FD):
+    for fd, to in ((progress, _PROGRESS_FD), (stdin, 0), (out, 1), (err, 2)):
+        os.dup2(fd, to)
+    for fd in (progress, stdin, out, err):
+        if fd not in (0, 1, 2, _PROGRESS_FD):
             os.close(fd)
-    del env, sock, args, flags
+    for fd, data in replay:
+        _write_all(fd, data)
+    del env, sock, args, flags, fds, replay
 
     try:
         if module:
