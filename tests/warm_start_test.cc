@@ -141,17 +141,51 @@ TEST(WarmStart, TheErrorFileOfATorchScriptReachesTheSummary) {
   EXPECT_THAT(r.err, HasSubstr("<- root cause"));
 }
 
-// The standbys of attempt 1 are made while attempt 0 runs; attempt 1 starts from them.
-TEST(WarmStart, ARestartStartsFromTheStandbysMadeDuringTheLastAttempt) {
-  auto r = Launch({"--warm-start", kLightImport, "--max-restarts=1"}, {kProbe, "fail-first"});
+// "rank restart" -> the probe's hash of a string: the same in the forks of one interpreter.
+std::map<std::string, std::string> Interpreters(const std::string& out) {
+  std::map<std::string, std::string> seen;
+  for (absl::string_view line : absl::StrSplit(out, '\n')) {
+    const size_t at = line.find("INTERPRETER ");
+    if (at == absl::string_view::npos) continue;
+    std::vector<std::string> f = absl::StrSplit(line.substr(at + 12), ' ');
+    if (f.size() == 3) seen[f[0] + " " + f[1]] = f[2];
+  }
+  return seen;
+}
+
+// Each attempt's workers are forks of the standbys made when the run started: a rank's
+// interpreter imported once, both attempts' workers are its forks.
+TEST(WarmStart, ARestartForksTheStandbysOfTheFirstAttemptAgain) {
+  auto r = Launch({"--warm-start", kLightImport, "--max-restarts=1"}, {kProbe, "fail-first"}, {"PYTHONHASHSEED=random"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(Count(r.err, "2 of 2 worker(s) started warm"), 2) << r.err;
+  EXPECT_EQ(Count(r.err, "2 of 2 worker(s) started warm (2 forked from standbys that stay)"), 2) << r.err;
   auto p = Probes(r.out);
   ASSERT_EQ(p.size(), 4u) << r.out;
   EXPECT_EQ(p["0 1"].start, "warm");
   EXPECT_EQ(p["1 1"].start, "warm");
   EXPECT_THAT(p["1 1"].json, HasSubstr("\"TORCHELASTIC_RESTART_COUNT\": \"1\""));
   EXPECT_THAT(p["1 1"].json, HasSubstr("\"RANK\": \"1\""));
+  EXPECT_THAT(p["1 1"].json, HasSubstr("\"threads\": 1"));
+  auto i = Interpreters(r.out);
+  ASSERT_EQ(i.size(), 4u) << r.out;
+  EXPECT_EQ(i["0 0"], i["0 1"]);
+  EXPECT_EQ(i["1 0"], i["1 1"]);
+  EXPECT_NE(i["0 0"], i["1 0"]);  // one standby per rank
+}
+
+// A standby with a thread of its own is not forked: it becomes the worker itself, and the next
+// attempt's standbys are made while the attempt runs.
+TEST(WarmStart, AStandbyWithAThreadBecomesTheWorkerAndANewOneIsMade) {
+  auto r = Launch({"--warm-start", "--warm-import=warm_thread", "--max-restarts=1"}, {kProbe, "fail-first"},
+                  {"PYTHONHASHSEED=random"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(Count(r.err, "2 of 2 worker(s) started warm (0 forked from standbys that stay)"), 2) << r.err;
+  auto p = Probes(r.out);
+  ASSERT_EQ(p.size(), 4u) << r.out;
+  for (const char* key : {"0 0", "1 0", "0 1", "1 1"}) EXPECT_EQ(p[key].start, "warm") << key;
+  auto i = Interpreters(r.out);
+  ASSERT_EQ(i.size(), 4u) << r.out;
+  EXPECT_NE(i["1 0"], i["1 1"]);
 }
 
 // A real DDP-style torch script (gloo all-reduce on the agent's store) on the default import,
@@ -160,9 +194,12 @@ TEST(WarmStart, ATorchJobRestartsWarm) {
   LAUNCH_NEED_PYTHON_TORCH();
   std::vector<std::string> env = PythonTorchEnv();
   env.push_back("ALLREDUCE_FAIL_FIRST=1");
+  // OpenBLAS starts a thread pool when torch loads it; it stops at a fork, so the standby is
+  // still forked.
+  env.push_back("OPENBLAS_NUM_THREADS=2");
   auto r = Launch({"--warm-start", "--max-restarts=1"}, {std::string(TESTS_DIR) + "/python/allreduce.py"}, env);
   ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
-  EXPECT_EQ(Count(r.err, "2 of 2 worker(s) started warm"), 2) << r.err;
+  EXPECT_EQ(Count(r.err, "2 of 2 worker(s) started warm (2 forked from standbys that stay)"), 2) << r.err;
   EXPECT_THAT(r.out, HasSubstr("[0]:rank 0/2 allreduce=3 torch preloaded"));
 }
 

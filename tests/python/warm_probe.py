@@ -61,6 +61,8 @@ info = {
 rank = int(os.environ.get("RANK", "0"))
 restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 print("PROBE %d %d %s %s" % (rank, restart, "warm" if _PRELOADED else "cold", json.dumps(info, sort_keys=True)))
+# The same for every fork of one interpreter, new for each interpreter (PYTHONHASHSEED=random).
+print("INTERPRETER %d %d %d" % (rank, restart, hash("warm_probe")))
 
 mode = sys.argv[1] if len(sys.argv) > 1 else ""
 if mode == "raise" and rank == 1:
