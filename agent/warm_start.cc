@@ -343,8 +343,10 @@ absl::StatusOr<std::pair<pid_t, bool>> WarmStart::Started(Standby& s) {
   // A fork: "D" once the process between them has exited and the worker is launch's child.
   auto d = ReadByte(s.control.get(), kTimeoutMs);
   if (d == 'D' && ParentOf(pid) == ::getpid()) return std::make_pair(pid, true);
-  // It never became launch's: it cannot be watched, so it does not run.
+  // It never became launch's: it cannot be watched, so it does not run (it waits for the middle
+  // process's word before it runs anything, and is registered with the guard by then).
   if (ParentOf(pid) == s.pid || ParentOf(pid) == ::getpid()) ::kill(pid, SIGKILL);
+  if (guard_) guard_->Remove(pid);
   return absl::UnavailableError(absl::StrCat("the worker its standby forked (pid ", pid, ") did not become launch's"));
 }
 

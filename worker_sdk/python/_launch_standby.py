@@ -98,12 +98,13 @@ def _settle():
     return _threads() == 1
 
 
-def _fork(sock):
-    """In the standby: forks the worker through a middle process that tells the agent the worker's
-    pid and exits, so that the worker becomes the agent's child. Returns (True, pipe) in the worker,
-    where the pipe reads b"1" once the agent has its pid; (False, -1) in the standby after the middle
-    process exited (0: the worker is the agent's; else none was made); then the pipe's writer is
-    the middle process, whose pid is the third value."""
+def _fork(sock, guard):
+    """In the standby: forks the worker through a middle process that gives it a process group of
+    its own, registers that with the orphan guard (`guard`, when a descriptor), tells the agent the
+    worker's pid and exits, so that the worker becomes the agent's child as a cold worker is.
+    Returns (True, pipe, middle's pid) in the worker, where the pipe reads b"1" once the agent has
+    its pid; (False, status, 0) in the standby once the middle process exited (status 0: the
+    worker is the agent's; else none was made)."""
     r, w = os.pipe()
     try:
         middle = os.fork()
@@ -118,6 +119,9 @@ def _fork(sock):
             if worker == 0:
                 os.close(w)
                 return True, r, middle
+            os.setpgid(worker, 0)  # here, so that the agent never signals a group not yet made
+            if guard >= 0:
+                os.write(guard, b"+%d\n" % worker)
             sock.sendall(b"P%d\n" % worker)
             os.write(w, b"1")
         except BaseException:
@@ -229,7 +233,8 @@ def main():
 
     while True:
         env, fds = _read_go(sock)
-        forked, status, middle = _fork(sock) if may_fork and _threads() == 1 else (False, 1, 0)
+        guard = fds[4] if len(fds) > 4 else -1
+        forked, status, middle = _fork(sock, guard) if may_fork and _threads() == 1 else (False, 1, 0)
         if forked:
             break
         if status == 0:  # a worker of its own now: this standby serves the next go
@@ -241,12 +246,8 @@ def main():
         break
 
     progress, stdin, out, err = fds[:4]
-    guard = fds[4] if len(fds) > 4 else -1
     if forked:
         sock.close()
-        os.setpgid(0, 0)  # as a cold worker: its own process group, registered with the guard
-        if guard >= 0:
-            os.write(guard, b"+%d\n" % os.getpid())
         _adopted(status, agent, middle)
         if "numpy" in sys.modules:  # each cold worker seeds numpy afresh; Python's random reseeds at fork
             sys.modules["numpy"].random.seed()
