@@ -156,7 +156,8 @@ std::map<std::string, std::string> Interpreters(const std::string& out) {
 // Each attempt's workers are forks of the standbys made when the run started: a rank's
 // interpreter imported once, both attempts' workers are its forks.
 TEST(WarmStart, ARestartForksTheStandbysOfTheFirstAttemptAgain) {
-  auto r = Launch({"--warm-start", kLightImport, "--max-restarts=1"}, {kProbe, "fail-first"}, {"PYTHONHASHSEED=random"});
+  TempDir dir;
+  auto r = Launch({"--warm-start", kLightImport, "--max-restarts=1"}, {kProbe, "fail-first", dir.path()}, {"PYTHONHASHSEED=random"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(Count(r.err, "2 of 2 worker(s) started warm (2 forked from standbys that stay)"), 2) << r.err;
   auto p = Probes(r.out);
@@ -176,7 +177,8 @@ TEST(WarmStart, ARestartForksTheStandbysOfTheFirstAttemptAgain) {
 // A standby with a thread of its own is not forked: it becomes the worker itself, and the next
 // attempt's standbys are made while the attempt runs.
 TEST(WarmStart, AStandbyWithAThreadBecomesTheWorkerAndANewOneIsMade) {
-  auto r = Launch({"--warm-start", "--warm-import=warm_thread", "--max-restarts=1"}, {kProbe, "fail-first"},
+  TempDir dir;
+  auto r = Launch({"--warm-start", "--warm-import=warm_thread", "--max-restarts=1"}, {kProbe, "fail-first", dir.path()},
                   {"PYTHONHASHSEED=random"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(Count(r.err, "2 of 2 worker(s) started warm (0 forked from standbys that stay)"), 2) << r.err;
@@ -204,9 +206,10 @@ TEST(WarmStart, ATorchJobRestartsWarm) {
 }
 
 TEST(WarmStart, AStandbyThatCannotImportStartsColdWithOneLine) {
+  TempDir dir;
   // Through a restart: the standbys that cannot import are not made again for the next attempt.
   auto r = Launch({"--warm-start", "--warm-import=xml.dom.minidom,no_such_module_for_launch", "--max-restarts=1"},
-                  {kProbe, "fail-first"});
+                  {kProbe, "fail-first", dir.path()});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   for (const char* rank : {"rank 0 (local rank 0)", "rank 1 (local rank 1)"}) {
     EXPECT_EQ(Count(r.err, absl::StrCat(rank, " starts cold: its standby cannot import no_such_module_for_launch: "

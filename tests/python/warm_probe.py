@@ -1,7 +1,7 @@
 # What a script sees of its interpreter, as one JSON line per rank, so that a warm start
 # (--warm-start) can be compared with a cold one. Run as a script or with -m warm_probe.
-# argv[1]: "" (print and exit 0), "raise" or "exit" (rank 1 fails so), "fail-first" (rank 1 exits 3
-# in attempt 0), "wait FILE" (wait until FILE exists).
+# argv[1]: "" (print and exit 0), "raise" or "exit" (rank 1 fails so), "fail-first DIR" (rank 1
+# exits 3 in attempt 0, once rank 0 has printed), "wait FILE" (wait until FILE exists).
 import sys
 
 _PRELOADED = "xml.dom.minidom" in sys.modules  # before any import here: only a standby imported it
@@ -71,8 +71,16 @@ if mode == "raise" and rank == 1:
     deeper()
 if mode == "exit" and rank == 1:
     sys.exit(7)
-if mode == "fail-first" and rank == 1 and restart == 0:
-    sys.exit(3)
+if mode == "fail-first":
+    # Rank 1 fails once rank 0 has printed (else rank 0 could be stopped before it printed).
+    printed = os.path.join(sys.argv[2], "printed.%d" % restart)
+    if rank == 0:
+        open(printed, "w").close()
+    elif rank == 1 and restart == 0:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(printed) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        sys.exit(3)
 if mode == "wait":
     while not os.path.exists(sys.argv[2]):
         time.sleep(0.05)
