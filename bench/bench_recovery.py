@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Recovery benchmark: launch, launch --warm-start and torchrun (torch 1.13,
+"""Recovery benchmark: launch cold (--warm-start=false), launch --warm-start and torchrun (torch 1.13,
 bench/torchrun_patched.py), one run.
 
   1. death -> next step: a 2-rank Python Gloo DDP job (bench/recovery_worker.py) whose rank 1
@@ -77,7 +77,7 @@ def main():
     if not os.access(args.launch, os.X_OK):
         raise harness.HarnessError(f"--launch {args.launch}: not executable (build first)")
     harness.become_subreaper()
-    launchers = {"launch": [args.launch, "--nproc-per-node=2"],
+    launchers = {"launch": [args.launch, "--nproc-per-node=2", "--warm-start=false"],
                  "warm": [args.launch, "--nproc-per-node=2", "--warm-start"]}
     if not args.skip_torchrun:
         # torchrun looks at its workers every --monitor_interval (5 s by default): at 0.1 s its
@@ -108,7 +108,7 @@ def main():
 
     have = "torchrun" in results
     print()
-    print("launch: cold starts; warm: launch --warm-start; ratios are torchrun's time over launch's")
+    print("launch: cold starts (--warm-start=false); warm: launch --warm-start; ratios are torchrun's time over launch's")
     print(f"{'metric (median of runs)':36} {'launch':>8} {'warm':>8} {'torchrun':>9} {'t/launch':>9} {'t/warm':>7}  target")
     for k, label in [(0, "death -> new workers' first line"), (1, "death -> init_process_group done"),
                      (2, "death -> next step")]:

@@ -74,8 +74,8 @@ const OptionDef kOptions[] = {
      "Do not turn on PyTorch's NCCL flight recorder for GPU workers"},
     {"run_path", "--run-path,--run_path", Kind::kFlag, "Not supported (workers are processes)"},
     {"warm_start", "--warm-start,--warm_start", Kind::kFlag,
-     "Start each Python worker from a standby interpreter that imported torch ahead of its attempt "
-     "(a restart skips the import)"},
+     "Start each Python worker as a fork of a standby interpreter that imported torch once per rank "
+     "(a restart skips the import; off by default)"},
     {"warm_import", "--warm-import,--warm_import", Kind::kValue,
      "Modules a --warm-start standby imports, comma separated (default torch)"},
     {"start_method", "--start-method,--start_method", Kind::kValue,

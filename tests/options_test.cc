@@ -99,8 +99,13 @@ TEST(Options, MonitorIntervalAndStandaloneAccepted) {
 TEST(Options, WarmStartAndItsImports) {
   auto c = Parse({"x.py"});
   ASSERT_TRUE(c.ok());
-  EXPECT_FALSE(c->warm_start);
+  EXPECT_FALSE(c->warm_start);  // off by default
   EXPECT_THAT(c->warm_imports, ::testing::ElementsAre("torch"));
+  for (const char* off : {"--warm-start=false", "--warm_start=0", "--warm-start=off"}) {
+    c = Parse({off, "x.py"});
+    ASSERT_TRUE(c.ok()) << off << ": " << c.status();
+    EXPECT_FALSE(c->warm_start) << off;
+  }
   c = Parse({"--warm-start", "--warm-import", "torch, numpy,my_pkg.models", "x.py"});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_TRUE(c->warm_start);

@@ -77,7 +77,7 @@ RunResult Launch(std::vector<std::string> flags, const std::vector<std::string>&
 }
 
 TEST(WarmStart, AScriptSeesWhatItSeesStartedCold) {
-  auto cold = Launch({}, {kProbe});
+  auto cold = Launch({"--warm-start=false"}, {kProbe});
   auto warm = Launch({"--warm-start", kLightImport}, {kProbe});
   ASSERT_EQ(cold.exit_code, 0) << cold.err;
   ASSERT_EQ(warm.exit_code, 0) << warm.err;
@@ -96,7 +96,7 @@ TEST(WarmStart, AScriptSeesWhatItSeesStartedCold) {
 
 TEST(WarmStart, AModuleSeesWhatItSeesStartedCold) {
   const std::string path = "PYTHONPATH=" + std::string(TESTS_DIR) + "/python";
-  auto cold = Launch({"-m"}, {"warm_probe", "x y"}, {path});
+  auto cold = Launch({"-m", "--warm-start=false"}, {"warm_probe", "x y"}, {path});
   auto warm = Launch({"-m", "--warm-start", kLightImport}, {"warm_probe", "x y"}, {path});
   ASSERT_EQ(cold.exit_code, 0) << cold.err;
   ASSERT_EQ(warm.exit_code, 0) << warm.err;
@@ -113,7 +113,7 @@ TEST(WarmStart, AModuleSeesWhatItSeesStartedCold) {
 // the failure table are the cold start's.
 TEST(WarmStart, FailuresAndTracebacksAreTheColdStarts) {
   TempDir dir;
-  auto cold = Launch({"--log-dir", dir / "logs", "--rdzv-id", "cold"}, {kProbe, "raise"});
+  auto cold = Launch({"--warm-start=false", "--log-dir", dir / "logs", "--rdzv-id", "cold"}, {kProbe, "raise"});
   auto warm = Launch({"--warm-start", kLightImport, "--log-dir", dir / "logs", "--rdzv-id", "warm"}, {kProbe, "raise"});
   EXPECT_EQ(cold.exit_code, 1) << cold.err;
   EXPECT_EQ(warm.exit_code, 1) << warm.err;
