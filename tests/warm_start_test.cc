@@ -130,6 +130,28 @@ TEST(WarmStart, FailuresAndTracebacksAreTheColdStarts) {
   EXPECT_THAT(exit7.err, ::testing::ContainsRegex("\n  1 +1 +[0-9]+ +exit 7 "));
 }
 
+// A forked worker ends without the interpreter's teardown of what it shares with its standby
+// (slow: every shared page it writes is copied), but what a program sees of that exit happens:
+// other threads are joined, atexit handlers run, a file left open is flushed, and SystemExit's
+// message and status are the cold start's.
+TEST(WarmStart, AForkedWorkersExitIsTheInterpretersAsAProgramSeesIt) {
+  TempDir dir;
+  auto r = Launch({"--warm-start", kLightImport}, {kProbe, "unclosed", dir.path()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("2 of 2 worker(s) started warm (2 forked"));
+  for (int rank : {0, 1}) {
+    EXPECT_EQ(ReadFile(dir / absl::StrCat("unclosed.", rank)), absl::StrCat("written by rank ", rank, "\n"));
+    EXPECT_THAT(r.out, HasSubstr(absl::StrCat("[", rank, "]:THREAD ", rank, "\n")));
+    EXPECT_THAT(r.out, HasSubstr(absl::StrCat("[", rank, "]:ATEXIT ", rank, " 0\n")));
+  }
+  auto cold = Launch({"--warm-start=false"}, {kProbe, "exit-message"});
+  auto warm = Launch({"--warm-start", kLightImport}, {kProbe, "exit-message"});
+  EXPECT_EQ(cold.exit_code, 1) << cold.err;
+  EXPECT_EQ(warm.exit_code, 1) << warm.err;
+  EXPECT_THAT(warm.err, HasSubstr("[1]:rank 1 gives up"));
+  EXPECT_THAT(cold.err, HasSubstr("[1]:rank 1 gives up"));
+}
+
 // @record's error file (torch.distributed.elastic) is written at the attempt's path, which the
 // standby learns only at its start.
 TEST(WarmStart, TheErrorFileOfATorchScriptReachesTheSummary) {

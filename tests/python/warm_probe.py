@@ -1,11 +1,14 @@
 # What a script sees of its interpreter, as one JSON line per rank, so that a warm start
 # (--warm-start) can be compared with a cold one. Run as a script or with -m warm_probe.
 # argv[1]: "" (print and exit 0), "raise" or "exit" (rank 1 fails so), "fail-first DIR" (rank 1
-# exits 3 in attempt 0, once rank 0 has printed), "wait FILE" (wait until FILE exists).
+# exits 3 in attempt 0, once rank 0 has printed), "wait FILE" (wait until FILE exists), "exit-message"
+# (rank 1 exits with a message), "unclosed DIR" (each rank leaves DIR/unclosed.RANK open with a line
+# buffered, and a thread that prints last).
 import sys
 
 _PRELOADED = "xml.dom.minidom" in sys.modules  # before any import here: only a standby imported it
 
+import atexit
 import json
 import os
 import pickle
@@ -71,6 +74,13 @@ if mode == "raise" and rank == 1:
     deeper()
 if mode == "exit" and rank == 1:
     sys.exit(7)
+if mode == "exit-message" and rank == 1:
+    sys.exit("rank 1 gives up")
+if mode == "unclosed":
+    atexit.register(print, "ATEXIT %d %d" % (rank, restart))
+    unclosed = open(os.path.join(sys.argv[2], "unclosed.%d" % rank), "w")
+    unclosed.write("written by rank %d\n" % rank)
+    threading.Thread(target=lambda: (time.sleep(0.2), print("THREAD %d" % rank))).start()
 if mode == "fail-first":
     # Rank 1 fails once rank 0 has printed (else rank 0 could be stopped before it printed).
     printed = os.path.join(sys.argv[2], "printed.%d" % restart)
