@@ -108,7 +108,7 @@ def main():
 
     have = "torchrun" in results
     print()
-    print("launch: cold starts (--warm-start=false); warm: launch --warm-start; ratios are torchrun's time over launch's")
+    print("launch: cold starts (--warm-start=false); warm: launch --warm-start (the default); ratios are torchrun's time over launch's")
     print(f"{'metric (median of runs)':36} {'launch':>8} {'warm':>8} {'torchrun':>9} {'t/launch':>9} {'t/warm':>7}  target")
     for k, label in [(0, "death -> new workers' first line"), (1, "death -> init_process_group done"),
                      (2, "death -> next step")]:

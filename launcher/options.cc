@@ -75,7 +75,7 @@ const OptionDef kOptions[] = {
     {"run_path", "--run-path,--run_path", Kind::kFlag, "Not supported (workers are processes)"},
     {"warm_start", "--warm-start,--warm_start", Kind::kFlag,
      "Start each Python worker as a fork of a standby interpreter that imported torch once per rank "
-     "(a restart skips the import; off by default)"},
+     "(a restart skips the import; default on; --warm-start=false: start them cold)"},
     {"warm_import", "--warm-import,--warm_import", Kind::kValue,
      "Modules a --warm-start standby imports, comma separated (default torch)"},
     {"start_method", "--start-method,--start_method", Kind::kValue,
@@ -502,7 +502,8 @@ absl::StatusOr<LaunchConfig> Validate(RawMap& raw, std::vector<std::string> rema
   c.module = flag("module");
   c.no_python = flag("no_python");
   c.no_flight_recorder = flag("no_flight_recorder");
-  c.warm_start = flag("warm_start");
+  c.warm_start_given = raw["warm_start"].set;
+  c.warm_start = !c.warm_start_given || flag("warm_start");  // on unless --warm-start=false
   if (is("warm_import")) {
     c.warm_imports.clear();
     for (absl::string_view m : absl::StrSplit(raw["warm_import"].value, ',', absl::SkipWhitespace())) {

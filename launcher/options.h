@@ -51,8 +51,10 @@ struct LaunchConfig {
   bool module = false;
   bool no_python = false;
   bool no_flight_recorder = false;
-  // --warm-start, and what its standbys import (--warm-import).
-  bool warm_start = false;
+  // --warm-start (on unless --warm-start=false), whether it was given, and what its standbys
+  // import (--warm-import).
+  bool warm_start = true;
+  bool warm_start_given = false;
   std::vector<std::string> warm_imports = {"torch"};
   std::string log_dir;
   StdSpec redirects, tee;

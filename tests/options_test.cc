@@ -99,7 +99,7 @@ TEST(Options, MonitorIntervalAndStandaloneAccepted) {
 TEST(Options, WarmStartAndItsImports) {
   auto c = Parse({"x.py"});
   ASSERT_TRUE(c.ok());
-  EXPECT_FALSE(c->warm_start);  // off by default
+  EXPECT_TRUE(c->warm_start);  // on by default
   EXPECT_THAT(c->warm_imports, ::testing::ElementsAre("torch"));
   for (const char* off : {"--warm-start=false", "--warm_start=0", "--warm-start=off"}) {
     c = Parse({off, "x.py"});

@@ -490,6 +490,15 @@ std::vector<Row> Rows() {
           },
           [](Machine& m) { m.facts.hostname = std::string(300, 'h'); }),
 
+      // Warm starts: on by default for Python workers; for a program only when asked for.
+      Plans("WarmStartIsOnForAPythonScript", "train.py",
+            [](const LaunchPlan& p) { EXPECT_TRUE(p.agent.warm_start); }),
+      Plans("WarmStartIsOffForAProgram", "./train", [](const LaunchPlan& p) { EXPECT_FALSE(p.agent.warm_start); }),
+      Plans("WarmStartAskedForAProgramIsTried", "--warm-start ./train",
+            [](const LaunchPlan& p) { EXPECT_TRUE(p.agent.warm_start); }),
+      Plans("WarmStartFalseIsOff", "--warm-start=false train.py",
+            [](const LaunchPlan& p) { EXPECT_FALSE(p.agent.warm_start); }),
+
       // Training scaling.
       Refuses("TrainBatchCannotSplit", "--nproc-per-node=3 ./train", kInvalid,
               "train.global_batch=10 is not divisible by world size 3 x grad_accum_steps 1; "
