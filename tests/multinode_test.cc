@@ -1108,10 +1108,16 @@ TEST(MultiNodeChaos, TrainingSurvivesRandomWorkerAndAgentKillsWithExactSteps) {
         std::chrono::seconds(60)))
         << "disruption " << disruption << ": no new round made progress; coordinator:\n" << coord.child().err()
         << [&] {
-             std::string tails;
+             // Which condition held, and what the workers printed: enough to tell a round that
+             // never started from one that did not resume or wrote no checkpoint.
+             std::string tails = absl::StrCat("\nworkers found ", workers.size(), ", newest checkpoint ",
+                                              NewestCheckpoint(dir / "chaos-ckpt"), " (last disruption at ",
+                                              last_kill_step, "), resumes ", resumes(), " of ", disruption, " needed");
              for (auto& a : agents) {
                const std::string& e = a->err();
-               tails += absl::StrCat("\nagent ", a->pid(), ":\n", e.size() > 4000 ? e.substr(e.size() - 4000) : e);
+               const std::string& o = a->out();
+               tails += absl::StrCat("\nagent ", a->pid(), ":\n", e.size() > 4000 ? e.substr(e.size() - 4000) : e,
+                                     "stdout:\n", o.size() > 2000 ? o.substr(o.size() - 2000) : o);
              }
              return tails;
            }();
