@@ -31,6 +31,15 @@ std::vector<WorkerPaths> Paths(const std::string& attempt, int n) {
   return p;
 }
 
+// A worker script: it sends "progress from RANK" on its progress socket and prints its rank, its
+// stdin and then `rest` (the rest of the print call, and what follows it).
+std::string Script(const std::string& rest) {
+  return "import os, sys, socket\n"
+         "s = socket.socket(fileno=int(os.environ['LAUNCH_PROGRESS_FD']))\n"
+         "s.send(b'progress from ' + os.environ['RANK'].encode())\n"
+         "print('rank', os.environ['RANK'], 'stdin', sys.stdin.read().strip(), " + rest;
+}
+
 // A worker started through WarmStart::Take, with its stdout and progress socket here.
 struct Worker {
   pid_t pid = -1;
@@ -155,13 +164,9 @@ TEST(WarmStartGo, IsMagicLengthAndNulSeparatedEntries) {
 // socket at fd 3 and its stdin, and runs the script; its output is in the pipes it started with.
 TEST(WarmStartStandby, RunsTheScriptWithTheEnvironmentAndDescriptorsItIsGiven) {
   testing::TempDir dir;
-  testing::WriteFile(dir / "w.py",
-                     "import os, sys, socket\n"
-                     "s = socket.socket(fileno=int(os.environ['LAUNCH_PROGRESS_FD']))\n"
-                     "s.send(b'progress from ' + os.environ['RANK'].encode())\n"
-                     "print('rank', os.environ['RANK'], 'stdin', sys.stdin.read().strip(), 'argv', sys.argv[1:],\n"
-                     "      'standby fd', os.environ.get('LAUNCH_STANDBY_FD'), 'json' in sys.modules)\n"
-                     "sys.exit(5)\n");
+  testing::WriteFile(dir / "w.py", Script("'argv', sys.argv[1:], 'standby fd', os.environ.get('LAUNCH_STANDBY_FD'),\n"
+                                          "      'json' in sys.modules)\n"
+                                          "sys.exit(5)\n"));
   PosixProcessLauncher launcher;
   WarmStart::Options o;
   o.python_dir = SDK_PYTHON_DIR;
@@ -191,13 +196,8 @@ TEST(WarmStartStandby, ForksOneWorkerPerGoWhenLaunchAdoptsOrphans) {
   ASSERT_EQ(::prctl(PR_SET_CHILD_SUBREAPER, 1), 0);  // as launch's main does; this test's process only
   testing::TempDir dir;
   testing::WriteFile(dir / "noisy.py", "print('imported noisy')\n");
-  testing::WriteFile(dir / "w.py",
-                     "import os, sys, socket\n"
-                     "s = socket.socket(fileno=int(os.environ['LAUNCH_PROGRESS_FD']))\n"
-                     "s.send(b'progress from ' + os.environ['RANK'].encode())\n"
-                     "print('rank', os.environ['RANK'], 'stdin', sys.stdin.read().strip(),\n"
-                     "      'own group', os.getpgid(0) == os.getpid())\n"
-                     "sys.exit(int(os.environ['RANK']))\n");
+  testing::WriteFile(dir / "w.py", Script("'own group', os.getpgid(0) == os.getpid())\n"
+                                          "sys.exit(int(os.environ['RANK']))\n"));
   PosixProcessLauncher launcher;
   WarmStart::Options o;
   o.python_dir = SDK_PYTHON_DIR;
