@@ -295,8 +295,10 @@ def main():
     if forked:
         sock.close()
         _adopted(status, agent, middle)
-        if "numpy" in sys.modules:  # each cold worker seeds numpy afresh; Python's random reseeds at fork
+        try:  # each cold worker seeds numpy afresh; Python's random reseeds at fork
             sys.modules["numpy"].random.seed()
+        except Exception:
+            pass  # numpy not imported (or without its global generator)
     else:
         sock.detach()  # fd 3 becomes the progress socket below
     if guard >= 0:
