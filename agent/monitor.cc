@@ -21,7 +21,11 @@ namespace launch {
 
 namespace {
 
-// A /proc file (small by nature; at most 64 KiB is read).
+// Bytes that fit the proto's int64 (a counter from /proc or statvfs is never near it).
+int64_t Bytes(uint64_t v) { return v > static_cast<uint64_t>(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(v); }
+
+}  // namespace
+
 std::optional<std::string> ReadProcFile(const std::string& path) {
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd.valid()) return std::nullopt;
@@ -36,11 +40,6 @@ std::optional<std::string> ReadProcFile(const std::string& path) {
   return out;
 }
 
-// Bytes that fit the proto's int64 (a counter from /proc or statvfs is never near it).
-int64_t Bytes(uint64_t v) { return v > static_cast<uint64_t>(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(v); }
-
-}  // namespace
-
 std::optional<ProcStat> ParseProcStat(absl::string_view text) {
   const size_t close = text.rfind(')');
   if (close == absl::string_view::npos) return std::nullopt;
@@ -49,11 +48,12 @@ std::optional<ProcStat> ParseProcStat(absl::string_view text) {
   std::vector<absl::string_view> f = absl::StrSplit(text.substr(close + 1), ' ', absl::SkipEmpty());
   if (f.size() < 18) return std::nullopt;
   uint64_t utime, stime;
-  int threads;
-  if (!absl::SimpleAtoi(f[11], &utime) || !absl::SimpleAtoi(f[12], &stime) || !absl::SimpleAtoi(f[17], &threads)) {
+  int threads, ppid;
+  if (!absl::SimpleAtoi(f[11], &utime) || !absl::SimpleAtoi(f[12], &stime) || !absl::SimpleAtoi(f[17], &threads) ||
+      !absl::SimpleAtoi(f[1], &ppid)) {
     return std::nullopt;
   }
-  return ProcStat{utime + stime, threads, f[0] == "Z" || f[0] == "X"};
+  return ProcStat{utime + stime, threads, f[0] == "Z" || f[0] == "X", ppid};
 }
 
 std::optional<int64_t> ParseStatmResidentPages(absl::string_view text) {

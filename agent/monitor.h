@@ -27,12 +27,15 @@
 
 namespace launch {
 
-// /proc/<pid>/stat: CPU time (user + system, in clock ticks) and threads. The command name may
-// hold spaces and parentheses: fields are counted after its last ')'.
+// A /proc file (small by nature; at most 64 KiB is read); nullopt if it cannot be opened.
+std::optional<std::string> ReadProcFile(const std::string& path);
+// /proc/<pid>/stat: CPU time (user + system, in clock ticks), threads and parent. The command name
+// may hold spaces and parentheses: fields are counted after its last ')'.
 struct ProcStat {
   uint64_t cpu_ticks = 0;
   int threads = 0;
   bool exited = false;  // a zombie (Z) or dead (X): it has exited and waits to be reaped
+  int ppid = 0;
 };
 std::optional<ProcStat> ParseProcStat(absl::string_view text);
 // /proc/<pid>/statm: resident pages (its second field).

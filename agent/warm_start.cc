@@ -12,7 +12,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <set>
 
@@ -21,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "agent/monitor.h"
 #include "common/status_macros.h"
 #include "spdlog/spdlog.h"
 
@@ -70,21 +70,23 @@ bool Readable(int fd, int timeout_ms) {
   return ::poll(&p, 1, timeout_ms) > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR));
 }
 
-// One byte from `fd` within `timeout_ms`; nullopt at its end, an error or the timeout.
-std::optional<char> ReadByte(int fd, int timeout_ms) {
+// One line from `fd` within `timeout_ms`, without its newline, read a byte at a time (what follows
+// it is not consumed); nullopt at the end, an error, the timeout, or more than `max` bytes.
+std::optional<std::string> ReadLine(int fd, int timeout_ms, size_t max) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  std::string line;
   for (;;) {
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() < 0 || !Readable(fd, static_cast<int>(left.count()))) {
-      if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
-      continue;  // EINTR
-    }
+    if (left.count() <= 0) return std::nullopt;
+    if (!Readable(fd, static_cast<int>(left.count()))) continue;  // EINTR, or the deadline: checked above
     char c = 0;
-    ssize_t n = ::read(fd, &c, 1);
-    if (n == 1) return c;
+    const ssize_t n = ::read(fd, &c, 1);
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    return std::nullopt;
+    if (n != 1) return std::nullopt;
+    if (c == '\n') return line;
+    if (line.size() >= max) return std::nullopt;
+    line.push_back(c);
   }
 }
 
@@ -106,17 +108,9 @@ std::string LastLine(int fd) {
 
 // The parent of process `pid` (from /proc), -1 if unknown.
 pid_t ParentOf(pid_t pid) {
-  const std::string path = absl::StrCat("/proc/", pid, "/stat");
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  char buf[1024];
-  const ssize_t n = fd.valid() ? ::read(fd.get(), buf, sizeof buf - 1) : -1;
-  if (n <= 0) return -1;
-  const std::string stat(buf, static_cast<size_t>(n));
-  const size_t paren = stat.rfind(')');  // the name may hold anything, ')' and spaces too
-  int ppid = -1;
-  char state = 0;
-  if (paren == std::string::npos || std::sscanf(stat.c_str() + paren + 1, " %c %d", &state, &ppid) != 2) return -1;
-  return ppid;
+  auto text = ReadProcFile(absl::StrCat("/proc/", pid, "/stat"));
+  auto st = text ? ParseProcStat(*text) : std::nullopt;
+  return st ? st->ppid : -1;
 }
 
 }  // namespace
@@ -164,7 +158,7 @@ void WarmStart::Prepare(const std::vector<WorkerLaunch>& launches) {
   }
   if (cannot_import_) return;  // said at the rank's cold start; it would fail the same way again
   int subreaper = 0;
-  may_fork_ = ::prctl(PR_GET_CHILD_SUBREAPER, &subreaper) == 0 && subreaper != 0;
+  const bool may_fork = ::prctl(PR_GET_CHILD_SUBREAPER, &subreaper) == 0 && subreaper != 0;
   for (const WorkerLaunch& w : launches) {
     if (standbys_.count(w.local_rank)) continue;
     auto argv = StandbyArgv(w.argv);
@@ -194,7 +188,7 @@ void WarmStart::Prepare(const std::vector<WorkerLaunch>& launches) {
     Env env = s.env;
     env["LAUNCH_STANDBY_FD"] = std::to_string(kControlFd);
     env["LAUNCH_STANDBY_IMPORTS"] = absl::StrJoin(opts_.imports, ",");
-    if (may_fork_) env["LAUNCH_STANDBY_FORK"] = "1";
+    if (may_fork) env["LAUNCH_STANDBY_FORK"] = "1";
     SpawnOptions so;
     so.argv = *argv;
     so.env = EnvToStrings(env);
@@ -264,16 +258,8 @@ std::string WarmStart::Ready(Standby& s, const WorkerLaunch& w) {
     return "";
   }
   if (r == 1 && c == 'F') {
-    // "F<why>\n", then it exits: read to the newline or its end.
-    std::string why;
-    char buf[512];
-    while (why.size() < 4096 && why.find('\n') == std::string::npos && Readable(s.control.get(), 2000)) {
-      ssize_t m = ::read(s.control.get(), buf, sizeof buf);
-      if (m < 0 && errno == EINTR) continue;
-      if (m <= 0) break;
-      why.append(buf, static_cast<size_t>(m));
-    }
-    why = why.substr(0, why.find('\n'));
+    // "F<why>\n", then it exits.
+    const std::string why = ReadLine(s.control.get(), 2000, 4096).value_or("");
     cannot_import_ = true;
     return absl::StrCat("its standby ", why.empty() ? std::string("failed") : why);
   }
@@ -327,25 +313,21 @@ absl::Status WarmStart::Send(Standby& s, const WorkerLaunch& w, const WorkerFds&
 absl::StatusOr<std::pair<pid_t, bool>> WarmStart::Started(Standby& s) {
   // "P<pid>\n": the worker's pid, within 10 s (a fork takes milliseconds).
   constexpr int kTimeoutMs = 10000;
-  std::string line;
-  for (;;) {
-    auto c = ReadByte(s.control.get(), kTimeoutMs);
-    if (!c) return absl::UnavailableError("its standby did not say which process is the worker");
-    if (*c == '\n') break;
-    line.push_back(*c);
-    if (line.size() > 12) return absl::DataLossError("its standby said something else than a pid");
-  }
+  auto line = ReadLine(s.control.get(), kTimeoutMs, 12);
+  if (!line) return absl::UnavailableError("its standby did not say which process is the worker");
   pid_t pid = 0;
-  if (line.size() < 2 || line[0] != 'P' || !absl::SimpleAtoi(absl::string_view(line).substr(1), &pid) || pid <= 1) {
-    return absl::DataLossError(absl::StrCat("its standby said '", absl::CEscape(line), "', not a pid"));
+  if (line->size() < 2 || (*line)[0] != 'P' || !absl::SimpleAtoi(absl::string_view(*line).substr(1), &pid) ||
+      pid <= 1) {
+    return absl::DataLossError(absl::StrCat("its standby said '", absl::CEscape(*line), "', not a pid"));
   }
   if (pid == s.pid) return std::make_pair(pid, false);
-  // A fork: "D" once the process between them has exited and the worker is launch's child.
-  auto d = ReadByte(s.control.get(), kTimeoutMs);
-  if (d == 'D' && ParentOf(pid) == ::getpid()) return std::make_pair(pid, true);
+  // A fork: "D\n" once the process between them has exited and the worker is launch's child.
+  const bool done = ReadLine(s.control.get(), kTimeoutMs, 1) == "D";
+  const pid_t parent = ParentOf(pid);
+  if (done && parent == ::getpid()) return std::make_pair(pid, true);
   // It never became launch's: it cannot be watched, so it does not run (it waits for the middle
   // process's word before it runs anything, and is registered with the guard by then).
-  if (ParentOf(pid) == s.pid || ParentOf(pid) == ::getpid()) ::kill(pid, SIGKILL);
+  if (parent == s.pid || parent == ::getpid()) ::kill(pid, SIGKILL);
   if (guard_) guard_->Remove(pid);
   return absl::UnavailableError(absl::StrCat("the worker its standby forked (pid ", pid, ") did not become launch's"));
 }

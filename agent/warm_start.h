@@ -92,7 +92,6 @@ class WarmStart : public WarmWorkers {
   std::map<int, Standby> standbys_;  // by local rank
   bool told_cold_ = false;           // "cannot start warm" said once for the run
   bool cannot_import_ = false;       // a standby could not import: no more standbys this run
-  bool may_fork_ = false;            // launch adopts orphans: a forked worker becomes its child
   int started_ = 0, taken_ = 0, forked_ = 0;
 };
 

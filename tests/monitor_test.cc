@@ -32,6 +32,7 @@ TEST(ProcFiles, StatCountsFieldsAfterTheLastParenthesis) {
   ASSERT_TRUE(st.has_value());
   EXPECT_EQ(st->cpu_ticks, 300u);
   EXPECT_EQ(st->threads, 17);
+  EXPECT_EQ(st->ppid, 1);
   EXPECT_FALSE(ParseProcStat("4242 (x) S 1 2").has_value());
   EXPECT_FALSE(ParseProcStat("no parenthesis at all").has_value());
   EXPECT_FALSE(ParseProcStat("1 (x) S 1 1 1 0 -1 0 0 0 0 0 abc 50 0 0 20 0 17").has_value());

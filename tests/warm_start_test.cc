@@ -33,14 +33,24 @@ struct Probe {
   std::string json;
 };
 
+// "rank restart" -> the rest of each line a worker printed after `tag` and those two numbers.
+std::map<std::string, std::string> Tagged(const std::string& out, const std::string& tag) {
+  std::map<std::string, std::string> lines;
+  for (absl::string_view line : absl::StrSplit(out, '\n')) {
+    const size_t at = line.find(tag);
+    if (at == absl::string_view::npos) continue;
+    std::vector<std::string> f = absl::StrSplit(line.substr(at + tag.size()), absl::MaxSplits(' ', 2));
+    if (f.size() == 3) lines[f[0] + " " + f[1]] = f[2];
+  }
+  return lines;
+}
+
 // "rank restart" -> what that worker printed.
 std::map<std::string, Probe> Probes(const std::string& out) {
   std::map<std::string, Probe> probes;
-  for (absl::string_view line : absl::StrSplit(out, '\n')) {
-    const size_t at = line.find("PROBE ");
-    if (at == absl::string_view::npos) continue;
-    std::vector<std::string> f = absl::StrSplit(line.substr(at + 6), absl::MaxSplits(' ', 3));
-    if (f.size() == 4) probes[f[0] + " " + f[1]] = Probe{f[2], f[3]};
+  for (const auto& [key, rest] : Tagged(out, "PROBE ")) {
+    const size_t space = rest.find(' ');
+    if (space != std::string::npos) probes[key] = Probe{rest.substr(0, space), rest.substr(space + 1)};
   }
   return probes;
 }
@@ -164,16 +174,7 @@ TEST(WarmStart, TheErrorFileOfATorchScriptReachesTheSummary) {
 }
 
 // "rank restart" -> the probe's hash of a string: the same in the forks of one interpreter.
-std::map<std::string, std::string> Interpreters(const std::string& out) {
-  std::map<std::string, std::string> seen;
-  for (absl::string_view line : absl::StrSplit(out, '\n')) {
-    const size_t at = line.find("INTERPRETER ");
-    if (at == absl::string_view::npos) continue;
-    std::vector<std::string> f = absl::StrSplit(line.substr(at + 12), ' ');
-    if (f.size() == 3) seen[f[0] + " " + f[1]] = f[2];
-  }
-  return seen;
-}
+std::map<std::string, std::string> Interpreters(const std::string& out) { return Tagged(out, "INTERPRETER "); }
 
 // Each attempt's workers are forks of the standbys made when the run started: a rank's
 // interpreter imported once, both attempts' workers are its forks.

@@ -31,6 +31,14 @@ std::vector<WorkerPaths> Paths(const std::string& attempt, int n) {
   return p;
 }
 
+// The options of a standby that imports `imports`, from the shipped _launch_standby.py.
+WarmStart::Options Importing(std::vector<std::string> imports) {
+  WarmStart::Options o;
+  o.python_dir = SDK_PYTHON_DIR;
+  o.imports = std::move(imports);
+  return o;
+}
+
 // A worker script: it sends "progress from RANK" on its progress socket and prints its rank, its
 // stdin and then `rest` (the rest of the print call, and what follows it).
 std::string Script(const std::string& rest) {
@@ -168,10 +176,7 @@ TEST(WarmStartStandby, RunsTheScriptWithTheEnvironmentAndDescriptorsItIsGiven) {
                                           "      'json' in sys.modules)\n"
                                           "sys.exit(5)\n"));
   PosixProcessLauncher launcher;
-  WarmStart::Options o;
-  o.python_dir = SDK_PYTHON_DIR;
-  o.imports = {"json"};
-  WarmStart warm(o, &launcher, nullptr);
+  WarmStart warm(Importing({"json"}), &launcher, nullptr);
   WorkerLaunch w;
   w.local_rank = 0;
   w.rank = 4;
@@ -199,10 +204,7 @@ TEST(WarmStartStandby, ForksOneWorkerPerGoWhenLaunchAdoptsOrphans) {
   testing::WriteFile(dir / "w.py", Script("'own group', os.getpgid(0) == os.getpid())\n"
                                           "sys.exit(int(os.environ['RANK']))\n"));
   PosixProcessLauncher launcher;
-  WarmStart::Options o;
-  o.python_dir = SDK_PYTHON_DIR;
-  o.imports = {"noisy"};
-  WarmStart warm(o, &launcher, nullptr);
+  WarmStart warm(Importing({"noisy"}), &launcher, nullptr);
   WorkerLaunch w;
   w.argv = {"/usr/bin/python3", "-u", dir / "w.py"};
   w.env = {"PATH=/usr/bin:/bin", absl::StrCat("PYTHONPATH=", SDK_PYTHON_DIR, ":", dir.path()), "LAUNCH_PROGRESS_FD=3",
@@ -226,10 +228,7 @@ TEST(WarmStartStandby, ForksOneWorkerPerGoWhenLaunchAdoptsOrphans) {
 // round's changed): the worker starts cold and the standby is gone.
 TEST(WarmStartStandby, IsNotUsedWhenAFixedVariableChanged) {
   PosixProcessLauncher launcher;
-  WarmStart::Options o;
-  o.python_dir = SDK_PYTHON_DIR;
-  o.imports = {};
-  WarmStart warm(o, &launcher, nullptr);
+  WarmStart warm(Importing({}), &launcher, nullptr);
   WorkerLaunch w;
   w.argv = {"/usr/bin/python3", "-u", "/nonexistent.py"};
   w.env = {std::string("PYTHONPATH=") + SDK_PYTHON_DIR, "OMP_NUM_THREADS=4"};

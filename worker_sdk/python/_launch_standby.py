@@ -16,7 +16,7 @@ Protocol. Agent -> standby, per go: b"LGO1", a little-endian u32 N, then N bytes
 KEY=VALUE; the first byte carries the worker's descriptors (SCM_RIGHTS): its progress socket,
 stdin, stdout, stderr and, when there is one, the orphan guard's pipe. Standby -> agent: "R" once
 ready; per go "P<pid>\\n", the worker's pid (its own: it is the worker, and serves no more), and
-after a fork "D" once the worker is the agent's child.
+after a fork "D\\n" once the worker is the agent's child.
 """
 
 import array
@@ -101,27 +101,30 @@ def _settle():
     return _threads() == 1
 
 
-def _fork(sock, guard):
+_WORKER, _SERVED, _NOT_FORKED = "worker", "served", "not forked"  # what _fork returns, and where
+
+
+def _fork(sock, guard, agent):
     """In the standby: forks the worker through a middle process that gives it a process group of
     its own, registers that with the orphan guard (`guard`, when a descriptor), tells the agent the
     worker's pid and exits, so that the worker becomes the agent's child as a cold worker is.
-    Returns (True, pipe, middle's pid) in the worker, where the pipe reads b"1" once the agent has
-    its pid; (False, status, 0) in the standby once the middle process exited (status 0: the
-    worker is the agent's; else none was made)."""
+    Returns _WORKER in the worker once it is the agent's (see _adopted), _SERVED in the standby
+    once the middle process exited having made it, _NOT_FORKED when none was made."""
     r, w = os.pipe()
     try:
         middle = os.fork()
     except OSError:
         os.close(r)
         os.close(w)
-        return False, 1, 0
+        return _NOT_FORKED
     if middle == 0:
         try:
             middle = os.getpid()
             worker = os.fork()
             if worker == 0:
                 os.close(w)
-                return True, r, middle
+                _adopted(r, agent, middle)
+                return _WORKER
             os.setpgid(worker, 0)  # here, so that the agent never signals a group not yet made
             if guard >= 0:
                 os.write(guard, b"+%d\n" % worker)
@@ -132,14 +135,11 @@ def _fork(sock, guard):
         os._exit(0)
     os.close(r)
     os.close(w)
-    while True:
-        try:
-            _, status = os.waitpid(middle, 0)
-            break
-        except ChildProcessError:
-            status = 1
-            break
-    return False, status, 0
+    try:
+        _, status = os.waitpid(middle, 0)
+    except ChildProcessError:
+        status = 1
+    return _SERVED if status == 0 else _NOT_FORKED
 
 
 def _adopted(ready, agent, middle):
@@ -280,21 +280,20 @@ def main():
     while True:
         env, fds = _read_go(sock)
         guard = fds[4] if len(fds) > 4 else -1
-        forked, status, middle = _fork(sock, guard) if may_fork and _threads() == 1 else (False, 1, 0)
-        if forked:
-            break
-        if status == 0:  # a worker of its own now: this standby serves the next go
+        how = _fork(sock, guard, agent) if may_fork and _threads() == 1 else _NOT_FORKED
+        if how == _SERVED:  # a worker of its own now: this standby serves the next go
             for fd in fds:
                 os.close(fd)
-            _say(sock, b"D")
+            _say(sock, b"D\n")
             continue
-        _say(sock, b"P%d\n" % os.getpid())  # the standby itself becomes the worker
+        if how == _NOT_FORKED:
+            _say(sock, b"P%d\n" % os.getpid())  # the standby itself becomes the worker
         break
+    forked = how == _WORKER
 
     progress, stdin, out, err = fds[:4]
     if forked:
         sock.close()
-        _adopted(status, agent, middle)
         try:  # each cold worker seeds numpy afresh; Python's random reseeds at fork
             sys.modules["numpy"].random.seed()
         except Exception:
@@ -325,9 +324,9 @@ def main():
     except SystemExit as e:
         if not forked:
             raise
-        status = _exit_code(e)
+        code = _exit_code(e)
         del e
-        _exit_fast(status)
+        _exit_fast(code)
     except KeyboardInterrupt:
         raise  # the interpreter's exit: killed by SIGINT, as a cold worker
     except BaseException:
