@@ -312,6 +312,7 @@ int Agent::Run() {
 
 void Agent::PrepareFirstStandbys() {
   WarmStart::Options wo;
+  wo.python = opts_.warm_python;
   wo.python_dir = opts_.spec.python_dir;
   wo.imports = opts_.warm_imports;
   wo.signal_fd = signals_->fd();

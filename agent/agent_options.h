@@ -52,9 +52,11 @@ struct AgentOptions {
   // How long to keep trying an unreachable coordinator once the workers have ended.
   std::chrono::milliseconds coordinator_patience{30000};
   bool dry_run = false;
-  // --warm-start: each Python worker starts from a standby interpreter that imported these
-  // modules ahead of its attempt (agent/warm_start.h).
+  // --warm-start: each worker starts from a standby made ahead of its attempt (agent/warm_start.h):
+  // for Python workers (warm_python) an interpreter that imported these modules; otherwise the
+  // program itself, when it declares LAUNCH_SDK_WARM_START().
   bool warm_start = false;
+  bool warm_python = true;
   std::vector<std::string> warm_imports = {"torch"};
   // The run's settings, sent with every join (the coordinator checks all nodes agree).
   v1::RunSpec run_spec;

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <set>
 
@@ -31,6 +32,9 @@ namespace {
 constexpr char kBootstrap[] = "import _launch_standby; _launch_standby.main()";
 constexpr char kGoMagic[] = "LGO1";
 constexpr int kControlFd = 3;  // where the standby finds its control socket; the progress fd later
+// LAUNCH_SDK_WARM_START()'s mark (launch_sdk/warm_start.h), backwards; and the largest file searched.
+constexpr char kMarkBackwards[] = "1/trats-mraw-kds-hcnual";
+constexpr off_t kMaxMarkedExecutable = off_t{4} << 30;
 constexpr idtype_t kPidfdIdType = static_cast<idtype_t>(3);  // P_PIDFD (Linux 5.4), not in every libc
 
 const std::set<std::string>& RoundVariables() {
@@ -123,9 +127,33 @@ Env StandbyEnv(const std::vector<std::string>& env) {
   return out;
 }
 
-absl::StatusOr<std::vector<std::string>> StandbyArgv(const std::vector<std::string>& cold) {
-  const bool python = cold.size() >= 3 && cold[1] == "-u" && (cold[2] != "-m" || cold.size() >= 4);
+bool DeclaresWarmStart(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  struct stat st {};
+  if (!fd.valid() || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0 ||
+      st.st_size > kMaxMarkedExecutable) {
+    return false;
+  }
+  void* map = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd.get(), 0);
+  if (map == MAP_FAILED) return false;
+  // The mark, with its NUL, as LAUNCH_SDK_WARM_START() defines it; spelled backwards here so that
+  // launch's own file never holds it.
+  std::string mark(kMarkBackwards, sizeof kMarkBackwards - 1);
+  std::reverse(mark.begin(), mark.end());
+  mark.push_back('\0');
+  const bool found = ::memmem(map, static_cast<size_t>(st.st_size), mark.data(), mark.size()) != nullptr;
+  ::munmap(map, static_cast<size_t>(st.st_size));
+  return found;
+}
+
+absl::StatusOr<std::vector<std::string>> StandbyArgv(const std::vector<std::string>& cold, bool python) {
+  if (cold.empty()) return absl::InvalidArgumentError("the worker has no command");
   if (!python) {
+    if (DeclaresWarmStart(cold[0])) return cold;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", cold[0], "' is neither a Python worker nor a worker_sdk program that declares LAUNCH_SDK_WARM_START()"));
+  }
+  if (cold.size() < 3 || cold[1] != "-u" || (cold[2] == "-m" && cold.size() < 4)) {
     return absl::InvalidArgumentError(
         absl::StrCat("'", absl::StrJoin(cold.begin(), cold.begin() + std::min<size_t>(cold.size(), 3), " "),
                      "' is not a Python worker (expected python -u SCRIPT or -m MODULE)"));
@@ -152,7 +180,8 @@ void WarmStart::Prepare(const std::vector<WorkerLaunch>& launches) {
     if (!told_cold_) spdlog::info("warm start: {}; the workers start cold", why);
     told_cold_ = true;
   };
-  if (opts_.python_dir.empty() || ::access((opts_.python_dir + "/_launch_standby.py").c_str(), R_OK) != 0) {
+  if (opts_.python && (opts_.python_dir.empty() ||
+                       ::access((opts_.python_dir + "/_launch_standby.py").c_str(), R_OK) != 0)) {
     cold(absl::StrCat("launch's Python module _launch_standby is not in '", opts_.python_dir, "'"));
     return;
   }
@@ -161,7 +190,7 @@ void WarmStart::Prepare(const std::vector<WorkerLaunch>& launches) {
   const bool may_fork = ::prctl(PR_GET_CHILD_SUBREAPER, &subreaper) == 0 && subreaper != 0;
   for (const WorkerLaunch& w : launches) {
     if (standbys_.count(w.local_rank)) continue;
-    auto argv = StandbyArgv(w.argv);
+    auto argv = StandbyArgv(w.argv, opts_.python);
     if (!argv.ok()) {
       cold(std::string(argv.status().message()));
       return;
@@ -187,7 +216,7 @@ void WarmStart::Prepare(const std::vector<WorkerLaunch>& launches) {
     s.memory_node = w.memory_node;
     Env env = s.env;
     env["LAUNCH_STANDBY_FD"] = std::to_string(kControlFd);
-    env["LAUNCH_STANDBY_IMPORTS"] = absl::StrJoin(opts_.imports, ",");
+    if (opts_.python) env["LAUNCH_STANDBY_IMPORTS"] = absl::StrJoin(opts_.imports, ",");
     if (may_fork) env["LAUNCH_STANDBY_FORK"] = "1";
     SpawnOptions so;
     so.argv = *argv;

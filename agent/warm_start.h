@@ -1,10 +1,12 @@
-// Warm starts (--warm-start): per local rank a standby Python interpreter, started ahead of its
-// attempt, that has imported torch (and the modules the user names) and waits; at the attempt's
-// start it gets its rank's environment and descriptors and a worker runs the script as `python -u`
-// would. The worker is a fork of the standby, which stays for the next attempt, when launch adopts
-// orphans (PR_SET_CHILD_SUBREAPER) and the standby has one thread; otherwise the standby becomes
-// the worker and the next attempt gets a new one. A worker that cannot start either way starts
-// cold, with one log line saying why.
+// Warm starts (--warm-start): per local rank a standby started ahead of its attempt, either a
+// Python interpreter that has imported torch (and the modules the user names), or a worker_sdk
+// program that declares it may be (LAUNCH_SDK_WARM_START) and has loaded its libraries; it waits,
+// and at the attempt's start gets its rank's environment and descriptors: a Python worker then
+// runs the script as `python -u` would, a C++ one returns from launch_sdk::AwaitWorkerStart. The
+// worker is a fork of the standby, which stays for the next attempt, when launch adopts orphans
+// (PR_SET_CHILD_SUBREAPER) and the standby has one thread; otherwise the standby becomes the
+// worker and the next attempt gets a new one. A worker that cannot start either way starts cold,
+// with one log line saying why.
 #pragma once
 
 #include <sys/types.h>
@@ -30,9 +32,14 @@ bool IsRoundVariable(const std::string& key);
 // `env` ("KEY=VALUE" strings) without the round's variables.
 Env StandbyEnv(const std::vector<std::string>& env);
 
-// The standby's command for a worker whose cold command is `python -u TARGET...` (TARGET a script
-// or -m MODULE); InvalidArgument for any other command.
-absl::StatusOr<std::vector<std::string>> StandbyArgv(const std::vector<std::string>& cold_argv);
+// Whether the executable at `path` declares, with worker_sdk's LAUNCH_SDK_WARM_START(), that it
+// may be started ahead as a standby (its file holds the mark the macro defines).
+bool DeclaresWarmStart(const std::string& path);
+
+// The standby's command for a worker whose cold command is `cold_argv`: for a Python worker
+// (`python -u TARGET...`, TARGET a script or -m MODULE) the standby interpreter's; for a program
+// that DeclaresWarmStart, its own. InvalidArgument for any other command.
+absl::StatusOr<std::vector<std::string>> StandbyArgv(const std::vector<std::string>& cold_argv, bool python);
 
 // The go message: "LGO1", the body's length (u32, little endian), then NUL-separated KEY=VALUE.
 std::string EncodeGo(const std::vector<std::string>& env);
@@ -40,6 +47,8 @@ std::string EncodeGo(const std::vector<std::string>& env);
 class WarmStart : public WarmWorkers {
  public:
   struct Options {
+    // The workers are Python's (`python -u TARGET`); otherwise programs that DeclaresWarmStart.
+    bool python = true;
     // Where _launch_standby.py is (launch's Python directory, on the workers' PYTHONPATH).
     std::string python_dir;
     // What a standby imports before it waits (--warm-import; default torch).

@@ -164,6 +164,8 @@ absl::StatusOr<WorkerEnvPlan> BuildWorkerEnvs(const Env& parent, const WorkerGro
     Env env = parent;
     // The rendezvous token is launch's: a worker (or anything it runs) has no use for it.
     env.erase("LAUNCH_RDZV_TOKEN");
+    // A standby's (agent/warm_start.h), were launch itself run by one: never a worker's.
+    for (const char* k : {"LAUNCH_STANDBY_FD", "LAUNCH_STANDBY_FORK", "LAUNCH_STANDBY_IMPORTS"}) env.erase(k);
     const int rank = round.rank_offset + local;
     env["RANK"] = std::to_string(rank);
     env["LOCAL_RANK"] = std::to_string(spec.virtual_local_rank ? 0 : local);

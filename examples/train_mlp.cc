@@ -31,6 +31,11 @@
 #include "launch_sdk/progress.h"
 #include "launch_sdk/sampler.h"
 #include "launch_sdk/scaling.h"
+#include "launch_sdk/warm_start.h"
+
+// Nothing before main's AwaitWorkerStart depends on the rank's attempt: launch may start this
+// program ahead of it (--warm-start), so that a restart skips loading LibTorch.
+LAUNCH_SDK_WARM_START();
 
 namespace {
 
@@ -253,6 +258,7 @@ int Train(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  launch_sdk::AwaitWorkerStart();  // a standby waits here for its attempt's environment
   Args a;
   if (const char* b = std::getenv("LAUNCH_PER_WORKER_BATCH")) {  // launch's train: section
     char* end = nullptr;

@@ -298,9 +298,11 @@ absl::StatusOr<LaunchPlan> Plan(const LaunchConfig& c, const HostFacts& host) {
   const std::string path_env = host.env.count("PATH") ? host.env.at("PATH") : "/usr/local/bin:/usr/bin:/bin";
   if (auto gdb = q.ResolveExecutable("gdb", path_env); gdb.ok()) opts.debugger = *gdb;
   opts.spec.python_dir = host.python_dir;
-  // On by default for Python workers; for another program only when asked for (then the log
-  // says once why its workers start cold).
-  opts.warm_start = c.warm_start && (RunsThroughPython(c) || c.warm_start_given);
+  // On by default for Python workers and for programs that declare LAUNCH_SDK_WARM_START(); for
+  // another program only when asked for (then the log says once why its workers start cold).
+  opts.warm_python = RunsThroughPython(c);
+  opts.warm_start = c.warm_start && (opts.warm_python || c.warm_start_given ||
+                                     (!c.dry_run && q.DeclaresWarmStart(opts.argv.front())));
   opts.warm_imports = c.warm_imports;
   opts.spec.flight_recorder = !c.no_flight_recorder;
   opts.spec.virtual_local_rank = c.virtual_local_rank;

@@ -42,6 +42,8 @@ class HostQueries {
   virtual absl::StatusOr<bool> PortInUse(const std::string& host, int port) = 0;
   // `bytes` random bytes as lowercase hex (run ids, node ids).
   virtual std::string RandomHex(int bytes) = 0;
+  // As agent/warm_start.h's DeclaresWarmStart.
+  virtual bool DeclaresWarmStart(const std::string& /*executable*/) { return false; }
 };
 
 // Everything the plan needs to know about this machine.

@@ -91,6 +91,7 @@ class SystemHostQueries : public HostQueries {
   absl::StatusOr<bool> IsLocalHost(const std::string& host) override { return launch::IsLocalHost(host); }
   absl::StatusOr<bool> PortInUse(const std::string& host, int port) override { return launch::PortInUse(host, port); }
   std::string RandomHex(int bytes) override { return launch::RandomHex(bytes); }
+  bool DeclaresWarmStart(const std::string& executable) override { return launch::DeclaresWarmStart(executable); }
 };
 
 // `topology`: read the CPUs' and GPUs' NUMA placement (--numa-binding), from LAUNCH_SYSFS_ROOT

@@ -77,6 +77,8 @@ class FakeHost : public HostQueries {
     return ports_in_use.count({host, port}) > 0;
   }
   // "aa...a1", "aa...a2", ...: each draw names its place in the sequence.
+  std::set<std::string> declare_warm_start;  // executables holding LAUNCH_SDK_WARM_START()'s mark
+  bool DeclaresWarmStart(const std::string& executable) override { return declare_warm_start.count(executable) > 0; }
   std::string RandomHex(int bytes) override {
     std::string s(2 * bytes, 'a');
     s.back() = static_cast<char>('0' + ++draws_ % 10);
@@ -490,10 +492,25 @@ std::vector<Row> Rows() {
           },
           [](Machine& m) { m.facts.hostname = std::string(300, 'h'); }),
 
-      // Warm starts: on by default for Python workers; for a program only when asked for.
+      // Warm starts: on by default for Python workers and programs that declare them; for another
+      // program only when asked for.
       Plans("WarmStartIsOnForAPythonScript", "train.py",
-            [](const LaunchPlan& p) { EXPECT_TRUE(p.agent.warm_start); }),
+            [](const LaunchPlan& p) {
+              EXPECT_TRUE(p.agent.warm_start);
+              EXPECT_TRUE(p.agent.warm_python);
+            }),
       Plans("WarmStartIsOffForAProgram", "./train", [](const LaunchPlan& p) { EXPECT_FALSE(p.agent.warm_start); }),
+      Plans(
+          "WarmStartIsOnForAProgramThatDeclaresIt", "./train",
+          [](const LaunchPlan& p) {
+            EXPECT_TRUE(p.agent.warm_start);
+            EXPECT_FALSE(p.agent.warm_python);
+          },
+          [](Machine& m) { m.host.declare_warm_start.insert("./train"); }),
+      Plans(
+          "WarmStartFalseIsOffForAProgramThatDeclaresIt", "--warm-start=false ./train",
+          [](const LaunchPlan& p) { EXPECT_FALSE(p.agent.warm_start); },
+          [](Machine& m) { m.host.declare_warm_start.insert("./train"); }),
       Plans("WarmStartAskedForAProgramIsTried", "--warm-start ./train",
             [](const LaunchPlan& p) { EXPECT_TRUE(p.agent.warm_start); }),
       Plans("WarmStartFalseIsOff", "--warm-start=false train.py",

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
@@ -15,6 +16,7 @@ namespace launch::testing {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 struct DdpCase {
   const char* name;
@@ -55,8 +57,10 @@ INSTANTIATE_TEST_SUITE_P(
                       DdpCase{"gloo_no_sync_accumulation", "26214400", "2", "1", "2", "0"}),
     [](const auto& info) { return std::string(info.param.name); });
 
-// Trains 2 ranks straight through, then again with rank 1 killed at step 22 and the group resumed
-// from the step-20 checkpoint; both runs must end with the same parameters. Returns the first run.
+// Trains 2 ranks straight through, started cold, then again with rank 1 killed at step 22 and the
+// group resumed from the step-20 checkpoint, started warm (train_mlp declares
+// LAUNCH_SDK_WARM_START(): both attempts' workers are forks of standbys that loaded LibTorch when
+// the run started); both runs must end with the same parameters. Returns the first run.
 RunResult ExpectKillAndResumeMatches(const std::vector<std::string>& flags) {
   TempDir dir;
   std::vector<std::string> train = {TRAIN_MLP_BIN, "--dims", "32,64,64,10", "--batch", "16", "--steps", "40",
@@ -68,7 +72,7 @@ RunResult ExpectKillAndResumeMatches(const std::vector<std::string>& flags) {
     v.insert(v.end(), extra.begin(), extra.end());
     return v;
   };
-  std::vector<std::string> straight = {LAUNCH_BIN, "--nproc-per-node=2"};
+  std::vector<std::string> straight = {LAUNCH_BIN, "--nproc-per-node=2", "--warm-start=false"};
   for (const auto& a : with({"--checkpoint-dir", dir / "a", "--save-params", dir / "a.bin"})) straight.push_back(a);
   auto a = RunCmd(straight, {}, std::chrono::seconds(180));
   EXPECT_EQ(a.exit_code, 0) << a.err;
@@ -81,6 +85,9 @@ RunResult ExpectKillAndResumeMatches(const std::vector<std::string>& flags) {
   EXPECT_THAT(b.out, HasSubstr("fault injection: rank 1 kills itself at step 22"));
   EXPECT_THAT(b.err, HasSubstr("restarting the group"));
   EXPECT_THAT(b.out, HasSubstr("resumed from step 20"));
+  EXPECT_THAT(a.err, Not(HasSubstr("started warm")));
+  for (const char* round : {"round 1", "round 2"})
+    EXPECT_THAT(b.err, HasSubstr(absl::StrCat(round, ": 2 of 2 worker(s) started warm (2 forked from standbys that stay)")));
   double diff = MaxAbsDiff(ReadFloats(dir / "a.bin"), ReadFloats(dir / "b.bin"));
   EXPECT_LE(diff, 1e-6);
   return a;

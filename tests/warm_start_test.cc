@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
@@ -247,10 +248,115 @@ TEST(WarmStart, AStandbyThatCannotImportStartsColdWithOneLine) {
   EXPECT_EQ(p["1 1"].start, "cold");
 }
 
-TEST(WarmStart, AProgramThatIsNotPythonStartsColdWithOneLine) {
-  auto r = RunCmd({kLaunch, "--nproc-per-node=2", "--warm-start", "/bin/true"});
-  EXPECT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(Count(r.err, "warm start: '/bin/true' is not a Python worker"), 1) << r.err;
+// --- C++ workers (worker_sdk programs that declare LAUNCH_SDK_WARM_START) ---
+
+const std::string kWarmWorker = WARM_WORKER_BIN;
+
+struct CppProbe {
+  std::string start, token;
+  int threads = 0;
+  std::string standby_fd, fd3, stdin_kind, name;
+};
+
+// "rank restart" -> what tests/workers/warm_worker.cc printed after AwaitWorkerStart.
+std::map<std::string, CppProbe> CppProbes(const std::string& out) {
+  std::map<std::string, CppProbe> probes;
+  for (const auto& [key, rest] : Tagged(out, "WARM ")) {
+    std::vector<std::string> f = absl::StrSplit(rest, ' ');
+    if (f.size() == 7) probes[key] = CppProbe{f[0], f[1], std::atoi(f[2].c_str()), f[3], f[4], f[5], f[6]};
+  }
+  return probes;
+}
+
+// On by default: each rank's standby loads the program once, and every attempt's worker is forked
+// from it with the attempt's environment and descriptors; what the standby printed before its go
+// reaches each worker's output once.
+TEST(WarmStartCpp, ADeclaringProgramRestartsFromItsStandbyByDefault) {
+  TempDir dir;
+  auto r = RunCmd({kLaunch, "--nproc-per-node=2", "--max-restarts=1", kWarmWorker, "fail-first", dir.path()});
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  EXPECT_EQ(Count(r.err, "2 of 2 worker(s) started warm (2 forked from standbys that stay)"), 2) << r.err;
+  auto p = CppProbes(r.out);
+  ASSERT_EQ(p.size(), 4u) << r.out;
+  for (const auto& [key, probe] : p) {
+    EXPECT_EQ(probe.start, "warm") << key;
+    EXPECT_EQ(probe.threads, 1) << key;
+    EXPECT_EQ(probe.standby_fd, "-") << key;  // the worker's environment is its attempt's
+    EXPECT_EQ(probe.fd3, "SOCK") << key;      // the progress socket, as a cold worker's
+    EXPECT_EQ(probe.stdin_kind, "CHR") << key;
+    EXPECT_EQ(probe.name, "warm_worker") << key;  // the standby's name was launch-standby
+    // Printed by the standby, replayed at the start of each of its workers' output.
+    const std::string rank = key.substr(0, 1);
+    EXPECT_EQ(Count(r.out, absl::StrCat("[", rank, "]:BEFORE ", probe.token, "\n")), 2) << r.out;
+  }
+  EXPECT_EQ(p["0 0"].token, p["0 1"].token);  // one standby per rank, loaded once
+  EXPECT_EQ(p["1 0"].token, p["1 1"].token);
+  EXPECT_NE(p["0 0"].token, p["1 0"].token);
+
+  auto cold = RunCmd({kLaunch, "--nproc-per-node=2", "--warm-start=false", kWarmWorker});
+  ASSERT_EQ(cold.exit_code, 0) << cold.err;
+  EXPECT_THAT(cold.err, Not(HasSubstr("started warm")));
+  auto c = CppProbes(cold.out);
+  ASSERT_EQ(c.size(), 2u) << cold.out;
+  EXPECT_EQ(c["0 0"].start, "cold");
+  EXPECT_EQ(c["1 0"].fd3, "SOCK");
+}
+
+// A standby with a thread of its own becomes the worker itself; the next attempt gets a new one.
+TEST(WarmStartCpp, AStandbyWithAThreadBecomesTheWorker) {
+  TempDir dir;
+  auto r = RunCmd({kLaunch, "--nproc-per-node=2", "--max-restarts=1", kWarmWorker, "thread"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("2 of 2 worker(s) started warm (0 forked from standbys that stay)"));
+  auto p = CppProbes(r.out);
+  ASSERT_EQ(p.size(), 2u) << r.out;
+  EXPECT_EQ(p["0 0"].start, "warm");
+  EXPECT_EQ(p["1 0"].threads, 2);
+}
+
+// An exception after the go reaches the error file, and the summary, as from a cold worker.
+TEST(WarmStartCpp, TheErrorFileIsTheAttempts) {
+  auto r = RunCmd({kLaunch, "--nproc-per-node=2", kWarmWorker, "throw"});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("2 of 2 worker(s) started warm"));
+  EXPECT_THAT(r.err, HasSubstr("std::runtime_error: rank 1 gives up warm   <- root cause"));
+}
+
+// A program without the mark starts cold: silently by default, with one line when asked for.
+TEST(WarmStartCpp, AProgramWithoutTheMarkStartsCold) {
+  auto quiet = RunCmd({kLaunch, "--nproc-per-node=2", TEST_WORKER_BIN});
+  EXPECT_EQ(quiet.exit_code, 0) << quiet.err;
+  EXPECT_THAT(quiet.err, Not(HasSubstr("warm")));
+  auto asked = RunCmd({kLaunch, "--nproc-per-node=2", "--warm-start", TEST_WORKER_BIN});
+  EXPECT_EQ(asked.exit_code, 0) << asked.err;
+  EXPECT_EQ(Count(asked.err, absl::StrCat("warm start: '", TEST_WORKER_BIN,
+                                          "' is neither a Python worker nor a worker_sdk program")),
+            1)
+      << asked.err;
+}
+
+// Standbys are named launch-standby (their workers have the program's name) and die with launch.
+TEST(WarmStartCpp, StandbysAreNamedAndDieWithLaunch) {
+  TempDir dir;
+  const std::string marker = "WARM_TEST_MARKER=" + dir.path();
+  Child c({kLaunch, "--nproc-per-node=2", "--max-restarts=1", kWarmWorker, "wait", dir / "never"}, {marker});
+  auto named = [&](const std::string& name) {
+    int n = 0;
+    for (pid_t pid : ProcessesWithEnv(marker))
+      if (absl::StripTrailingAsciiWhitespace(ReadFile(absl::StrCat("/proc/", pid, "/comm"))) == name) ++n;
+    return n;
+  };
+  // launch, its orphan guard, 2 workers and the 2 standbys they were forked from.
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        c.Pump(10);
+        return absl::StrContains(c.err(), "started warm") && named("launch-standby") == 2 && named("warm_worker") == 2;
+      },
+      std::chrono::seconds(60)))
+      << c.err();
+  ::kill(c.pid(), SIGKILL);
+  c.Wait(std::chrono::seconds(10));
+  EXPECT_TRUE(WaitUntil([&] { return ProcessesWithEnv(marker).empty(); }, std::chrono::seconds(20)));
 }
 
 // The next attempt's standbys, never used, go with launch: at its end, and when it is killed.

@@ -144,22 +144,45 @@ TEST(WarmStartEnv, OnlyTheRoundsVariablesDifferBetweenRounds) {
   EXPECT_EQ(StandbyEnv(EnvToStrings(ea->envs[1])), StandbyEnv(EnvToStrings(eb->envs[1])));
 }
 
-TEST(WarmStartArgv, OnlyPythonScriptsAndModulesHaveStandbys) {
-  auto s = StandbyArgv({"/usr/bin/python3", "-u", "train.py", "--lr", "0.1"});
+TEST(WarmStartArgv, PythonScriptsAndModulesHaveTheStandbyInterpreter) {
+  auto s = StandbyArgv({"/usr/bin/python3", "-u", "train.py", "--lr", "0.1"}, true);
   ASSERT_TRUE(s.ok());
   EXPECT_THAT(*s, ElementsAre("/usr/bin/python3", "-u", "-c", "import _launch_standby; _launch_standby.main()",
                               "train.py", "--lr", "0.1"));
-  auto m = StandbyArgv({"/usr/bin/python3", "-u", "-m", "pkg.train"});
+  auto m = StandbyArgv({"/usr/bin/python3", "-u", "-m", "pkg.train"}, true);
   ASSERT_TRUE(m.ok());
   EXPECT_THAT(*m, ElementsAre("/usr/bin/python3", "-u", "-c", "import _launch_standby; _launch_standby.main()", "-m",
                               "pkg.train"));
   for (std::vector<std::string> bad : std::vector<std::vector<std::string>>{
            {"./train_mlp", "--steps", "3"}, {"/usr/bin/python3", "-u", "-m"}, {"/usr/bin/python3"}, {}}) {
-    auto r = StandbyArgv(bad);
+    auto r = StandbyArgv(bad, true);
     EXPECT_FALSE(r.ok());
   }
-  EXPECT_THAT(std::string(StandbyArgv({"./train_mlp", "--steps", "3"}).status().message()),
+  EXPECT_THAT(std::string(StandbyArgv({"./train_mlp", "--steps", "3"}, true).status().message()),
               HasSubstr("'./train_mlp --steps 3' is not a Python worker"));
+}
+
+// A program is its own standby only when its file holds LAUNCH_SDK_WARM_START()'s mark; a C++
+// program whose first argument is -u is not taken for Python.
+TEST(WarmStartArgv, OnlyProgramsThatDeclareItAreTheirOwnStandbys) {
+  EXPECT_TRUE(DeclaresWarmStart(WARM_WORKER_BIN));
+  auto own = StandbyArgv({WARM_WORKER_BIN, "-u", "x"}, false);
+  ASSERT_TRUE(own.ok()) << own.status();
+  EXPECT_THAT(*own, ElementsAre(WARM_WORKER_BIN, "-u", "x"));
+  testing::TempDir dir;
+  // The mark without its terminating NUL, or in a file that is not regular, does not count.
+  testing::WriteFile(dir / "almost", "launch-sdk-warm-start/1");
+  for (const std::string& unmarked : {std::string(TEST_WORKER_BIN), std::string("/bin/true"), dir / "almost",
+                                      dir.path(), dir / "missing", std::string("/dev/zero")}) {
+    EXPECT_FALSE(DeclaresWarmStart(unmarked)) << unmarked;
+    auto r = StandbyArgv({unmarked, "-u", "x"}, false);
+    ASSERT_FALSE(r.ok()) << unmarked;
+    EXPECT_THAT(std::string(r.status().message()),
+                HasSubstr("is neither a Python worker nor a worker_sdk program that declares LAUNCH_SDK_WARM_START()"));
+  }
+  static const char kMarked[] = "\x7f" "ELF...launch-sdk-warm-start/1\0...";
+  testing::WriteFile(dir / "marked", std::string(kMarked, sizeof kMarked - 1));
+  EXPECT_TRUE(DeclaresWarmStart(dir / "marked"));
 }
 
 TEST(WarmStartGo, IsMagicLengthAndNulSeparatedEntries) {

@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <stdexcept>
 
+#include "launch_sdk/warm_start.h"
+
 namespace launch_sdk {
 namespace {
 
@@ -57,6 +59,7 @@ void Str(const char* name, std::string* out) {
 }  // namespace
 
 WorkerEnv ReadWorkerEnv() {
+  AwaitWorkerStart();  // a standby's environment is its worker's only after the go
   WorkerEnv e;
   e.under_launcher = Get("RANK") && Get("WORLD_SIZE");
   // Every number is bounded here: MASTER_PORT sizes a 16-bit port, counts size allocations.

@@ -53,7 +53,8 @@ std::string Backtrace() {
   return out;
 }
 
-// Written once at install time so the signal handler needs no allocation.
+// Written when the handlers are installed (again at each later call) so that the signal handler
+// needs no allocation.
 char g_error_path[4096];
 bool g_installed = false;
 
@@ -145,10 +146,12 @@ void WriteErrorFile(const std::string& message, const std::string& type, const s
 }
 
 void InstallErrorHandlers() {
+  // Read at every call: a standby (launch_sdk/warm_start.h) learns its error file at its go, after
+  // RunWithErrorFile installed the handlers, and Context::Init calls this again then.
+  const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
+  std::snprintf(g_error_path, sizeof g_error_path, "%s", path ? path : "");
   if (g_installed) return;
   g_installed = true;
-  const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
-  if (path) std::snprintf(g_error_path, sizeof g_error_path, "%s", path);
   std::set_terminate(OnTerminate);
   for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL}) signal(sig, FatalSignal);
 }

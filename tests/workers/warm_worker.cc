@@ -1,0 +1,91 @@
+// A worker_sdk program that declares LAUNCH_SDK_WARM_START() without LibTorch (the SDK's warm
+// start, environment and error-file parts only), for tests of C++ warm starts. Before
+// AwaitWorkerStart it prints "BEFORE <token>" (a token drawn then: the same in every worker forked
+// from one standby); after it, one line "WARM <rank> <restart> <start> <token> <threads>
+// <standby fd> <fd 3 kind> <stdin kind> <process name>".
+// argv[1]: "" (exit 0), "fail-first DIR" (rank 1 exits 3 in attempt 0 once rank 0 has printed),
+// "thread" (a thread runs before AwaitWorkerStart), "throw" (rank 1 throws, as RunWithErrorFile
+// reports), "wait FILE" (wait until FILE exists).
+#include <dirent.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include "launch_sdk/env.h"
+#include "launch_sdk/errors.h"
+#include "launch_sdk/warm_start.h"
+
+LAUNCH_SDK_WARM_START();
+
+namespace {
+
+std::string Kind(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return "closed";
+  if (S_ISSOCK(st.st_mode)) return "SOCK";
+  if (S_ISFIFO(st.st_mode)) return "FIFO";
+  if (S_ISCHR(st.st_mode)) return "CHR";
+  if (S_ISREG(st.st_mode)) return "REG";
+  return "other";
+}
+
+int Threads() {
+  int n = 0;
+  if (DIR* d = ::opendir("/proc/self/task")) {
+    while (dirent* e = ::readdir(d))
+      if (e->d_name[0] != '.') ++n;
+    ::closedir(d);
+  }
+  return n;
+}
+
+bool Exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
+
+// Polls for `path` (another rank's word), at most a minute.
+void WaitFor(const std::string& path) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+  while (!Exists(path) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  const std::string arg = argc > 2 ? argv[2] : "";
+  const unsigned long token = std::random_device{}();
+  std::printf("BEFORE %lu\n", token);
+  if (mode == "thread") std::thread([] { std::this_thread::sleep_for(std::chrono::hours(1)); }).detach();
+  return launch_sdk::RunWithErrorFile([&] {
+    const launch_sdk::WorkerEnv env = launch_sdk::ReadWorkerEnv();
+    const char* standby_fd = std::getenv("LAUNCH_STANDBY_FD");
+    char name[16] = {};
+    ::prctl(PR_GET_NAME, name, 0, 0, 0);
+    std::printf("WARM %d %d %s %lu %d %s %s %s %s\n", env.rank, env.restart_count,
+                launch_sdk::StartedWarm() ? "warm" : "cold", token, Threads(), standby_fd ? standby_fd : "-",
+                Kind(3).c_str(), Kind(0).c_str(), name);
+    std::fflush(stdout);
+    if (mode == "fail-first" && env.restart_count == 0) {
+      const std::string ready = arg + "/ready." + std::to_string(env.rank);
+      std::ofstream(ready + ".tmp") << "1";
+      std::rename((ready + ".tmp").c_str(), ready.c_str());
+      if (env.rank == 1) {
+        WaitFor(arg + "/ready.0");
+        return 3;
+      }
+      WaitFor(arg + "/never");  // stopped by the agent when rank 1 fails
+    }
+    if (mode == "throw" && env.rank == 1) throw std::runtime_error("rank 1 gives up warm");
+    if (mode == "wait") WaitFor(arg);
+    return 0;
+  });
+}

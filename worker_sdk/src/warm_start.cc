@@ -1,0 +1,281 @@
+#include "launch_sdk/warm_start.h"
+
+// The standby's side of the protocol agent/warm_start.h speaks (the Python standby,
+// _launch_standby.py, speaks the same). Agent -> standby, per go: "LGO1", a little-endian u32 N,
+// then N bytes of NUL-separated KEY=VALUE; the first byte carries the worker's descriptors
+// (SCM_RIGHTS): its progress socket, stdin, stdout, stderr and, when there is one, the orphan
+// guard's pipe. Standby -> agent: "R" once ready; per go "P<pid>\n" (the worker's pid: its own when
+// it becomes the worker and serves no more), and after a fork "D\n" once the worker is the
+// agent's child.
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+namespace launch_sdk {
+namespace {
+
+constexpr char kMagic[] = "LGO1";
+constexpr uint32_t kMaxGo = 64u << 20;  // as the agent's limit on a worker's environment
+constexpr size_t kMaxFds = 5;
+constexpr int kProgressFd = 3;          // LAUNCH_PROGRESS_FD, where a cold worker finds it too
+constexpr size_t kMaxReplay = 1 << 20;  // of what the standby printed, replayed into each worker
+
+bool g_awaited = false;
+bool g_warm = false;
+
+bool SendAll(int fd, const char* data, size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::send(fd, data, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    data += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+// To the agent; when it is gone (it let this standby go), the standby ends quietly.
+void Say(int sock, const std::string& s) {
+  if (!SendAll(sock, s.data(), s.size())) ::_exit(0);
+}
+
+void WriteAll(int fd, const char* data, size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, data, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return;
+    data += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+// This process's threads; 0 when unknown (then it never forks).
+int Threads() {
+  DIR* d = ::opendir("/proc/self/task");
+  if (!d) return 0;
+  int n = 0;
+  while (dirent* e = ::readdir(d))
+    if (e->d_name[0] != '.') ++n;
+  ::closedir(d);
+  return n;
+}
+
+// True when this process has one thread, after one fork whose child exits at once: thread pools
+// that stop at a fork and start again when used (OpenBLAS's) stop now.
+bool Settle() {
+  if (Threads() == 1) return true;
+  const pid_t pid = ::fork();
+  if (pid < 0) return false;
+  if (pid == 0) ::_exit(0);
+  while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+  }
+  return Threads() == 1;
+}
+
+[[noreturn]] void Malformed() {
+  static const char kMsg[] = "launch_sdk standby: a malformed go from the agent\n";
+  WriteAll(2, kMsg, sizeof kMsg - 1);
+  ::_exit(70);
+}
+
+// The next go: the worker's environment and descriptors. Exits when the agent closes the socket.
+void ReadGo(int sock, std::vector<std::string>* env, std::vector<int>* fds) {
+  char head[8];
+  size_t got = 0;
+  while (got < sizeof head) {
+    alignas(cmsghdr) char control[CMSG_SPACE(kMaxFds * sizeof(int))];
+    iovec iov{head + got, sizeof head - got};
+    msghdr mh{};
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = control;
+    mh.msg_controllen = sizeof control;
+    const ssize_t n = ::recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) ::_exit(0);  // closed without a go: this standby is not needed
+    for (cmsghdr* cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
+      if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
+      const size_t count = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int fd;
+        std::memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
+        fds->push_back(fd);
+      }
+    }
+    if (mh.msg_flags & MSG_CTRUNC) Malformed();
+    got += static_cast<size_t>(n);
+  }
+  uint32_t size = 0;
+  for (int i = 0; i < 4; ++i) size |= static_cast<uint32_t>(static_cast<unsigned char>(head[4 + i])) << (8 * i);
+  if (std::memcmp(head, kMagic, 4) != 0 || size > kMaxGo || (fds->size() != 4 && fds->size() != 5)) Malformed();
+  std::string body(size, '\0');
+  for (size_t off = 0; off < size;) {
+    const ssize_t n = ::recv(sock, body.data() + off, size - off, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) ::_exit(0);
+    off += static_cast<size_t>(n);
+  }
+  for (size_t start = 0; start < body.size();) {
+    size_t end = body.find('\0', start);
+    if (end == std::string::npos) end = body.size();
+    if (end > start) env->push_back(body.substr(start, end - start));
+    start = end + 1;
+  }
+}
+
+// In a forked worker: waits until the agent has its pid and is its parent, then dies with it.
+void Adopted(int ready, pid_t agent, pid_t middle) {
+  char c = 0;
+  ssize_t n;
+  while ((n = ::read(ready, &c, 1)) < 0 && errno == EINTR) {
+  }
+  ::close(ready);
+  if (n != 1 || c != '1') ::_exit(1);
+  while (::getppid() == middle) ::sched_yield();  // the middle process is exiting: microseconds
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);     // as a cold worker
+  if (::getppid() != agent) ::_exit(1);            // the agent is gone
+}
+
+enum class Made { kWorker, kServed, kNotForked };
+
+// Forks the worker through a middle process that gives it a process group of its own, registers
+// that with the orphan guard (`guard`, when a descriptor), tells the agent the worker's pid and
+// exits, so that the worker becomes the agent's child (launch adopts orphans) as a cold worker
+// is. kWorker in the worker once it is the agent's, kServed in the standby once the middle process
+// exited having made it, kNotForked when none was made.
+Made Fork(int sock, int guard, pid_t agent) {
+  int ready[2];
+  if (::pipe2(ready, O_CLOEXEC) != 0) return Made::kNotForked;
+  const pid_t middle = ::fork();
+  if (middle < 0) {
+    ::close(ready[0]);
+    ::close(ready[1]);
+    return Made::kNotForked;
+  }
+  if (middle == 0) {
+    const pid_t me = ::getpid();
+    const pid_t worker = ::fork();
+    if (worker == 0) {
+      ::close(ready[1]);
+      Adopted(ready[0], agent, me);
+      return Made::kWorker;
+    }
+    if (worker < 0) ::_exit(1);
+    ::setpgid(worker, 0);  // here, so that the agent never signals a group not yet made
+    if (guard >= 0) {
+      const std::string reg = "+" + std::to_string(worker) + "\n";
+      WriteAll(guard, reg.data(), reg.size());
+    }
+    const std::string said = "P" + std::to_string(worker) + "\n";
+    if (!SendAll(sock, said.data(), said.size())) ::_exit(1);  // the worker reads EOF and exits
+    if (::write(ready[1], "1", 1) != 1) ::_exit(1);
+    ::_exit(0);
+  }
+  ::close(ready[0]);
+  ::close(ready[1]);
+  int status = 0;
+  pid_t r;
+  while ((r = ::waitpid(middle, &status, 0)) < 0 && errno == EINTR) {
+  }
+  return r == middle && WIFEXITED(status) && WEXITSTATUS(status) == 0 ? Made::kServed : Made::kNotForked;
+}
+
+// What the standby wrote to `fd` (its stdout or stderr: files the agent made) before its go.
+std::string Captured(int fd) {
+  std::string out(kMaxReplay, '\0');
+  const ssize_t n = ::pread(fd, out.data(), out.size(), 0);
+  out.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  return out;
+}
+
+void FlushOutput() {
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+}
+
+}  // namespace
+
+void AwaitWorkerStart() {
+  if (g_awaited) return;
+  g_awaited = true;
+  const char* fd_text = std::getenv("LAUNCH_STANDBY_FD");
+  if (!fd_text || !*fd_text) return;
+  char* end = nullptr;
+  const long sock_fd = std::strtol(fd_text, &end, 10);
+  if (*end != '\0' || sock_fd < 0 || sock_fd > 1024 * 1024) {
+    std::fprintf(stderr, "launch_sdk: LAUNCH_STANDBY_FD=%s: expected the descriptor launch gave a standby\n",
+                 fd_text);
+    std::exit(2);
+  }
+  const int sock = static_cast<int>(sock_fd);
+  const char* fork_text = std::getenv("LAUNCH_STANDBY_FORK");
+  bool may_fork = fork_text && std::strcmp(fork_text, "1") == 0;
+  const pid_t agent = ::getppid();
+  // `ps -o comm`, top and the like tell a standby from a worker; the worker gets its name back.
+  char name[16] = {};
+  ::prctl(PR_GET_NAME, name, 0, 0, 0);
+  ::prctl(PR_SET_NAME, "launch-standby", 0, 0, 0);
+
+  FlushOutput();  // what main printed so far is replayed once into each worker, never copied by a fork
+  may_fork = may_fork && Settle();
+  Say(sock, "R");
+
+  std::vector<std::string> env;
+  std::vector<int> fds;
+  Made made = Made::kNotForked;
+  for (;;) {
+    env.clear();
+    fds.clear();
+    ReadGo(sock, &env, &fds);
+    const int guard = fds.size() > 4 ? fds[4] : -1;
+    made = may_fork && Threads() == 1 ? Fork(sock, guard, agent) : Made::kNotForked;
+    if (made == Made::kServed) {  // a worker of its own now: this standby serves the next go
+      for (int fd : fds) ::close(fd);
+      Say(sock, "D\n");
+      continue;
+    }
+    if (made == Made::kNotForked) Say(sock, "P" + std::to_string(::getpid()) + "\n");  // it is the worker
+    break;
+  }
+
+  ::prctl(PR_SET_NAME, name, 0, 0, 0);
+  const int progress = fds[0], in = fds[1], out = fds[2], err = fds[3];
+  if (fds.size() > 4) ::close(fds[4]);
+  const std::string replay_out = Captured(1), replay_err = Captured(2);
+  ::clearenv();
+  for (const std::string& kv : env) {
+    const size_t eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0) continue;
+    ::setenv(kv.substr(0, eq).c_str(), kv.c_str() + eq + 1, 1);
+  }
+  // The control socket (at kProgressFd when launch made this standby) gives way to the progress one.
+  if (sock != kProgressFd && sock != progress) ::close(sock);
+  ::dup2(progress, kProgressFd);
+  ::dup2(in, 0);
+  ::dup2(out, 1);
+  ::dup2(err, 2);
+  for (int fd : {progress, in, out, err})
+    if (fd > kProgressFd) ::close(fd);
+  WriteAll(1, replay_out.data(), replay_out.size());
+  WriteAll(2, replay_err.data(), replay_err.size());
+  g_warm = true;
+}
+
+bool StartedWarm() { return g_warm; }
+
+}  // namespace launch_sdk
