@@ -133,6 +133,9 @@ absl::StatusOr<std::vector<WorkerLaunch>> Agent::PrepareAttempt(const v1::Assign
   if (file_timer_) {
     for (Env& env : plan.envs) env[kTimerFileEnv] = file_timer_->path();
   }
+  if (checkpoint_memory_) {
+    for (int i = 0; i < n; ++i) plan.envs[i][kCheckpointMemoryEnv] = checkpoint_memory_->EnvValue(i);
+  }
   if (a.restart_count() == 0 && make_dirs) {
     for (const auto& note : plan.notes) spdlog::info("{}", note);
   }
@@ -278,6 +281,13 @@ int Agent::Run() {
       return 2;
     }
     file_timer_ = std::move(*timer);
+    // Without it checkpoints are only written to disk: said once, and the run goes on.
+    auto memory = CheckpointMemory::Create(opts_.spec.local_world_size);
+    if (memory.ok()) {
+      checkpoint_memory_ = std::move(*memory);
+    } else {
+      spdlog::warn("checkpoints cannot be kept in memory: {}", std::string(memory.status().message()));
+    }
     if (opts_.warm_start) PrepareFirstStandbys();
   }
   AgentState state;
@@ -305,6 +315,7 @@ int Agent::Run() {
   }
   const int code = Finish(state, at, dir.temporary());
   file_timer_.reset();  // the FIFO goes with the run (the agent may stay to serve the coordinator)
+  checkpoint_memory_.reset();  // and so do the checkpoints kept in memory
   store_.reset();       // and so does the workers' store
   warm_.reset();        // and the standbys no attempt took
   return code;

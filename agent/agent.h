@@ -22,6 +22,7 @@
 #include "agent/process.h"
 #include "agent/signals.h"
 #include "agent/store_server.h"
+#include "agent/checkpoint_memory.h"
 #include "agent/warm_start.h"
 #include "agent/worker_env.h"
 #include "agent/worker_group.h"
@@ -99,6 +100,8 @@ class Agent {
   // torchrun's file timer (TORCHELASTIC_ENABLE_FILE_TIMER=1): one for the run, every attempt's
   // workers registered with it; null when not asked for.
   std::unique_ptr<FileTimerServer> file_timer_;
+  // Where the workers' checkpoints outlive them (LAUNCH_CHECKPOINT_MEMORY); null: none.
+  std::unique_ptr<CheckpointMemory> checkpoint_memory_;
   // The workers' TCPStore: bound when this node proposes its port, served while it is group
   // rank 0, through every restart (agent/store_server.h).
   std::unique_ptr<StoreServer> store_;

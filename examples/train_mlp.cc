@@ -58,6 +58,8 @@ struct Args {
   uint64_t seed = 0;
   std::string checkpoint_dir;
   int checkpoint_every = 0;
+  bool checkpoint_memory = true;  // snapshots in the agent's memory, files written in the background
+  std::string stamp_file;         // timestamped events, for bench/bench_checkpoint.py
   int keep = 3;
   double bucket_mb = 25;
   int accum = 1;
@@ -90,10 +92,34 @@ double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_cloc
   return std::chrono::duration<double>(b - a).count();
 }
 
+// --stamp-file: one line per event, "<event> <rank> <restart> <values...> <unix time>", appended
+// with one write so that ranks' lines do not mix.
+class Stamps {
+ public:
+  explicit Stamps(const std::string& path) {
+    if (!path.empty()) f_ = std::fopen(path.c_str(), "a");
+  }
+  ~Stamps() {
+    if (f_) std::fclose(f_);
+  }
+  void Add(const char* event, int rank, int restart, const std::string& values) {
+    if (!f_) return;
+    const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    std::fprintf(f_, "%s %d %d %s %.6f\n", event, rank, restart, values.c_str(), now);
+    std::fflush(f_);
+  }
+
+ private:
+  std::FILE* f_ = nullptr;
+};
+
 int Train(const Args& a) {
+  Stamps stamps(a.stamp_file);
   launch_sdk::InitOptions init;
   init.seed = a.seed;
   auto ctx = launch_sdk::Context::Init(init);
+  const int restart = ctx->env().restart_count;
+  stamps.Add("init", ctx->rank(), restart, "-");
   const int rank = ctx->rank(), world = ctx->world_size();
   const std::vector<int64_t> dims = ParseDims(a.dims);
 
@@ -139,16 +165,24 @@ int Train(const Args& a) {
   scaler_opts.init_scale = a.init_scale;
   launch_sdk::GradScaler scaler(scaler_opts, ctx->process_group());
 
+  stamps.Add("built", rank, restart, "-");
   launch_sdk::TrainState state;
   std::optional<launch_sdk::Checkpointer> ckpt;
   if (!a.checkpoint_dir.empty()) {
-    ckpt.emplace(a.checkpoint_dir, a.keep);
+    launch_sdk::CheckpointOptions copts;
+    copts.keep_last = a.keep;
+    copts.in_memory = a.checkpoint_memory;
+    ckpt.emplace(a.checkpoint_dir, *ctx, copts);
     if (auto resumed = ckpt->LoadLatest(*model, optim)) {
       state = *resumed;
       if (scaler_opts.enabled && state.loss_scale > 0) scaler.set_state(state.loss_scale, state.scaler_growth_tracker);
-      if (rank == 0) std::printf("resumed from step %ld (epoch %ld)\n", static_cast<long>(state.step), static_cast<long>(state.epoch));
+      if (rank == 0) {
+        std::printf("resumed from step %ld (epoch %ld) from %s\n", static_cast<long>(state.step),
+                    static_cast<long>(state.epoch), ckpt->loaded_from() == "memory" ? "memory" : "disk");
+      }
     }
   }
+  stamps.Add("resumed", rank, restart, std::to_string(state.step));
   launch_sdk::ProgressReporter progress = launch_sdk::ProgressReporter::FromEnv();
   launch_sdk::StepProfiler profiler = launch_sdk::StepProfiler::FromEnv(rank);
   const auto scaled = launch_sdk::ScaleForWorld(scaling, world);
@@ -227,14 +261,20 @@ int Train(const Args& a) {
       std::printf("step %ld loss %.6f\n", step, loss_sum);
       std::fflush(stdout);
     }
-    if (ckpt && a.checkpoint_every > 0 && step % a.checkpoint_every == 0) ckpt->Save(state, *model, optim, rank);
-    if (step == a.fail_at_step && rank == a.fail_rank && ctx->env().restart_count == 0) {
+    stamps.Add("step", rank, restart, std::to_string(step));
+    if (ckpt && a.checkpoint_every > 0 && step % a.checkpoint_every == 0) {
+      ckpt->Save(state, *model, optim, rank);
+      stamps.Add("save", rank, restart, std::to_string(step) + " " + std::to_string(ckpt->last_stall_seconds()));
+    }
+    if (step == a.fail_at_step && rank == a.fail_rank && restart == 0) {
       std::printf("fault injection: rank %d kills itself at step %ld\n", rank, step);
       std::fflush(stdout);
+      stamps.Add("death", rank, restart, std::to_string(step));
       std::raise(SIGKILL);
     }
   }
   profiler.Stop();
+  if (ckpt) ckpt->Flush();  // the last checkpoint is on disk before the job says it is done
   ctx->Barrier();
   const auto end = std::chrono::steady_clock::now();
   if (rank == 0) {
@@ -281,6 +321,9 @@ int main(int argc, char** argv) {
   app.add_option("--seed", a.seed, "seed of weights, data and shuffling");
   app.add_option("--checkpoint-dir", a.checkpoint_dir, "resume from and save to this directory");
   app.add_option("--checkpoint-every", a.checkpoint_every, "steps between checkpoints (0: never)");
+  app.add_option("--checkpoint-memory", a.checkpoint_memory,
+                 "keep checkpoints in launch's memory and write files in the background (default true)");
+  app.add_option("--stamp-file", a.stamp_file, "append timestamped step, save and death events to this file");
   app.add_option("--keep", a.keep, "checkpoints kept")->check(CLI::PositiveNumber);
   app.add_option("--bucket-mb", a.bucket_mb, "DDP gradient bucket size in MiB")->check(CLI::PositiveNumber);
   app.add_option("--accum", a.accum, "gradient accumulation micro-batches")->check(CLI::PositiveNumber);

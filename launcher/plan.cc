@@ -435,7 +435,8 @@ std::string DescribePlan(const LaunchConfig& c, const LaunchPlan& plan) {
 }
 
 long DescriptorsNeeded(int nproc, bool log_files) {
-  return kOwnDescriptors + nproc * (log_files ? 4L : 2L);
+  // Per worker: its stdout and stderr pipes (and log files), and its two checkpoint memory files.
+  return kOwnDescriptors + nproc * (log_files ? 6L : 4L);
 }
 
 absl::StatusOr<LaunchPlan> PlanLaunch(const LaunchConfig& config, const HostFacts& host) {

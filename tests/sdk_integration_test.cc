@@ -2,6 +2,7 @@
 // the profiler's trace.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <vector>
@@ -94,6 +95,47 @@ RunResult ExpectKillAndResumeMatches(const std::vector<std::string>& flags) {
 }
 
 TEST(Sdk, KillAndResumeEndsWithTheSameParameters) { ExpectKillAndResumeMatches({}); }
+
+// Checkpoints kept in launch's memory: a restarted rank resumes from the snapshot its predecessor
+// left there, with the optimizer's state whole (the next step's parameters are the same bytes);
+// a corrupt memory copy is skipped for the file; a newer file wins over memory.
+struct MemoryCase {
+  const char* optim;
+  const char* which;
+  const char* resumed;  // what rank 0 prints
+};
+class CheckpointMemory : public ::testing::TestWithParam<MemoryCase> {};
+
+TEST_P(CheckpointMemory, ResumesFromTheNewestCopy) {
+  const MemoryCase& c = GetParam();
+  TempDir dir;
+  auto r = RunCmd({LAUNCH_BIN, "--nproc-per-node=2", "--max-restarts=1", SDK_WORKER_BIN, "ckpt-memory", dir.path(),
+                   c.optim, c.which},
+                  {}, std::chrono::seconds(120));
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  EXPECT_THAT(r.out, HasSubstr("[0]:[0] in memory: 1"));
+  EXPECT_THAT(r.out, HasSubstr(absl::StrCat("[0]:[0] resumed from step ", c.resumed)));
+  EXPECT_THAT(r.out, HasSubstr(absl::StrCat("[1]:[1] resumed from step ", c.resumed)));
+  if (std::string(c.which) == "corrupt") EXPECT_THAT(r.err, HasSubstr("skipping checkpoint in memory: checksum mismatch"));
+  // Resumed from memory that no file held: rank 0 wrote it out again.
+  if (std::string(c.which) == "memory") EXPECT_TRUE(std::filesystem::exists(dir / "ckpt/ckpt-0000000003.lck"));
+  for (int rank : {0, 1}) {
+    const std::string next = ReadFile(dir / absl::StrCat(c.which, ".next.", rank));
+    ASSERT_FALSE(next.empty());
+    EXPECT_EQ(next, ReadFile(dir / absl::StrCat(c.which, ".resumed.", rank))) << "rank " << rank;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Sdk, CheckpointMemory,
+    ::testing::Values(MemoryCase{"sgd", "memory", "3 from memory"}, MemoryCase{"adam", "memory", "3 from memory"},
+                      MemoryCase{"rmsprop", "memory", "3 from memory"},
+                      MemoryCase{"sgd", "corrupt", "3 from disk"}, MemoryCase{"sgd", "disk-newer", "4 from disk"}),
+    [](const auto& info) {
+      std::string name = std::string(info.param.optim) + "_" + info.param.which;
+      std::replace(name.begin(), name.end(), '-', '_');
+      return name;
+    });
 
 // Issue 12's hang: rank 1 sleeps for ever at step 12 of the first attempt while rank 0 waits for it
 // in the next allreduce. With --hang-timeout 3 the agent names rank 1 (its stack is outside any

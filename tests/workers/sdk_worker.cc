@@ -4,9 +4,14 @@
 //   throw MESSAGE                  an uncaught exception (error file)
 //   segv                           a fatal signal (error file)
 //   ckpt-writer DIR                saves a small checkpoint, then big ones forever
+//   ckpt-memory DIR OPTIM CASE     checkpoints kept in launch's memory (see CkptMemory)
 #include <torch/nn/functional/loss.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
 #include <torch/utils.h>
+
+#include <unistd.h>
 
 #include <csignal>
 #include <cstdio>
@@ -112,6 +117,95 @@ int CkptWriter(const std::string& dir) {
   for (st.step = 2;; ++st.step) ck.Save(st, *big, opt_big, 0);
 }
 
+std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const std::string& name, torch::nn::Module& m) {
+  if (name == "sgd") return std::make_unique<torch::optim::SGD>(m.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  if (name == "adam")
+    return std::make_unique<torch::optim::Adam>(m.parameters(), torch::optim::AdamOptions(0.01).amsgrad(true));
+  if (name == "rmsprop") {
+    return std::make_unique<torch::optim::RMSprop>(m.parameters(),
+                                                   torch::optim::RMSpropOptions(0.01).momentum(0.5).centered(true));
+  }
+  throw std::invalid_argument("unknown optimizer " + name);
+}
+
+void Step(torch::nn::SequentialImpl& model, torch::optim::Optimizer& opt, int s) {
+  auto [x, y] = Batch(s);
+  auto loss = [&] {
+    opt.zero_grad();
+    at::Tensor l = torch::nn::functional::cross_entropy(model.forward(x), y);
+    l.backward();
+    return l;
+  };
+  opt.step(loss);
+}
+
+bool Exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
+
+// Attempt 0 trains 3 steps, saving after each (the Checkpointer of the Context: in launch's memory),
+// writes the parameters one more step would give to DIR/<case>.next.<rank>, and then rank 1 dies
+// (SIGKILL) once rank 0 has flushed its files (and, for "memory", deleted the last one, so that only
+// memory holds step 3). Attempt 1 resumes, prints where from, takes that step and writes
+// DIR/<case>.resumed.<rank>: the same bytes when the optimizer's state came back whole.
+// CASE: "memory" (step 3 from memory, rewritten to disk), "corrupt" (each rank flips a byte of its
+// memory copy first: step 3 from disk), "disk-newer" (a disk-only save of step 4 after the memory
+// one: step 4 from disk).
+int CkptMemory(const std::string& dir, const std::string& optim, const std::string& which) {
+  auto ctx = launch_sdk::Context::Init();
+  const int rank = ctx->rank();
+  auto model = launch_sdk::testing::MakeMlp(kIn, kHidden, kOut, 7);
+  auto opt = MakeOptimizer(optim, *model);
+  launch_sdk::Checkpointer ck(dir + "/ckpt", *ctx);
+  std::printf("[%d] in memory: %d\n", rank, ck.in_memory() ? 1 : 0);
+  const std::string tag = dir + "/" + which;
+  if (ctx->env().restart_count == 0) {
+    launch_sdk::TrainState st;
+    for (int s = 1; s <= 3; ++s) {
+      Step(*model, *opt, s);
+      st.step = s;
+      ck.Save(st, *model, *opt, rank);
+    }
+    ck.Flush();
+    if (which == "disk-newer") {
+      launch_sdk::Checkpointer disk_only(dir + "/ckpt", 3);
+      st.step = 4;
+      Step(*model, *opt, 4);
+      disk_only.Save(st, *model, *opt, rank);
+    }
+    if (which == "memory" && rank == 0) std::remove((dir + "/ckpt/ckpt-0000000003.lck").c_str());
+    ctx->Barrier();
+    Step(*model, *opt, 100);
+    SaveParams(*model, tag + ".next." + std::to_string(rank));
+    ctx->Barrier();
+    if (rank == 1) std::raise(SIGKILL);
+    for (;;) pause();  // stopped by the agent
+  }
+  if (which == "corrupt") {
+    // The newest memory copy, a byte of its payload flipped (past the 4 KiB header).
+    const std::string list = std::getenv("LAUNCH_CHECKPOINT_MEMORY");
+    for (const std::string& path : {list.substr(0, list.find(',')), list.substr(list.find(',') + 1)}) {
+      std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+      int64_t step = 0;
+      f.seekg(16);
+      f.read(reinterpret_cast<char*>(&step), sizeof step);
+      if (step != 3) continue;
+      char c = 0;
+      f.seekg(4096 + 100);
+      f.read(&c, 1);
+      c ^= 0x5a;
+      f.seekp(4096 + 100);
+      f.write(&c, 1);
+    }
+  }
+  auto st = ck.LoadLatest(*model, *opt);
+  std::printf("[%d] resumed from step %lld from %s\n", rank, st ? static_cast<long long>(st->step) : -1LL,
+              ck.loaded_from() == "memory" ? "memory" : "disk");
+  Step(*model, *opt, 100);
+  SaveParams(*model, tag + ".resumed." + std::to_string(rank));
+  ck.Flush();
+  ctx->Barrier();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -125,6 +219,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (mode == "ckpt-writer" && argc == 3) return CkptWriter(argv[2]);
+    if (mode == "ckpt-memory" && argc == 5) return CkptMemory(argv[2], argv[3], argv[4]);
     std::fprintf(stderr, "usage: sdk_worker ddp OUT BUCKET_BYTES ACCUM | single OUT ACCUM | throw MSG | segv | ckpt-writer DIR\n");
     return 2;
   });
