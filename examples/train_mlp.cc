@@ -33,8 +33,9 @@
 #include "launch_sdk/scaling.h"
 #include "launch_sdk/warm_start.h"
 
-// Nothing before main's AwaitWorkerStart depends on the rank's attempt: launch may start this
-// program ahead of it (--warm-start), so that a restart skips loading LibTorch.
+// Nothing before Context::Init depends on the rank's attempt (the arguments, the first weights
+// and the data set): launch may start this program ahead of it (--warm-start), so that a restart
+// skips loading LibTorch and making the data.
 LAUNCH_SDK_WARM_START();
 
 namespace {
@@ -113,34 +114,36 @@ class Stamps {
   std::FILE* f_ = nullptr;
 };
 
-int Train(const Args& a) {
+int Train(Args a) {
   Stamps stamps(a.stamp_file);
-  launch_sdk::InitOptions init;
-  init.seed = a.seed;
-  auto ctx = launch_sdk::Context::Init(init);
-  const int restart = ctx->env().restart_count;
-  stamps.Add("init", ctx->rank(), restart, "-");
-  const int rank = ctx->rank(), world = ctx->world_size();
   const std::vector<int64_t> dims = ParseDims(a.dims);
-
-  // Same initial weights everywhere (DDP broadcasts rank 0's anyway).
-  torch::manual_seed(a.seed);
+  // The model's first weights and the data set depend on the seed alone, not on the rank or the
+  // attempt: made before Context::Init, they are made once by a standby (--warm-start), whose
+  // workers start with them.
+  torch::manual_seed(a.seed);  // same initial weights everywhere (DDP broadcasts rank 0's anyway)
   auto model = std::make_shared<torch::nn::SequentialImpl>();
   for (size_t i = 0; i + 1 < dims.size(); ++i) {
     model->push_back(torch::nn::Linear(dims[i], dims[i + 1]));
     if (i + 2 < dims.size()) model->push_back(torch::nn::ReLU());
   }
-  model->to(ctx->device());
-  launch_sdk::DdpOptions dopts;
-  dopts.bucket_bytes = static_cast<size_t>(a.bucket_mb * 1024 * 1024);
-  launch_sdk::DistributedDataParallel ddp(model, *ctx, dopts);
-
   // A synthetic data set from its own seeded generator: identical on every rank and attempt.
   at::Generator data_gen = at::make_generator<at::CPUGeneratorImpl>(a.seed + 1000003);
   at::Tensor inputs = at::randn({a.dataset_size, dims.front()}, data_gen);
   // Labels from a random linear teacher, so there is something to learn.
   at::Tensor teacher = at::randn({dims.front(), dims.back()}, data_gen);
   at::Tensor labels = inputs.matmul(teacher).argmax(1);
+
+  launch_sdk::InitOptions init;
+  init.seed = a.seed;
+  auto ctx = launch_sdk::Context::Init(init);  // a standby waits here for its attempt
+  const int restart = ctx->env().restart_count;
+  stamps.Add("init", ctx->rank(), restart, "-");
+  const int rank = ctx->rank(), world = ctx->world_size();
+  if (ctx->env().per_worker_batch) a.batch = *ctx->env().per_worker_batch;  // launch's train: section
+  model->to(ctx->device());
+  launch_sdk::DdpOptions dopts;
+  dopts.bucket_bytes = static_cast<size_t>(a.bucket_mb * 1024 * 1024);
+  launch_sdk::DistributedDataParallel ddp(model, *ctx, dopts);
   launch_sdk::DistributedSampler sampler(a.dataset_size, world, rank, /*shuffle=*/true, a.seed);
 
   launch_sdk::ScalingConfig scaling;
@@ -298,18 +301,7 @@ int Train(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  launch_sdk::AwaitWorkerStart();  // a standby waits here for its attempt's environment
   Args a;
-  if (const char* b = std::getenv("LAUNCH_PER_WORKER_BATCH")) {  // launch's train: section
-    char* end = nullptr;
-    errno = 0;
-    const long v = std::strtol(b, &end, 10);
-    if (end == b || *end != '\0' || errno != 0 || v < 1 || v > INT_MAX) {
-      std::fprintf(stderr, "train_mlp: LAUNCH_PER_WORKER_BATCH=%s: expected a positive integer\n", b);
-      return 2;
-    }
-    a.batch = static_cast<int>(v);
-  }
   CLI::App app{"train_mlp: data-parallel MLP on synthetic data (run under launch)"};
   app.add_option("--dims", a.dims, "layer sizes, input first");
   app.add_option("--batch", a.batch, "per-worker batch")->check(CLI::PositiveNumber);

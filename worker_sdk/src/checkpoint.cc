@@ -462,13 +462,16 @@ TrainState Restore(const char* payload, size_t size, torch::nn::Module& model, t
     return out;
   };
 
-  std::vector<std::pair<at::Tensor, at::Tensor>> loaded;  // live, saved
+  // Live tensors and views of their saved bytes (copied in once everything is checked: a fresh
+  // copy of each would double the pages a restarted worker touches).
+  std::vector<std::pair<at::Tensor, at::Tensor>> loaded;
   auto take = [&](const std::string& name, const at::Tensor& live) {
     auto it = saved.find(name);
     if (it == saved.end()) throw std::runtime_error(name + " is not in the checkpoint");
-    if (it->second.dtype != live.scalar_type() || !live.sizes().equals(it->second.sizes))
+    const SavedTensor& t = it->second;
+    if (t.dtype != live.scalar_type() || !live.sizes().equals(t.sizes))
       throw std::runtime_error(name + " has a different shape or dtype");
-    loaded.emplace_back(live, tensor(name));
+    loaded.emplace_back(live, at::from_blob(const_cast<char*>(t.data), t.sizes, at::TensorOptions().dtype(t.dtype)));
   };
   for (const auto& p : model.named_parameters()) take("param/" + p.key(), p.value());
   for (const auto& b : model.named_buffers()) take("buffer/" + b.key(), b.value());
@@ -636,7 +639,8 @@ class Checkpointer::Slot {
 
  private:
   void Map(size_t n) {
-    void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+    // Populated at once: one call instead of a fault per page when the snapshot is read or written.
+    void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd_, 0);
     if (p == MAP_FAILED) throw std::runtime_error(std::string("checkpoint: cannot map the agent's memory: ") + std::strerror(errno));
     base_ = p;
     mapped_ = n;
