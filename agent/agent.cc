@@ -1,5 +1,7 @@
 #include "agent/agent.h"
 
+#include <sys/resource.h>
+
 #include <poll.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -281,12 +283,20 @@ int Agent::Run() {
       return 2;
     }
     file_timer_ = std::move(*timer);
-    // Without it checkpoints are only written to disk: said once, and the run goes on.
-    auto memory = CheckpointMemory::Create(opts_.spec.local_world_size);
+    // Without it checkpoints are only written to disk: said once, and the run goes on. Two files
+    // per worker, only where the open-file limit leaves room for them beside what the plan counted
+    // (a worker's pipes and log files, and launch's own margin).
+    const int n = opts_.spec.local_world_size;
+    rlimit nofile{};
+    const bool room = ::getrlimit(RLIMIT_NOFILE, &nofile) != 0 || nofile.rlim_cur == RLIM_INFINITY ||
+                      nofile.rlim_cur >= static_cast<rlim_t>(64 + 6 * n);
+    auto memory = room ? CheckpointMemory::Create(n)
+                       : absl::ResourceExhaustedError(absl::StrCat("the open-file limit (", nofile.rlim_cur,
+                                                                   ") leaves no room for ", 2 * n, " more files"));
     if (memory.ok()) {
       checkpoint_memory_ = std::move(*memory);
     } else {
-      spdlog::warn("checkpoints cannot be kept in memory: {}", std::string(memory.status().message()));
+      spdlog::info("checkpoints cannot be kept in memory: {}", std::string(memory.status().message()));
     }
     if (opts_.warm_start) PrepareFirstStandbys();
   }

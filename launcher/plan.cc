@@ -435,8 +435,7 @@ std::string DescribePlan(const LaunchConfig& c, const LaunchPlan& plan) {
 }
 
 long DescriptorsNeeded(int nproc, bool log_files) {
-  // Per worker: its stdout and stderr pipes (and log files), and its two checkpoint memory files.
-  return kOwnDescriptors + nproc * (log_files ? 6L : 4L);
+  return kOwnDescriptors + nproc * (log_files ? 4L : 2L);
 }
 
 absl::StatusOr<LaunchPlan> PlanLaunch(const LaunchConfig& config, const HostFacts& host) {

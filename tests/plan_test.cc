@@ -175,7 +175,7 @@ std::vector<Row> Rows() {
               EXPECT_THAT(p.agent.argv, ElementsAre("./train", "--epochs", "3"));
               EXPECT_TRUE(p.agent.spec.gpu_pool.empty());
               EXPECT_EQ(p.agent.spec.usable_cpus, 6);
-              EXPECT_EQ(p.descriptors_needed, 64 + 3 * 4);
+              EXPECT_EQ(p.descriptors_needed, 64 + 3 * 2);
             }),
       Plans("CpuIsUsableCpus", "--nproc-per-node=cpu ./train",
             [](const LaunchPlan& p) { EXPECT_EQ(p.agent.spec.local_world_size, 6); }),
@@ -270,18 +270,18 @@ std::vector<Row> Rows() {
 
       // Descriptors.
       Refuses("DescriptorBudgetRefused", "--nproc-per-node=500 ./train", kInvalid,
-              "--nproc-per-node=500: 500 workers need about 2064 open files, and the limit is "
-              "1024 (ulimit -n; the hard limit is 4096); expected at most 240 workers, or a "
+              "--nproc-per-node=500: 500 workers need about 1064 open files, and the limit is "
+              "1024 (ulimit -n; the hard limit is 4096); expected at most 480 workers, or a "
               "higher limit"),
       Refuses("DescriptorBudgetWithLogFiles", "--nproc-per-node=300 --redirects=3 ./train",
               kInvalid,
-              "--nproc-per-node=300: 300 workers with log files need about 1864 open files, and "
-              "the limit is 1024 (ulimit -n; the hard limit is unlimited); expected at most 160 "
+              "--nproc-per-node=300: 300 workers with log files need about 1264 open files, and "
+              "the limit is 1024 (ulimit -n; the hard limit is unlimited); expected at most 240 "
               "workers, or a higher limit",
               [](Machine& m) { m.facts.open_files_hard.reset(); }),
       Plans(
           "DescriptorBudgetUnlimited", "--nproc-per-node=500 ./train",
-          [](const LaunchPlan& p) { EXPECT_EQ(p.descriptors_needed, 64 + 500 * 4); },
+          [](const LaunchPlan& p) { EXPECT_EQ(p.descriptors_needed, 64 + 500 * 2); },
           [](Machine& m) { m.facts.open_files_soft.reset(); }),
       Plans(
           "DryRunSkipsHostChecks",
@@ -300,7 +300,7 @@ std::vector<Row> Rows() {
               EXPECT_TRUE(p.make_temp_log_dir);
               EXPECT_TRUE(p.ensure_log_dir);
               EXPECT_EQ(p.agent.redirects.all, 3);
-              EXPECT_EQ(p.descriptors_needed, 64 + 6);
+              EXPECT_EQ(p.descriptors_needed, 64 + 4);
             }),
       Plans("LogDirIsEnsured", "--log-dir=/tmp/logs ./train",
             [](const LaunchPlan& p) {

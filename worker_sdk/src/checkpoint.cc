@@ -20,6 +20,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <stdexcept>
@@ -157,7 +158,9 @@ class MetaReader {
 template <typename Key>
 Key StateKey(const at::Tensor& p) {
   if constexpr (std::is_same<Key, std::string>::value) {
-    return c10::guts::to_string(p.unsafeGetTensorImpl());
+    std::ostringstream key;  // as c10::guts::to_string (1.x) prints the address
+    key << static_cast<const void*>(p.unsafeGetTensorImpl());
+    return key.str();
   } else {
     return p.unsafeGetTensorImpl();
   }
@@ -187,10 +190,33 @@ struct Named {
   at::Tensor tensor;
 };
 
+// Adam's and AdamW's states have the same members.
+template <typename AdamState>
+bool AdamParts(torch::optim::OptimizerParamState& st, const std::function<void(const char*, const at::Tensor&)>& add,
+               const std::string& prefix, std::vector<std::pair<std::string, int64_t>>* ints) {
+  auto* s = dynamic_cast<AdamState*>(&st);
+  if (!s) return false;
+  add("exp_avg", s->exp_avg());
+  add("exp_avg_sq", s->exp_avg_sq());
+  add("max_exp_avg_sq", s->max_exp_avg_sq());
+  ints->emplace_back(prefix + "step", s->step());
+  return true;
+}
+
+template <typename AdamState, typename Get>
+std::unique_ptr<torch::optim::OptimizerParamState> MakeAdamState(const Get& get, int64_t step) {
+  auto s = std::make_unique<AdamState>();
+  s->exp_avg(get("exp_avg"));
+  s->exp_avg_sq(get("exp_avg_sq"));
+  s->max_exp_avg_sq(get("max_exp_avg_sq"));
+  s->step(step);
+  return s;
+}
+
 // The tensors and counters of one parameter's optimizer state, or false for a type not known here.
 bool StateParts(OptimKind kind, torch::optim::OptimizerParamState& st, const std::string& prefix,
                 std::vector<Named>* tensors, std::vector<std::pair<std::string, int64_t>>* ints) {
-  auto add = [&](const char* field, const at::Tensor& t) {
+  const std::function<void(const char*, const at::Tensor&)> add = [&](const char* field, const at::Tensor& t) {
     if (t.defined()) tensors->push_back({prefix + field, t});
   };
   switch (kind) {
@@ -201,23 +227,9 @@ bool StateParts(OptimKind kind, torch::optim::OptimizerParamState& st, const std
       }
       return false;
     case OptimKind::kAdam:
-      if (auto* s = dynamic_cast<torch::optim::AdamParamState*>(&st)) {
-        add("exp_avg", s->exp_avg());
-        add("exp_avg_sq", s->exp_avg_sq());
-        add("max_exp_avg_sq", s->max_exp_avg_sq());
-        ints->emplace_back(prefix + "step", s->step());
-        return true;
-      }
-      return false;
+      return AdamParts<torch::optim::AdamParamState>(st, add, prefix, ints);
     case OptimKind::kAdamW:
-      if (auto* s = dynamic_cast<torch::optim::AdamWParamState*>(&st)) {
-        add("exp_avg", s->exp_avg());
-        add("exp_avg_sq", s->exp_avg_sq());
-        add("max_exp_avg_sq", s->max_exp_avg_sq());
-        ints->emplace_back(prefix + "step", s->step());
-        return true;
-      }
-      return false;
+      return AdamParts<torch::optim::AdamWParamState>(st, add, prefix, ints);
     case OptimKind::kAdagrad:
       if (auto* s = dynamic_cast<torch::optim::AdagradParamState*>(&st)) {
         add("sum", s->sum());
@@ -249,22 +261,10 @@ std::unique_ptr<torch::optim::OptimizerParamState> MakeState(OptimKind kind, con
       s->momentum_buffer(get("momentum_buffer"));
       return s;
     }
-    case OptimKind::kAdam: {
-      auto s = std::make_unique<torch::optim::AdamParamState>();
-      s->exp_avg(get("exp_avg"));
-      s->exp_avg_sq(get("exp_avg_sq"));
-      s->max_exp_avg_sq(get("max_exp_avg_sq"));
-      s->step(step);
-      return s;
-    }
-    case OptimKind::kAdamW: {
-      auto s = std::make_unique<torch::optim::AdamWParamState>();
-      s->exp_avg(get("exp_avg"));
-      s->exp_avg_sq(get("exp_avg_sq"));
-      s->max_exp_avg_sq(get("max_exp_avg_sq"));
-      s->step(step);
-      return s;
-    }
+    case OptimKind::kAdam:
+      return MakeAdamState<torch::optim::AdamParamState>(get, step);
+    case OptimKind::kAdamW:
+      return MakeAdamState<torch::optim::AdamWParamState>(get, step);
     case OptimKind::kAdagrad: {
       auto s = std::make_unique<torch::optim::AdagradParamState>();
       s->sum(get("sum"));
