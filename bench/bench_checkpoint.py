@@ -12,8 +12,9 @@
   2. checkpoint stall: 1 rank, a model of --stall-dims (default 784,4096,4096,4096,10: 147 MB of
      parameters, 294 MB with SGD's momentum), a save every 2 steps: the time Save takes in the
      training loop, synchronous (--checkpoint-memory=false: snapshot, checksum, write, fsync,
-     rename) against in-memory (the snapshot only; the file is written in the background).
-                                                        target: memory / synchronous <= 10%
+     rename) against in-memory (the snapshot only; the file is written in the background). A
+     job's first save, which also allocates the memory, is shown apart from the later ones.
+                                            target: memory / synchronous <= 10% (later saves)
 
 Usage (as the README says):
     /usr/bin/python3 bench/bench_checkpoint.py [--runs 5] [--skip-torchrun]
@@ -64,7 +65,7 @@ def main():
     ap.add_argument("--python", default="/usr/bin/python3", help="interpreter with torch, for torchrun")
     ap.add_argument("--runs", type=int, default=5, help="recovery runs per launcher (default 5)")
     ap.add_argument("--stall-dims", default="784,4096,4096,4096,10")
-    ap.add_argument("--stall-saves", type=int, default=4)
+    ap.add_argument("--stall-saves", type=int, default=5)
     ap.add_argument("--skip-torchrun", action="store_true")
     args = ap.parse_args()
     if args.runs < 1 or args.stall_saves < 2:
@@ -126,9 +127,11 @@ def main():
         target = f"launch <= 0.1 s: {'PASS' if l <= 0.1 else 'FAIL'}" if k == 2 else ""
         print(f"{label:30} {c:7.3f}s {l:7.3f}s " + (f"{t:8.3f}s" if have else f"{'-':>9}") + f" {c / l:11.2f}x "
               + (f"{t / l:15.2f}x" if have else f"{'-':>16}") + f"  {target}")
-    # The first save of each kind also maps and faults in its memory: the median of the saves.
-    s, m = statistics.median(stalls["synchronous"]), statistics.median(stalls["memory"])
-    print(f"{'checkpoint stall per save':30} {s:7.3f}s {m:7.3f}s {'':9} {s / m:11.1f}x {'':16}  "
+    # A job's first save also allocates its memory (and, synchronous, its page cache): shown apart.
+    s0, m0 = stalls["synchronous"][0], stalls["memory"][0]
+    s, m = statistics.median(stalls["synchronous"][1:]), statistics.median(stalls["memory"][1:])
+    print(f"{'stall, first save of the job':30} {s0:7.3f}s {m0:7.3f}s {'':9} {s0 / m0:11.1f}x")
+    print(f"{'stall, later saves (median)':30} {s:7.3f}s {m:7.3f}s {'':9} {s / m:11.1f}x {'':16}  "
           f"memory/synchronous <= 10%: {m / s * 100:.1f}% {'PASS' if m <= 0.1 * s else 'FAIL'}")
 
 

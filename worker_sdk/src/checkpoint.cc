@@ -622,6 +622,8 @@ class Checkpointer::Slot {
     base_ = nullptr;
     Map(want);
   }
+  // The payload it has room for without growing.
+  size_t capacity() const { return shared_ ? mapped_ - kSlotPayload : heap_.size(); }
   char* payload() { return shared_ ? static_cast<char*>(base_) + kSlotPayload : heap_.data(); }
   const char* payload() const { return shared_ ? static_cast<const char*>(base_) + kSlotPayload : heap_.data(); }
   // The slot's state, step, size and checksum (also in this process's memory, for one code path).
@@ -803,6 +805,10 @@ void Checkpointer::Save(const TrainState& state, torch::nn::Module& model, torch
   last_slot_ = slot;
   lock.lock();
   jobs_.push_back(job);
+  // The other slot gets the room the next save needs now, on the writer: new memory is faulted
+  // in page by page (0.38 s for 295 MB here), which would otherwise be the next save's stall.
+  Slot* other = slot == slots_[0].get() ? slots_[1].get() : slots_[0].get();
+  if (other->capacity() < l.total) jobs_.push_back(Job{other, false, l.total});
   lock.unlock();
   cv_.notify_all();
 }
@@ -838,6 +844,10 @@ void Checkpointer::WriterLoop() {
 }
 
 void Checkpointer::Finish(const Job& job) {
+  if (job.reserve) {
+    job.slot->Reserve(job.reserve);
+    return;
+  }
   SlotHeader& h = job.slot->header();
   h.checksum = Checksum64(job.slot->payload(), h.payload_size);
   job.slot->SetState(kComplete);

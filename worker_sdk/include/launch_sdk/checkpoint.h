@@ -79,6 +79,7 @@ class Checkpointer {
   struct Job {
     Slot* slot = nullptr;
     bool write_file = false;
+    size_t reserve = 0;  // nonzero: only make room for a payload this large
   };
   void Finish(const Job& job);  // checksum, then the file: on the writer thread, or inline
   void WriterLoop();
