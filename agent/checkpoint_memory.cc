@@ -1,7 +1,6 @@
 #include "agent/checkpoint_memory.h"
 
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -26,15 +25,6 @@ std::string CheckpointMemory::EnvValue(int local_rank) const {
   const pid_t pid = ::getpid();
   return absl::StrCat("/proc/", pid, "/fd/", fds_.at(2 * local_rank).get(), ",/proc/", pid, "/fd/",
                       fds_.at(2 * local_rank + 1).get());
-}
-
-uint64_t CheckpointMemory::Bytes() const {
-  uint64_t total = 0;
-  for (const UniqueFd& fd : fds_) {
-    struct stat st {};
-    if (::fstat(fd.get(), &st) == 0 && st.st_size > 0) total += static_cast<uint64_t>(st.st_size);
-  }
-  return total;
 }
 
 }  // namespace launch

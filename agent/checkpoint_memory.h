@@ -4,7 +4,6 @@
 // only processes of launch's user can, and they go with launch.
 #pragma once
 
-#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,8 +20,6 @@ class CheckpointMemory {
   static absl::StatusOr<std::unique_ptr<CheckpointMemory>> Create(int local_world_size);
   // LAUNCH_CHECKPOINT_MEMORY of a local rank: "PATH,PATH".
   std::string EnvValue(int local_rank) const;
-  // What the workers keep there now, in bytes.
-  uint64_t Bytes() const;
 
  private:
   CheckpointMemory() = default;

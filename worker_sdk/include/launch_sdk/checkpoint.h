@@ -59,7 +59,8 @@ class Checkpointer {
   // Throws on I/O errors (a background write's error at the next Save or Flush).
   void Save(const TrainState& state, torch::nn::Module& model, torch::optim::Optimizer& optim, int rank);
   // Loads the newest checkpoint that verifies (memory or file); corrupt ones are reported on stderr
-  // and skipped.
+  // and skipped. Made with a Context it is a collective: every rank calls it (as every rank calls
+  // Save, so that each has its memory copy).
   std::optional<TrainState> LoadLatest(torch::nn::Module& model, torch::optim::Optimizer& optim);
   // Waits until the last save is on disk; rethrows its error.
   void Flush();
