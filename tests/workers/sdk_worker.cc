@@ -9,6 +9,8 @@
 #include <torch/optim/adam.h>
 #include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
 #include <torch/utils.h>
 
 #include <unistd.h>
@@ -117,7 +119,52 @@ int CkptWriter(const std::string& dir) {
   for (st.step = 2;; ++st.step) ck.Save(st, *big, opt_big, 0);
 }
 
+// An optimizer launch_sdk does not know (momentum on the sign of nothing: plain momentum, its state
+// kept outside Optimizer::state()), saved through its own save/load: the Checkpointer keeps it as a
+// torch archive inside the snapshot.
+class OwnMomentum : public torch::optim::Optimizer {
+ public:
+  explicit OwnMomentum(std::vector<at::Tensor> params)
+      : Optimizer(std::move(params), std::make_unique<torch::optim::SGDOptions>(0.05)) {}
+  at::Tensor step(LossClosure closure = nullptr) override {
+    at::Tensor loss;
+    if (closure) {
+      at::AutoGradMode grad(true);
+      loss = closure();
+    }
+    at::NoGradGuard no_grad;
+    const double lr = param_groups()[0].options().get_lr();
+    auto& ps = param_groups()[0].params();
+    if (bufs_.empty())
+      for (auto& p : ps) bufs_.push_back(at::zeros_like(p));
+    for (size_t i = 0; i < ps.size(); ++i) {
+      if (!ps[i].grad().defined()) continue;
+      bufs_[i].mul_(0.9).add_(ps[i].grad());
+      ps[i].add_(bufs_[i], -lr);
+    }
+    return loss;
+  }
+  void save(torch::serialize::OutputArchive& a) const override {
+    a.write("count", at::tensor({static_cast<int64_t>(bufs_.size())}, at::kLong));
+    for (size_t i = 0; i < bufs_.size(); ++i) a.write("buf" + std::to_string(i), bufs_[i]);
+  }
+  void load(torch::serialize::InputArchive& a) override {
+    at::Tensor n;
+    a.read("count", n);
+    bufs_.clear();
+    for (int64_t i = 0; i < n.item<int64_t>(); ++i) {
+      at::Tensor t;
+      a.read("buf" + std::to_string(i), t);
+      bufs_.push_back(t);
+    }
+  }
+
+ private:
+  std::vector<at::Tensor> bufs_;
+};
+
 std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const std::string& name, torch::nn::Module& m) {
+  if (name == "own") return std::make_unique<OwnMomentum>(m.parameters());
   if (name == "sgd") return std::make_unique<torch::optim::SGD>(m.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   if (name == "adam")
     return std::make_unique<torch::optim::Adam>(m.parameters(), torch::optim::AdamOptions(0.01).amsgrad(true));
