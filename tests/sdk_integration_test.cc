@@ -114,6 +114,8 @@ TEST_P(CheckpointMemory, ResumesFromTheNewestCopy) {
                   {}, std::chrono::seconds(120));
   ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
   EXPECT_THAT(r.out, HasSubstr("[0]:[0] in memory: 1"));
+  EXPECT_THAT(r.out, HasSubstr("[1]:[1] a second one in memory: 0"));
+  EXPECT_THAT(r.err, HasSubstr("another Checkpointer of this process keeps its snapshots there"));
   EXPECT_THAT(r.out, HasSubstr(absl::StrCat("[0]:[0] resumed from step ", c.resumed)));
   EXPECT_THAT(r.out, HasSubstr(absl::StrCat("[1]:[1] resumed from step ", c.resumed)));
   if (std::string(c.which) == "corrupt") EXPECT_THAT(r.err, HasSubstr("skipping checkpoint in memory: checksum mismatch"));

@@ -203,6 +203,10 @@ int CkptMemory(const std::string& dir, const std::string& optim, const std::stri
   auto opt = MakeOptimizer(optim, *model);
   launch_sdk::Checkpointer ck(dir + "/ckpt", *ctx);
   std::printf("[%d] in memory: %d\n", rank, ck.in_memory() ? 1 : 0);
+  {
+    launch_sdk::Checkpointer second(dir + "/ckpt2", *ctx);  // the memory is the first one's
+    std::printf("[%d] a second one in memory: %d\n", rank, second.in_memory() ? 1 : 0);
+  }
   const std::string tag = dir + "/" + which;
   if (ctx->env().restart_count == 0) {
     launch_sdk::TrainState st;

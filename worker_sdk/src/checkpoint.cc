@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -574,6 +575,9 @@ int64_t MinOverRanks(const Context* ctx, int64_t v) {
   return t[0].to(at::kCPU).item<int64_t>();
 }
 
+// Whether a Checkpointer of this process has the agent's memory (LAUNCH_CHECKPOINT_MEMORY).
+std::atomic<bool> g_memory_taken{false};
+
 }  // namespace
 
 // A snapshot's place. In the agent's memory: a file launch made (LAUNCH_CHECKPOINT_MEMORY), mapped
@@ -700,6 +704,8 @@ Checkpointer::Checkpointer(std::string dir, const Context& ctx, CheckpointOption
   const std::string list = mem;
   const size_t comma = list.find(',');
   try {
+    // One Checkpointer of a process has them: a second would overwrite the first's snapshots.
+    if (g_memory_taken.exchange(true)) throw std::runtime_error("another Checkpointer of this process keeps its snapshots there");
     if (comma == std::string::npos || list.size() > 2 * kMaxName || list.find(',', comma + 1) != std::string::npos)
       throw std::runtime_error("LAUNCH_CHECKPOINT_MEMORY=" + list.substr(0, 200) + ": expected two paths, comma separated");
     std::vector<std::unique_ptr<Slot>> slots;
@@ -710,6 +716,7 @@ Checkpointer::Checkpointer(std::string dir, const Context& ctx, CheckpointOption
     std::fprintf(stderr, "[rank %d] launch_sdk: checkpoints are written to disk only: %s\n", ctx.rank(), e.what());
     return;
   }
+  owns_memory_ = true;
   writer_ = std::thread([this] { WriterLoop(); });
 }
 
@@ -721,6 +728,8 @@ Checkpointer::~Checkpointer() {
   }
   cv_.notify_all();
   if (writer_.joinable()) writer_.join();
+  slots_.clear();
+  if (owns_memory_) g_memory_taken = false;
 }
 
 std::vector<std::string> Checkpointer::List() const {

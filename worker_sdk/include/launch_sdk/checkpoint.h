@@ -48,7 +48,8 @@ class Checkpointer {
   // Files only, each written before Save returns; LoadLatest loads this process's newest.
   Checkpointer(std::string dir, int keep_last = 3);
   // With the ranks of `ctx`: every rank keeps its snapshots in the agent's memory when launch gave
-  // some (one line on stderr says why not otherwise), and LoadLatest agrees with the other ranks.
+  // some (one line on stderr says why not otherwise; one Checkpointer of a process at a time has
+  // them), and LoadLatest agrees with the other ranks.
   Checkpointer(std::string dir, const Context& ctx, CheckpointOptions opts = {});
   // Waits for the file being written.
   ~Checkpointer();
@@ -94,6 +95,7 @@ class Checkpointer {
   const Context* ctx_ = nullptr;
   std::vector<std::unique_ptr<Slot>> slots_;  // in the agent's memory: two, used in turn
   std::unique_ptr<Slot> local_;               // without memory
+  bool owns_memory_ = false;  // this one has the process's memory slots
   double last_stall_seconds_ = 0;
   std::string loaded_from_;
 
