@@ -322,6 +322,18 @@ TEST(WarmStartCpp, TheErrorFileIsTheAttempts) {
   EXPECT_THAT(r.err, HasSubstr("std::runtime_error: rank 1 gives up warm   <- root cause"));
 }
 
+// A forked worker's exit keeps what a program sees of exit(): the handlers it registered, its
+// buffered output, its status.
+TEST(WarmStartCpp, AForkedWorkersExitIsAProgramsExit) {
+  for (const char* warm : {"--warm-start=true", "--warm-start=false"}) {
+    // One rank: the first failure stops the others, before they would print.
+    auto r = RunCmd({kLaunch, "--nproc-per-node=1", warm, kWarmWorker, "exit"});
+    EXPECT_EQ(r.exit_code, 7) << warm << r.err;
+    EXPECT_THAT(r.out, HasSubstr("[0]:BUFFERED 0ATEXIT\n")) << warm << r.out;
+    EXPECT_EQ(absl::StrContains(r.err, "started warm (1 forked"), std::string(warm) == "--warm-start=true") << r.err;
+  }
+}
+
 // A program without the mark starts cold: silently by default, with one line when asked for.
 TEST(WarmStartCpp, AProgramWithoutTheMarkStartsCold) {
   auto quiet = RunCmd({kLaunch, "--nproc-per-node=2", TEST_WORKER_BIN});

@@ -5,7 +5,8 @@
 // <standby fd> <fd 3 kind> <stdin kind> <process name>".
 // argv[1]: "" (exit 0), "fail-first DIR" (rank 1 exits 3 in attempt 0 once rank 0 has printed),
 // "thread" (a thread runs before AwaitWorkerStart), "throw" (rank 1 throws, as RunWithErrorFile
-// reports), "wait FILE" (wait until FILE exists).
+// reports), "exit" (exit 7 through an atexit handler and a buffered line), "wait FILE" (wait
+// until FILE exists).
 #include <dirent.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -85,6 +86,11 @@ int main(int argc, char** argv) {
       WaitFor(arg + "/never");  // stopped by the agent when rank 1 fails
     }
     if (mode == "throw" && env.rank == 1) throw std::runtime_error("rank 1 gives up warm");
+    if (mode == "exit") {  // an atexit handler, a buffered line, an exit status: as a cold worker's
+      std::atexit([] { std::printf("ATEXIT\n"); });
+      std::printf("BUFFERED %d", env.rank);
+      return 7;
+    }
     if (mode == "wait") WaitFor(arg);
     return 0;
   });

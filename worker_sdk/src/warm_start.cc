@@ -22,6 +22,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/lsan_interface.h>
+#endif
 #include <string>
 #include <vector>
 
@@ -208,6 +211,19 @@ void FlushOutput() {
   std::fflush(nullptr);
 }
 
+// A forked worker's exit (on_exit, registered at its go): the handlers registered after the go
+// have run by then; the destructors of the static objects made before it (LibTorch's, and the
+// program's own, which the mark promises act on nothing) are skipped, as multiprocessing's forked
+// children skip the interpreter's teardown. Running them writes to pages the worker shares with
+// its standby, each then copied: 0.7-0.8 s against 0.13 s for a cold worker's whole exit here.
+void ExitFast(int status, void*) {
+  FlushOutput();
+#if defined(__SANITIZE_ADDRESS__)
+  __lsan_do_leak_check();  // what the skipped exit would have checked
+#endif
+  ::_exit(status);
+}
+
 }  // namespace
 
 void AwaitWorkerStart() {
@@ -273,6 +289,7 @@ void AwaitWorkerStart() {
     if (fd > kProgressFd) ::close(fd);
   WriteAll(1, replay_out.data(), replay_out.size());
   WriteAll(2, replay_err.data(), replay_err.size());
+  if (made == Made::kWorker) ::on_exit(ExitFast, nullptr);
   g_warm = true;
 }
 

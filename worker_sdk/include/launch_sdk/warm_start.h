@@ -20,8 +20,10 @@ namespace launch_sdk {
 // or, when it cannot fork (other threads), becomes the worker itself. In the worker it returns with
 // the worker's environment, stdin/stdout/stderr and progress descriptor in place, having written
 // what the standby printed before its go to the worker's stdout and stderr. A standby's process
-// name (comm: ps -o comm, top) is "launch-standby"; its workers have the program's. Only the first
-// call waits; a later one returns at once.
+// name (comm: ps -o comm, top) is "launch-standby"; its workers have the program's. A forked
+// worker's exit runs the atexit handlers registered after its go and flushes C stdio and the
+// standard streams, then ends without the destructors of the static objects made before the go.
+// Only the first call waits; a later one returns at once.
 void AwaitWorkerStart();
 
 // Whether this worker was started from a standby (AwaitWorkerStart returned from a go).
