@@ -186,8 +186,6 @@ void Step(torch::nn::SequentialImpl& model, torch::optim::Optimizer& opt, int s)
   opt.step(loss);
 }
 
-bool Exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
-
 // Attempt 0 trains 3 steps, saving after each (the Checkpointer of the Context: in launch's memory),
 // writes the parameters one more step would give to DIR/<case>.next.<rank>, and then rank 1 dies
 // (SIGKILL) once rank 0 has flushed its files (and, for "memory", deleted the last one, so that only
