@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <fstream>
 #include <sstream>
+#include <sys/resource.h>
 #include <string>
 #include <thread>
 #include <vector>
@@ -106,7 +107,9 @@ class Stamps {
   void Add(const char* event, int rank, int restart, const std::string& values) {
     if (!f_) return;
     const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-    std::fprintf(f_, "%s %d %d %s %.6f\n", event, rank, restart, values.c_str(), now);
+    struct rusage ru {};
+    ::getrusage(RUSAGE_SELF, &ru);
+    std::fprintf(f_, "%s %d %d %s %ld %.6f\n", event, rank, restart, values.c_str(), ru.ru_minflt, now);
     std::fflush(f_);
   }
 
@@ -141,9 +144,6 @@ int Train(Args a) {
   const int rank = ctx->rank(), world = ctx->world_size();
   if (ctx->env().per_worker_batch) a.batch = *ctx->env().per_worker_batch;  // launch's train: section
   model->to(ctx->device());
-  launch_sdk::DdpOptions dopts;
-  dopts.bucket_bytes = static_cast<size_t>(a.bucket_mb * 1024 * 1024);
-  launch_sdk::DistributedDataParallel ddp(model, *ctx, dopts);
   launch_sdk::DistributedSampler sampler(a.dataset_size, world, rank, /*shuffle=*/true, a.seed);
 
   launch_sdk::ScalingConfig scaling;
@@ -168,8 +168,8 @@ int Train(Args a) {
   scaler_opts.init_scale = a.init_scale;
   launch_sdk::GradScaler scaler(scaler_opts, ctx->process_group());
 
-  stamps.Add("built", rank, restart, "-");
   launch_sdk::TrainState state;
+  bool resumed_everywhere = false;  // LoadLatest resumes every rank from one step, or none
   std::optional<launch_sdk::Checkpointer> ckpt;
   if (!a.checkpoint_dir.empty()) {
     launch_sdk::CheckpointOptions copts;
@@ -178,6 +178,7 @@ int Train(Args a) {
     ckpt.emplace(a.checkpoint_dir, *ctx, copts);
     if (auto resumed = ckpt->LoadLatest(*model, optim)) {
       state = *resumed;
+      resumed_everywhere = true;
       if (scaler_opts.enabled && state.loss_scale > 0) scaler.set_state(state.loss_scale, state.scaler_growth_tracker);
       if (rank == 0) {
         std::printf("resumed from step %ld (epoch %ld) from %s\n", static_cast<long>(state.step),
@@ -186,6 +187,13 @@ int Train(Args a) {
     }
   }
   stamps.Add("resumed", rank, restart, std::to_string(state.step));
+  // Made after the resume: when every rank resumed one checkpoint, they hold the same weights and
+  // rank 0's need not be broadcast.
+  launch_sdk::DdpOptions dopts;
+  dopts.bucket_bytes = static_cast<size_t>(a.bucket_mb * 1024 * 1024);
+  dopts.init_sync = !resumed_everywhere;
+  launch_sdk::DistributedDataParallel ddp(model, *ctx, dopts);
+  stamps.Add("built", rank, restart, "-");
   launch_sdk::ProgressReporter progress = launch_sdk::ProgressReporter::FromEnv();
   launch_sdk::StepProfiler profiler = launch_sdk::StepProfiler::FromEnv(rank);
   const auto scaled = launch_sdk::ScaleForWorld(scaling, world);

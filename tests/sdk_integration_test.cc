@@ -58,6 +58,28 @@ INSTANTIATE_TEST_SUITE_P(
                       DdpCase{"gloo_no_sync_accumulation", "26214400", "2", "1", "2", "0"}),
     [](const auto& info) { return std::string(info.param.name); });
 
+// DdpOptions::init_sync: rank 0's weights reach rank 1 at construction, or (false) each keeps its own.
+TEST(Sdk, DdpInitSyncBroadcastsRankZerosWeightsUnlessTurnedOff) {
+  auto first_weights = [](const char* init_sync) {
+    auto r = RunCmd({LAUNCH_BIN, "--nproc-per-node=2", SDK_WORKER_BIN, "init-sync", init_sync}, {},
+                    std::chrono::seconds(120));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    std::vector<std::string> w(2);
+    for (int rank = 0; rank < 2; ++rank) {
+      const std::string tag = absl::StrCat("[", rank, "]:first weight ");
+      const size_t at = r.out.find(tag);
+      EXPECT_NE(at, std::string::npos) << r.out;
+      if (at != std::string::npos) w[rank] = r.out.substr(at + tag.size(), r.out.find('\n', at) - at - tag.size());
+    }
+    return w;
+  };
+  auto synced = first_weights("true");
+  EXPECT_EQ(synced[0], synced[1]);
+  auto own = first_weights("false");
+  EXPECT_NE(own[0], own[1]);
+  EXPECT_EQ(own[0], synced[0]);  // rank 0's own either way
+}
+
 // Trains 2 ranks straight through, started cold, then again with rank 1 killed at step 22 and the
 // group resumed from the step-20 checkpoint, started warm (train_mlp declares
 // LAUNCH_SDK_WARM_START(): both attempts' workers are forks of standbys that loaded LibTorch when

@@ -86,6 +86,19 @@ int Ddp(const std::string& out, size_t bucket_bytes, int accum) {
   return 0;
 }
 
+// Each rank makes its model from a seed of its own; prints its first weight after DDP's
+// construction: rank 0's on every rank when init_sync broadcast it.
+int InitSync(bool init_sync) {
+  auto ctx = launch_sdk::Context::Init();
+  auto model = launch_sdk::testing::MakeMlp(kIn, kHidden, kOut, 7 + ctx->rank());
+  launch_sdk::DdpOptions o;
+  o.init_sync = init_sync;
+  launch_sdk::DistributedDataParallel ddp(model, *ctx, o);
+  std::printf("first weight %.6f\n", model->parameters()[0].flatten()[0].item<double>());
+  ctx->Barrier();
+  return 0;
+}
+
 int Single(const std::string& out, int accum) {
   auto model = launch_sdk::testing::MakeMlp(kIn, kHidden, kOut, 7);
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
@@ -261,6 +274,7 @@ int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "";
   return launch_sdk::RunWithErrorFile([&]() -> int {
     if (mode == "ddp" && argc == 5) return Ddp(argv[2], std::stoul(argv[3]), std::stoi(argv[4]));
+    if (mode == "init-sync" && argc == 3) return InitSync(std::string(argv[2]) == "true");
     if (mode == "single" && argc == 4) return Single(argv[2], std::stoi(argv[3]));
     if (mode == "throw" && argc == 3) throw std::runtime_error(argv[2]);
     if (mode == "segv") {

@@ -28,6 +28,7 @@
 #include <type_traits>
 
 #include "launch_sdk/context.h"
+#include "launch_sdk/memory.h"
 
 namespace launch_sdk {
 namespace fs = std::filesystem;
@@ -492,7 +493,11 @@ TrainState Restore(const char* payload, size_t size, torch::nn::Module& model, t
 
   {
     at::NoGradGuard no_grad;
-    for (auto& [dst, src] : loaded) dst.copy_(src);
+    for (auto& [dst, src] : loaded) {
+      // A forked worker shares these pages with its standby: copied in one call, not page by page.
+      if (dst.device().is_cpu() && dst.is_contiguous()) PrefaultForWrite(dst.data_ptr(), dst.nbytes());
+      dst.copy_(src);
+    }
   }
   if (archive) {
     optim.load(*archive);

@@ -22,6 +22,7 @@
 #include <utility>
 
 #include "launch_sdk/errors.h"
+#include "launch_sdk/memory.h"
 #include "launch_sdk/shm_allreduce.h"
 #include "torch_compat.h"
 
@@ -106,6 +107,7 @@ std::unique_ptr<Context> Context::Init(const InitOptions& opts) {
   c->env_ = ReadWorkerEnv();
   InstallErrorHandlers();
   const WorkerEnv& env = c->env_;
+  if (opts.prefault && env.prefault) InstallPrefaultingCpuAllocator();
   if (env.omp_threads && *env.omp_threads > 0) at::set_num_threads(*env.omp_threads);
 
   const bool cuda = !opts.force_cpu && torch::cuda::is_available();

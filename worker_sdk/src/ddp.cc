@@ -25,7 +25,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
                                 std::to_string(pg_->getSize()));
 
   // Every rank starts from rank 0's weights.
-  {
+  if (opts_.init_sync) {
     at::NoGradGuard no_grad;
     std::vector<at::Tensor> all = module_->parameters();
     for (auto& b : module_->buffers()) all.push_back(b);

@@ -86,6 +86,7 @@ WorkerEnv ReadWorkerEnv() {
   Str("LAUNCH_PROFILE_STEPS", &e.profile_steps);
   Int("LAUNCH_PROGRESS_FD", &e.progress_fd, 0);
   Bool("LAUNCH_SHM_ALLREDUCE", &e.shm_allreduce);
+  Bool("LAUNCH_PREFAULT", &e.prefault);
   if (e.world_size < 1) throw std::invalid_argument("WORLD_SIZE must be at least 1");
   if (e.rank < 0 || e.rank >= e.world_size) {
     throw std::invalid_argument("RANK=" + std::to_string(e.rank) + ": expected 0.." +

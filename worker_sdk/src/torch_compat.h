@@ -20,3 +20,6 @@
 // The kineto profiler API (prepareProfiler/enableProfiler/disableProfiler()->save) as used here;
 // whether the library was built with kineto is found out at run time.
 #define LAUNCH_SDK_KINETO_API LAUNCH_SDK_TORCH_AT_LEAST(2, 0)
+// 2.3 made c10::Allocator::allocate non-const and added the pure virtual copy_data.
+#define LAUNCH_SDK_ALLOCATOR_NON_CONST LAUNCH_SDK_TORCH_AT_LEAST(2, 3)
+#define LAUNCH_SDK_ALLOCATOR_COPY_DATA LAUNCH_SDK_TORCH_AT_LEAST(2, 3)

@@ -24,6 +24,9 @@ struct InitOptions {
   // all-reduced through shared memory instead of Gloo's TCP; LAUNCH_SHM_ALLREDUCE=0 also turns
   // it off. Falls back to Gloo, with a warning, when a rank cannot map the segment.
   bool shm_allreduce = true;
+  // Large CPU tensors get their pages in one call, and freed ones are reused (launch_sdk/memory.h);
+  // LAUNCH_PREFAULT=0 also turns it off.
+  bool prefault = true;
 };
 
 class ShmAllreduce;

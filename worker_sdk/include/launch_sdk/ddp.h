@@ -21,6 +21,10 @@ namespace launch_sdk {
 struct DdpOptions {
   size_t bucket_bytes = 25u << 20;
   bool broadcast_buffers = true;  // rank 0's buffers before every SyncBuffers()
+  // Rank 0's parameters and buffers are broadcast at construction (as torch's DDP init_sync).
+  // False skips it where every rank holds the same ones already: all resumed from one checkpoint
+  // (Checkpointer::LoadLatest returned the same step everywhere).
+  bool init_sync = true;
   // Gradients go through this instead of the process group when set (the constructor that takes
   // a Context sets it to Context::shm_allreduce()).
   std::shared_ptr<ShmAllreduce> local_allreduce;

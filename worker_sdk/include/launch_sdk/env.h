@@ -29,6 +29,7 @@ struct WorkerEnv {
   std::string profile_steps;     // LAUNCH_PROFILE_STEPS, "a-b"
   int progress_fd = -1;          // LAUNCH_PROGRESS_FD
   bool shm_allreduce = true;     // LAUNCH_SHM_ALLREDUCE (0 turns it off)
+  bool prefault = true;          // LAUNCH_PREFAULT (0 turns it off)
   bool under_launcher = false;   // RANK and WORLD_SIZE were set
   // TORCHELASTIC_USE_AGENT_STORE=True: the agent serves the store at MASTER_ADDR:MASTER_PORT (as
   // torchrun's), so no rank hosts one.

@@ -1,0 +1,109 @@
+// worker_sdk's prefaulting CPU allocator (launch_sdk/memory.h). ctest runs each test in a process
+// of its own, so each installs the allocator with its own options.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <ATen/ATen.h>
+#include <c10/core/CPUAllocator.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "launch_sdk/memory.h"
+
+namespace launch_sdk {
+namespace {
+
+constexpr int64_t kMiB = 1 << 20;
+
+uintptr_t Addr(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()); }
+
+TEST(PrefaultingAllocator, LargeTensorsArePagesOfTheirOwnAndAFreedOneServesTheNextOfItsSize) {
+  EXPECT_FALSE(PrefaultingCpuAllocatorInstalled());
+  InstallPrefaultingCpuAllocator();
+  ASSERT_TRUE(PrefaultingCpuAllocatorInstalled());
+  at::Tensor big = at::empty({kMiB}, at::kFloat);  // 4 MiB
+  EXPECT_EQ(Addr(big) % ::sysconf(_SC_PAGESIZE), 0u);
+  const uintptr_t first = Addr(big);
+  EXPECT_EQ(PrefaultingCpuAllocatorCachedBytes(), 0u);
+  big.reset();
+  EXPECT_EQ(PrefaultingCpuAllocatorCachedBytes(), size_t{4} * kMiB);
+  at::Tensor again = at::empty({kMiB}, at::kFloat);
+  EXPECT_EQ(Addr(again), first);
+  EXPECT_EQ(PrefaultingCpuAllocatorCachedBytes(), 0u);
+  // Another size does not take it.
+  again.reset();
+  at::Tensor other = at::empty({kMiB + 4096}, at::kFloat);
+  EXPECT_NE(Addr(other), first);
+  EXPECT_EQ(PrefaultingCpuAllocatorCachedBytes(), size_t{4} * kMiB);
+}
+
+TEST(PrefaultingAllocator, ArithmeticOnLargeAndSmallTensorsIsUnchanged) {
+  InstallPrefaultingCpuAllocator();
+  at::Tensor a = at::arange(3 * kMiB, at::kDouble);  // 24 MiB, ours
+  at::Tensor b = at::ones({3 * kMiB}, at::kDouble);
+  const double n = 3.0 * kMiB;
+  EXPECT_DOUBLE_EQ((a + b).sum().item<double>(), n * (n - 1) / 2 + n);
+  at::Tensor small = at::full({10}, 2.5);  // below min_bytes: the allocator it replaced
+  EXPECT_DOUBLE_EQ(small.sum().item<double>(), 25.0);
+  at::Tensor m = at::randn({1024, 1024});
+  EXPECT_TRUE(at::allclose(m.matmul(at::eye(1024)), m));
+}
+
+TEST(PrefaultingAllocator, TheCacheKeepsNoMoreThanItsBound) {
+  PrefaultOptions o;
+  o.min_bytes = kMiB;
+  o.cache_bytes = 5 * kMiB;
+  InstallPrefaultingCpuAllocator(o);
+  {
+    std::vector<at::Tensor> three;
+    for (int i = 0; i < 3; ++i) three.push_back(at::empty({3 * kMiB}, at::kByte));
+  }  // 9 MiB freed; one 3 MiB block fits the 5 MiB bound
+  EXPECT_EQ(PrefaultingCpuAllocatorCachedBytes(), size_t{3} * kMiB);
+  at::Tensor below = at::empty({kMiB - 1}, at::kByte);
+  below.reset();
+  EXPECT_EQ(PrefaultingCpuAllocatorCachedBytes(), size_t{3} * kMiB);
+}
+
+TEST(PrefaultingAllocator, RawAllocationsOfEitherSizeAreFreedByTheRawDeleter) {
+  InstallPrefaultingCpuAllocator();
+  c10::Allocator* a = c10::GetCPUAllocator();
+  ASSERT_NE(a->raw_deleter(), nullptr);
+  for (size_t n : {size_t{100}, size_t{2 * kMiB}}) {
+    void* p = a->raw_allocate(n);
+    ASSERT_NE(p, nullptr);
+    static_cast<char*>(p)[n - 1] = 1;
+    a->raw_deallocate(p);
+  }
+  EXPECT_EQ(PrefaultingCpuAllocatorCachedBytes(), size_t{2} * kMiB);
+}
+
+TEST(PrefaultingAllocator, AForkedChildStartsWithAnEmptyCache) {
+  InstallPrefaultingCpuAllocator();
+  at::empty({kMiB}, at::kFloat).reset();
+  ASSERT_EQ(PrefaultingCpuAllocatorCachedBytes(), size_t{4} * kMiB);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // Exit codes: 0 right, 1 the cache was inherited, 2 a new tensor is wrong.
+    if (PrefaultingCpuAllocatorCachedBytes() != 0) ::_exit(1);
+    at::Tensor t = at::full({kMiB}, 3.0f);
+    ::_exit(t.sum().item<double>() == 3.0 * kMiB ? 0 : 2);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_EQ(PrefaultingCpuAllocatorCachedBytes(), size_t{4} * kMiB);  // the parent's is whole
+}
+
+TEST(PrefaultForWrite, PopulatesAnyRangeItsPagesCover) {
+  std::vector<char> buf(3 * kMiB + 123);
+  EXPECT_TRUE(PrefaultForWrite(buf.data() + 7, buf.size() - 7));
+  EXPECT_TRUE(PrefaultForWrite(buf.data(), 0));
+  EXPECT_TRUE(PrefaultForWrite(buf.data() + 1, 10));  // within one page: nothing to do
+}
+
+}  // namespace
+}  // namespace launch_sdk
