@@ -296,7 +296,7 @@ std::string WarmStart::Ready(Standby& s, const WorkerLaunch& w) {
   return absl::StrCat("its standby exited before it was ready", said.empty() ? "" : ": ", said);
 }
 
-absl::Status WarmStart::Send(Standby& s, const WorkerLaunch& w, const WorkerFds& wf) {
+absl::Status WarmStart::SendGo(Standby& s, const WorkerLaunch& w, const WorkerFds& wf) {
   const std::string msg = EncodeGo(w.env);
   // The guard's pipe, when there is one: a forked worker registers its process group on it.
   int fds[5] = {wf.progress, wf.in, wf.out, wf.err, opts_.guard_fd};
@@ -361,23 +361,36 @@ absl::StatusOr<std::pair<pid_t, bool>> WarmStart::Started(Standby& s) {
   return absl::UnavailableError(absl::StrCat("the worker its standby forked (pid ", pid, ") did not become launch's"));
 }
 
-std::optional<pid_t> WarmStart::Take(const WorkerLaunch& w, const WorkerFds& fds) {
+void WarmStart::StartsCold(std::map<int, Standby>::iterator it, const WorkerLaunch& w, const std::string& why) {
+  spdlog::info("rank {} (local rank {}) starts cold: {}", w.rank, w.local_rank, why);
+  Discard(it->second);
+  standbys_.erase(it);
+}
+
+bool WarmStart::Send(const WorkerLaunch& w, const WorkerFds& fds) {
   auto it = standbys_.find(w.local_rank);
-  if (it == standbys_.end()) return std::nullopt;
+  if (it == standbys_.end()) return false;
   Standby& s = it->second;
   std::string why = Ready(s, w);
   if (why.empty()) {
-    if (auto st = Send(s, w, fds); !st.ok()) why = std::string(st.message());
-  }
-  absl::StatusOr<std::pair<pid_t, bool>> started = absl::UnknownError("");
-  if (why.empty()) {
-    started = Started(s);
-    if (!started.ok()) why = std::string(started.status().message());
+    if (auto st = SendGo(s, w, fds); !st.ok()) why = std::string(st.message());
   }
   if (!why.empty()) {
-    spdlog::info("rank {} (local rank {}) starts cold: {}", w.rank, w.local_rank, why);
-    Discard(s);
-    standbys_.erase(it);
+    StartsCold(it, w, why);
+    return false;
+  }
+  s.sent = true;
+  return true;
+}
+
+std::optional<pid_t> WarmStart::Take(const WorkerLaunch& w) {
+  auto it = standbys_.find(w.local_rank);
+  if (it == standbys_.end() || !it->second.sent) return std::nullopt;
+  Standby& s = it->second;
+  s.sent = false;
+  absl::StatusOr<std::pair<pid_t, bool>> started = Started(s);
+  if (!started.ok()) {
+    StartsCold(it, w, std::string(started.status().message()));
     return std::nullopt;
   }
   ++taken_;

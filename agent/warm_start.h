@@ -53,9 +53,9 @@ class WarmStart : public WarmWorkers {
     std::string python_dir;
     // What a standby imports before it waits (--warm-import; default torch).
     std::vector<std::string> imports = {"torch"};
-    // How long Take waits for a standby still importing; then the worker starts cold.
+    // How long Send waits for a standby still importing; then the worker starts cold.
     std::chrono::milliseconds ready_timeout{300000};
-    // Readable when a signal is pending for launch: Take waits no longer (the worker starts cold
+    // Readable when a signal is pending for launch: Send waits no longer (the worker starts cold
     // and the group acts on the signal at once). -1: none.
     int signal_fd = -1;
     int guard_fd = -1;  // OrphanGuard::fd(): standbys are registered as workers are
@@ -70,7 +70,8 @@ class WarmStart : public WarmWorkers {
   // Starts a standby for each worker of `launches` that has none (never waits: they import on
   // their own). A worker that cannot have one is logged once and starts cold.
   void Prepare(const std::vector<WorkerLaunch>& launches);
-  std::optional<pid_t> Take(const WorkerLaunch& w, const WorkerFds& fds) override;
+  bool Send(const WorkerLaunch& w, const WorkerFds& fds) override;
+  std::optional<pid_t> Take(const WorkerLaunch& w) override;
   // Standbys started, workers started warm, and of those the ones forked (for tests and the log).
   int started() const { return started_; }
   int taken() const { return taken_; }
@@ -83,6 +84,7 @@ class WarmStart : public WarmWorkers {
     UniqueFd control;   // the agent's end of its control socket
     UniqueFd err;       // its stderr (a memfd): what it said, when it exits before it is ready
     bool ready = false;  // it said "R"
+    bool sent = false;   // it has a go whose worker is not taken yet
     std::vector<std::string> cold_argv;
     Env env;  // StandbyEnv of the worker it was made for
     std::vector<int> cpus;
@@ -91,7 +93,8 @@ class WarmStart : public WarmWorkers {
   // Why `s` cannot be worker `w`, or why it is not ready (waits for it); empty: it can.
   std::string Ready(Standby& s, const WorkerLaunch& w);
   void Discard(Standby& s);
-  absl::Status Send(Standby& s, const WorkerLaunch& w, const WorkerFds& fds);
+  absl::Status SendGo(Standby& s, const WorkerLaunch& w, const WorkerFds& fds);
+  void StartsCold(std::map<int, Standby>::iterator it, const WorkerLaunch& w, const std::string& why);
   // After the go: the worker's pid, and whether it is a fork (the standby stays); else why not.
   absl::StatusOr<std::pair<pid_t, bool>> Started(Standby& s);
 

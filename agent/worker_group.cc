@@ -481,11 +481,19 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
   if (!opts_.stderr_filters.empty()) {
     ASSIGN_OR_RETURN(filtered_err, OpenLog(opts_.filtered_stderr_file));
   }
-  // Spawn every worker; a worker that cannot start stops those already started.
+  // Spawn every worker; a worker that cannot start stops those already started. Warm workers are
+  // sent their go first and taken after, so that their standbys fork side by side.
   if (opts_.live) opts_.live->StartAttempt(launches);
+  struct Pending {
+    Pipe in, out, err;
+    int stdin_fd = -1;
+    bool sent = false;  // its standby has its go
+  };
+  std::vector<Pending> pending(launches.size());
   for (size_t i = 0; i < launches.size(); ++i) {
     const WorkerLaunch& l = launches[i];
     Slot& s = slots[i];
+    Pending& p = pending[i];
     s.launch = &l;
     s.result.local_rank = l.local_rank;
     s.result.rank = l.rank;
@@ -504,30 +512,44 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
     s.err = std::make_unique<LineRelay>(LineRelay::Options{prefix, s.err_console, s.err_file.get(),
                                                            opts_.stderr_tail_lines, &opts_.stderr_filters,
                                                            filtered_err.get()});
-    Pipe in;
-    int stdin_fd = dev_null.get();
+    p.stdin_fd = dev_null.get();
     if (l.reads_stdin && stdin_relay.tty.valid()) {
-      if (!MakePipe(&in)) return ErrnoStatus("pipe");
-      stdin_fd = in.read.get();
+      if (!MakePipe(&p.in)) return ErrnoStatus("pipe");
+      p.stdin_fd = p.in.read.get();
     } else if (l.reads_stdin) {
-      stdin_fd = opts_.stdin_fd;
+      p.stdin_fd = opts_.stdin_fd;
     }
-    s.start = clock_->Now();
-    Pipe out, err;
-    if (!MakePipe(&out) || !MakePipe(&err)) return ErrnoStatus("pipe");
-    std::optional<pid_t> warm;
-    if (opts_.warm) warm = opts_.warm->Take(l, {progress_write.get(), stdin_fd, out.write.get(), err.write.get()});
-    if (warm) {
-      s.pid = *warm;
+    if (!MakePipe(&p.out) || !MakePipe(&p.err)) return ErrnoStatus("pipe");
+  }
+  // Nothing fails from here until every go sent is taken (a worker forked and not taken would be
+  // nobody's).
+  for (size_t i = 0; i < launches.size() && opts_.warm; ++i) {
+    Pending& p = pending[i];
+    slots[i].start = clock_->Now();
+    p.sent = opts_.warm->Send(launches[i], {progress_write.get(), p.stdin_fd, p.out.write.get(), p.err.write.get()});
+  }
+  for (size_t i = 0; i < launches.size(); ++i) {
+    if (!pending[i].sent) continue;
+    if (std::optional<pid_t> pid = opts_.warm->Take(launches[i])) {
+      slots[i].pid = *pid;
     } else {
+      pending[i].sent = false;  // cold, below
+    }
+  }
+  for (size_t i = 0; i < launches.size(); ++i) {
+    const WorkerLaunch& l = launches[i];
+    Slot& s = slots[i];
+    Pending& p = pending[i];
+    if (s.pid < 0) {
+      s.start = clock_->Now();
       SpawnOptions so;
       so.cpus = l.cpus;
       so.preferred_memory_node = l.memory_node;
-      so.stdin_fd = stdin_fd;
+      so.stdin_fd = p.stdin_fd;
       so.argv = l.argv;
       so.env = l.env;
-      so.stdout_fd = out.write.get();
-      so.stderr_fd = err.write.get();
+      so.stdout_fd = p.out.write.get();
+      so.stderr_fd = p.err.write.get();
       so.extra_fd = progress_write.get();
       so.extra_fd_target = kProgressFd;
       // Registered by the child itself before exec: a launch killed right after a worker started
@@ -537,16 +559,19 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
       if (!pid.ok()) return pid.status();
       s.pid = *pid;
     }
-    s.out_read = std::move(out.read);
-    s.err_read = std::move(err.read);
+    p.out.write.Reset();
+    p.err.write.Reset();
+    s.out_read = std::move(p.out.read);
+    s.err_read = std::move(p.err.read);
     s.result.pid = s.pid;
     if (opts_.live) opts_.live->Spawned(i, s.pid);
     if (opts_.on_spawned) opts_.on_spawned(s.result);
     ++state.running;
-    if (in.write.valid()) {
-      ::fcntl(in.write.get(), F_SETFL, O_NONBLOCK);
-      stdin_relay.to_worker = std::move(in.write);
+    if (p.in.write.valid()) {
+      ::fcntl(p.in.write.get(), F_SETFL, O_NONBLOCK);
+      stdin_relay.to_worker = std::move(p.in.write);
     }
+    p.in.read.Reset();
     for (int fd : {s.out_read.get(), s.err_read.get()}) ::fcntl(fd, F_SETFL, O_NONBLOCK);
     watch(s.out_read.get(), i);
     watch(s.err_read.get(), i | kStderrBit);

@@ -84,10 +84,13 @@ struct WorkerFds {
 class WarmWorkers {
  public:
   virtual ~WarmWorkers() = default;
-  // The pid of worker `w`, started from a process made ready for it and given its environment
-  // and `fds`; a child of launch, in a process group of its own as a cold worker. nullopt: it
-  // starts cold (the reason is logged).
-  virtual std::optional<pid_t> Take(const WorkerLaunch& w, const WorkerFds& fds) = 0;
+  // Gives the process made ready for worker `w` its environment and `fds` (which may be closed
+  // once this returns): it starts the worker now. False: `w` starts cold (the reason is logged).
+  // A group sends every worker its go before it takes any, so that they start side by side.
+  virtual bool Send(const WorkerLaunch& w, const WorkerFds& fds) = 0;
+  // The pid of worker `w`, sent its go: a child of launch, in a process group of its own as a
+  // cold worker. nullopt: it starts cold (the reason is logged).
+  virtual std::optional<pid_t> Take(const WorkerLaunch& w) = 0;
 };
 
 struct GroupOutcome {

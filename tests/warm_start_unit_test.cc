@@ -87,7 +87,8 @@ Worker Start(WarmStart* warm, const WorkerLaunch& w, const std::string& input) {
   }
   if (::write(in[1], input.data(), input.size()) != static_cast<ssize_t>(input.size())) return a;
   ::close(in[1]);
-  auto pid = warm->Take(w, {progress[1], in[0], out[1], STDERR_FILENO});
+  std::optional<pid_t> pid;
+  if (warm->Send(w, {progress[1], in[0], out[1], STDERR_FILENO})) pid = warm->Take(w);
   ::close(in[0]);
   ::close(progress[1]);
   ::close(out[1]);
@@ -257,8 +258,9 @@ TEST(WarmStartStandby, IsNotUsedWhenAFixedVariableChanged) {
   w.env = {std::string("PYTHONPATH=") + SDK_PYTHON_DIR, "OMP_NUM_THREADS=4"};
   warm.Prepare({w});
   w.env.back() = "OMP_NUM_THREADS=2";
-  EXPECT_FALSE(warm.Take(w, {}).has_value());
-  EXPECT_FALSE(warm.Take(w, {}).has_value());  // and it is gone
+  EXPECT_FALSE(warm.Send(w, {}));
+  EXPECT_FALSE(warm.Take(w).has_value());
+  EXPECT_FALSE(warm.Send(w, {}));  // and it is gone
   EXPECT_EQ(warm.taken(), 0);
 }
 
