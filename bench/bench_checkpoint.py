@@ -10,7 +10,9 @@
        launch      launch's defaults: warm C++ workers (LAUNCH_SDK_WARM_START), checkpoints kept
                    in the agent's memory               target: launch <= 0.1 s
   2. checkpoint stall: 1 rank, a model of --stall-dims (default 784,4096,4096,4096,10: 147 MB of
-     parameters, 294 MB with SGD's momentum), a save every 2 steps: the time Save takes in the
+     parameters, 294 MB with SGD's momentum), a save every --stall-every steps (default 8: more
+     time than the background write of the last save takes here, else the next save waits for
+     it, which is the disk's bound and not the copy's): the time Save takes in the
      training loop, synchronous (--checkpoint-memory=false: snapshot, checksum, write, fsync,
      rename) against in-memory (the snapshot only; the file is written in the background). A
      job's first save, which also allocates the memory, is shown apart from the later ones.
@@ -66,10 +68,11 @@ def main():
     ap.add_argument("--runs", type=int, default=5, help="recovery runs per launcher (default 5)")
     ap.add_argument("--stall-dims", default="784,4096,4096,4096,10")
     ap.add_argument("--stall-saves", type=int, default=5)
+    ap.add_argument("--stall-every", type=int, default=8, help="steps between saves in the stall runs")
     ap.add_argument("--skip-torchrun", action="store_true")
     args = ap.parse_args()
-    if args.runs < 1 or args.stall_saves < 2:
-        raise harness.HarnessError("--runs must be >= 1 and --stall-saves >= 2")
+    if args.runs < 1 or args.stall_saves < 2 or args.stall_every < 1:
+        raise harness.HarnessError("--runs must be >= 1, --stall-saves >= 2 and --stall-every >= 1")
     for exe in (args.launch, args.train_mlp):
         if not os.access(exe, os.X_OK):
             raise harness.HarnessError(f"{exe}: not executable (build first)")
@@ -102,7 +105,7 @@ def main():
     for name, memory in (("synchronous", "false"), ("memory", "true")):
         base = os.path.join(tmp, f"stall-{name}")
         argv = [args.launch, "--nproc-per-node=1", args.train_mlp, "--dims", args.stall_dims, "--batch", "16",
-                "--steps", str(2 * args.stall_saves), "--checkpoint-every", "2", "--dataset-size", "256",
+                "--steps", str(args.stall_every * args.stall_saves), "--checkpoint-every", str(args.stall_every), "--dataset-size", "256",
                 "--print-every", "0", "--checkpoint-memory=" + memory, "--checkpoint-dir", base + "-ckpt",
                 "--stamp-file", base + ".stamps"]
         run(argv, dict(os.environ), base + ".log", 600)
