@@ -519,28 +519,46 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
     } else if (l.reads_stdin) {
       p.stdin_fd = opts_.stdin_fd;
     }
-    if (!MakePipe(&p.out) || !MakePipe(&p.err)) return ErrnoStatus("pipe");
   }
-  // Nothing fails from here until every go sent is taken (a worker forked and not taken would be
-  // nobody's).
+  // Every go sent is taken, even when a later worker's pipes cannot be made: a worker forked and
+  // not taken would be nobody's. A warm worker's write ends are closed once its standby has them,
+  // so that launch holds no more descriptors at once than one worker's spawn needs.
+  auto take_sent = [&] {
+    for (size_t i = 0; i < launches.size(); ++i) {
+      Pending& p = pending[i];
+      if (!p.sent) continue;
+      p.sent = false;
+      if (std::optional<pid_t> pid = opts_.warm->Take(launches[i])) {
+        slots[i].pid = *pid;
+      } else {
+        p.out.read.Reset();  // cold, below, through new pipes
+        p.err.read.Reset();
+      }
+    }
+  };
   for (size_t i = 0; i < launches.size() && opts_.warm; ++i) {
     Pending& p = pending[i];
+    if (!MakePipe(&p.out) || !MakePipe(&p.err)) {
+      const absl::Status st = ErrnoStatus("pipe");
+      take_sent();
+      return st;
+    }
     slots[i].start = clock_->Now();
     p.sent = opts_.warm->Send(launches[i], {progress_write.get(), p.stdin_fd, p.out.write.get(), p.err.write.get()});
-  }
-  for (size_t i = 0; i < launches.size(); ++i) {
-    if (!pending[i].sent) continue;
-    if (std::optional<pid_t> pid = opts_.warm->Take(launches[i])) {
-      slots[i].pid = *pid;
-    } else {
-      pending[i].sent = false;  // cold, below
+    p.out.write.Reset();
+    p.err.write.Reset();
+    if (!p.sent) {
+      p.out.read.Reset();
+      p.err.read.Reset();
     }
   }
+  take_sent();
   for (size_t i = 0; i < launches.size(); ++i) {
     const WorkerLaunch& l = launches[i];
     Slot& s = slots[i];
     Pending& p = pending[i];
     if (s.pid < 0) {
+      if (!MakePipe(&p.out) || !MakePipe(&p.err)) return ErrnoStatus("pipe");
       s.start = clock_->Now();
       SpawnOptions so;
       so.cpus = l.cpus;
