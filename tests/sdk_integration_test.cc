@@ -153,7 +153,7 @@ TEST_P(CheckpointMemory, ResumesFromTheNewestCopy) {
 INSTANTIATE_TEST_SUITE_P(
     Sdk, CheckpointMemory,
     ::testing::Values(MemoryCase{"sgd", "memory", "3 from memory"}, MemoryCase{"adam", "memory", "3 from memory"},
-                      MemoryCase{"rmsprop", "memory", "3 from memory"},
+                      MemoryCase{"rmsprop", "memory", "3 from memory"}, MemoryCase{"adagrad", "memory", "3 from memory"},
                       // Not one launch_sdk knows: its state through its own archive.
                       MemoryCase{"own", "memory", "3 from memory"},
                       MemoryCase{"sgd", "corrupt", "3 from disk"}, MemoryCase{"sgd", "disk-newer", "4 from disk"}),

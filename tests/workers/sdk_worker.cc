@@ -6,6 +6,7 @@
 //   ckpt-writer DIR                saves a small checkpoint, then big ones forever
 //   ckpt-memory DIR OPTIM CASE     checkpoints kept in launch's memory (see CkptMemory)
 #include <torch/nn/functional/loss.h>
+#include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
@@ -181,6 +182,10 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const std::string& name, 
   if (name == "sgd") return std::make_unique<torch::optim::SGD>(m.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   if (name == "adam")
     return std::make_unique<torch::optim::Adam>(m.parameters(), torch::optim::AdamOptions(0.01).amsgrad(true));
+  if (name == "adagrad") {
+    return std::make_unique<torch::optim::Adagrad>(
+        m.parameters(), torch::optim::AdagradOptions(0.05).lr_decay(0.01).initial_accumulator_value(0.1));
+  }
   if (name == "rmsprop") {
     return std::make_unique<torch::optim::RMSprop>(m.parameters(),
                                                    torch::optim::RMSpropOptions(0.01).momentum(0.5).centered(true));
