@@ -4,9 +4,14 @@
 #include <unistd.h>
 
 #include <ATen/ATen.h>
+#include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
 
 #include <cstdint>
+#include <memory>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -18,6 +23,66 @@ namespace {
 constexpr int64_t kMiB = 1 << 20;
 
 uintptr_t Addr(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()); }
+
+// What the allocator tells LibTorch's profiler, recorded as the profiler's memory reporter would
+// (its totals are int64_t in LibTorch 1.x and size_t in 2.x: taken from the base class).
+template <typename F>
+struct ArgsOf;
+template <typename C, typename R, typename... A>
+struct ArgsOf<R (C::*)(A...)> {
+  using Tuple = std::tuple<A...>;
+};
+using ReportedTotal =
+    std::tuple_element_t<2, ArgsOf<decltype(&c10::MemoryReportingInfoBase::reportMemoryUsage)>::Tuple>;
+
+struct Reported {
+  void* ptr;
+  int64_t size, allocated, reserved;
+};
+
+class MemoryRecorder final : public c10::MemoryReportingInfoBase {
+ public:
+  void reportMemoryUsage(void* ptr, int64_t size, ReportedTotal allocated, ReportedTotal reserved,
+                         c10::Device device) override {
+    if (device.is_cpu()) events.push_back({ptr, size, static_cast<int64_t>(allocated), static_cast<int64_t>(reserved)});
+  }
+  bool memoryProfilingEnabled() const override { return true; }
+  std::vector<Reported> events;
+};
+
+TEST(PrefaultingAllocator, ReportsEachLargeAllocationAndFreeToTheProfiler) {
+  InstallPrefaultingCpuAllocator();
+  auto recorder = std::make_shared<MemoryRecorder>();
+  void* first = nullptr;
+  {
+    c10::DebugInfoGuard profiling(c10::DebugInfoKind::PROFILER_STATE, recorder);
+    at::Tensor big = at::empty({kMiB}, at::kFloat);  // 4 MiB, mapped
+    first = big.data_ptr();
+    big.reset();                                     // to the cache
+    at::Tensor again = at::empty({kMiB}, at::kFloat);  // from the cache: an allocation all the same
+    EXPECT_EQ(again.data_ptr(), first);
+  }  // `again` is freed before the guard goes
+  std::vector<Reported> mine;
+  for (const Reported& e : recorder->events)
+    if (e.ptr == first) mine.push_back(e);
+  ASSERT_EQ(mine.size(), 4u);
+  EXPECT_EQ(mine[0].size, 4 * kMiB);
+  EXPECT_EQ(mine[1].size, -4 * kMiB);
+  EXPECT_EQ(mine[2].size, 4 * kMiB);
+  EXPECT_EQ(mine[3].size, -4 * kMiB);
+  // Handed out: the tensor's bytes while it lives, not once freed; held: the cache's as well.
+  EXPECT_GE(mine[0].allocated, 4 * kMiB);
+  EXPECT_EQ(mine[1].allocated, mine[0].allocated - 4 * kMiB);
+  EXPECT_GE(mine[1].reserved, mine[1].allocated + 4 * kMiB);
+  EXPECT_EQ(mine[2].allocated, mine[0].allocated);
+  EXPECT_EQ(mine[2].reserved, mine[1].reserved);  // taken from the cache: held already
+  // Without a reporter nothing is said, and nothing breaks.
+  const size_t before = recorder->events.size();
+  at::Tensor quiet = at::ones({kMiB}, at::kFloat);
+  EXPECT_EQ(quiet.sum().item<float>(), static_cast<float>(kMiB));
+  quiet.reset();
+  EXPECT_EQ(recorder->events.size(), before);
+}
 
 TEST(PrefaultingAllocator, LargeTensorsArePagesOfTheirOwnAndAFreedOneServesTheNextOfItsSize) {
   EXPECT_FALSE(PrefaultingCpuAllocatorInstalled());

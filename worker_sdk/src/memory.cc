@@ -37,7 +37,7 @@ class PrefaultingAllocator final : public c10::Allocator {
 #else
   c10::DataPtr allocate(size_t n) const override {
 #endif
-    if (n < opts_.min_bytes) return smaller_->allocate(n);
+    if (n < opts_.min_bytes) return smaller_->allocate(n);  // which reports to the profiler itself
     void* p = Map(n);
     return {p, p, &RawDelete, c10::Device(c10::DeviceType::CPU)};
   }
@@ -69,42 +69,61 @@ class PrefaultingAllocator final : public c10::Allocator {
 
   void* Map(size_t n) const {
     const size_t len = (n + PageSize() - 1) / PageSize() * PageSize();
+    void* p = nullptr;
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = cached_.find(len);
       if (it != cached_.end()) {
-        void* p = it->second;
+        p = it->second;
         cached_.erase(it);
         cached_bytes_ -= len;
-        live_[p] = len;
-        return p;
       }
     }
-    void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) throw std::bad_alloc();
-    PrefaultForWrite(p, len);  // where the kernel cannot, the pages fault in as they are written
-    std::lock_guard<std::mutex> lock(mu_);
-    live_[p] = len;
+    if (!p) {
+      p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) throw std::bad_alloc();
+      PrefaultForWrite(p, len);  // where the kernel cannot, the pages fault in as they are written
+    }
+    size_t allocated, reserved;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      live_[p] = len;
+      live_bytes_ += len;
+      allocated = live_bytes_;
+      reserved = live_bytes_ + cached_bytes_;
+    }
+    Report(p, static_cast<int64_t>(len), allocated, reserved);
     return p;
   }
 
   // False when p is not one of Map's.
   bool Unmap(void* p) const {
-    size_t len = 0;
+    size_t len = 0, allocated, reserved;
+    bool cached = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = live_.find(p);
       if (it == live_.end()) return false;
       len = it->second;
       live_.erase(it);
+      live_bytes_ -= len;
       if (cached_bytes_ + len <= opts_.cache_bytes) {
         cached_.emplace(len, p);
         cached_bytes_ += len;
-        return true;
+        cached = true;
       }
+      allocated = live_bytes_;
+      reserved = live_bytes_ + cached_bytes_;
     }
-    ::munmap(p, len);
+    if (!cached) ::munmap(p, len);
+    Report(p, -static_cast<int64_t>(len), allocated, reserved);
     return true;
+  }
+
+  // To LibTorch's profiler when it records memory (profile_memory), as its own CPU allocator does:
+  // the size allocated (< 0: freed), then what this allocator has handed out and what it holds.
+  static void Report(void* p, int64_t size, size_t allocated, size_t reserved) {
+    c10::reportMemoryUsageToProfiler(p, size, allocated, reserved, c10::Device(c10::DeviceType::CPU));
   }
 
   c10::Allocator* const smaller_;
@@ -114,6 +133,7 @@ class PrefaultingAllocator final : public c10::Allocator {
   mutable std::unordered_map<void*, size_t> live_;
   mutable std::multimap<size_t, void*> cached_;
   mutable size_t cached_bytes_ = 0;
+  mutable size_t live_bytes_ = 0;
 };
 
 // Never destroyed: tensors may outlive every static object.

@@ -22,7 +22,10 @@ struct PrefaultOptions {
 // serves allocations of at least min_bytes as described above and hands smaller ones to the
 // allocator it replaces. The first call installs it; later calls change nothing. A child forked
 // after it (a worker forked from its standby) starts with an empty cache: the cached pages would
-// be shared with the parent, and every write to them a copy. Context::Init calls it unless
+// be shared with the parent, and every write to them a copy. Like LibTorch's own CPU allocator it
+// reports each allocation and free to the profiler when that records memory (profile_memory),
+// with the page-rounded size, the bytes it has handed out and those it holds (with its cache).
+// Context::Init calls it unless
 // LAUNCH_PREFAULT=0 or InitOptions::prefault is false.
 void InstallPrefaultingCpuAllocator(const PrefaultOptions& opts = {});
 bool PrefaultingCpuAllocatorInstalled();
