@@ -43,10 +43,11 @@ def recovery(rows):
     if len(death) != 1:
         raise harness.RunFailed(f"expected one death stamp, got {len(death)}")
     d = death[0]
-    first = [float(r[-1]) for r in rows if r[0] == "step" and r[2] == "1" and r[3] == "11"]
-    inits = [float(r[-1]) for r in rows if r[0] == "init" and r[2] == "1"]
-    resumed = [float(r[-1]) for r in rows if r[0] == "resumed" and r[2] == "1"]
-    built = [float(r[-1]) for r in rows if r[0] == "built" and r[2] == "1"]
+
+    def attempt1(event, value=None):  # the times of attempt 1's stamps of this event (and value)
+        return [float(r[-1]) for r in rows if r[0] == event and r[2] == "1" and (value is None or r[3] == value)]
+
+    first, inits, resumed, built = attempt1("step", "11"), attempt1("init"), attempt1("resumed"), attempt1("built")
     if len(first) != 2 or len(inits) != 2 or len(resumed) != 2 or len(built) != 2:
         raise harness.RunFailed(f"attempt 1 incomplete: {len(inits)} inits, {len(resumed)} resumes, {len(built)} DDPs, "
                                 f"{len(first)} first steps")

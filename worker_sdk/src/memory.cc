@@ -70,6 +70,7 @@ class PrefaultingAllocator final : public c10::Allocator {
   void* Map(size_t n) const {
     const size_t len = (n + PageSize() - 1) / PageSize() * PageSize();
     void* p = nullptr;
+    size_t allocated = 0, reserved = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = cached_.find(len);
@@ -77,23 +78,26 @@ class PrefaultingAllocator final : public c10::Allocator {
         p = it->second;
         cached_.erase(it);
         cached_bytes_ -= len;
+        HandOut(p, len, &allocated, &reserved);
       }
     }
     if (!p) {
       p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       if (p == MAP_FAILED) throw std::bad_alloc();
       PrefaultForWrite(p, len);  // where the kernel cannot, the pages fault in as they are written
-    }
-    size_t allocated, reserved;
-    {
       std::lock_guard<std::mutex> lock(mu_);
-      live_[p] = len;
-      live_bytes_ += len;
-      allocated = live_bytes_;
-      reserved = live_bytes_ + cached_bytes_;
+      HandOut(p, len, &allocated, &reserved);
     }
     Report(p, static_cast<int64_t>(len), allocated, reserved);
     return p;
+  }
+
+  // Under mu_: p is live; the totals after it, for the profiler.
+  void HandOut(void* p, size_t len, size_t* allocated, size_t* reserved) const {
+    live_[p] = len;
+    live_bytes_ += len;
+    *allocated = live_bytes_;
+    *reserved = live_bytes_ + cached_bytes_;
   }
 
   // False when p is not one of Map's.

@@ -25,8 +25,7 @@ struct PrefaultOptions {
 // be shared with the parent, and every write to them a copy. Like LibTorch's own CPU allocator it
 // reports each allocation and free to the profiler when that records memory (profile_memory),
 // with the page-rounded size, the bytes it has handed out and those it holds (with its cache).
-// Context::Init calls it unless
-// LAUNCH_PREFAULT=0 or InitOptions::prefault is false.
+// Context::Init calls it unless LAUNCH_PREFAULT=0 or InitOptions::prefault is false.
 void InstallPrefaultingCpuAllocator(const PrefaultOptions& opts = {});
 bool PrefaultingCpuAllocatorInstalled();
 // Bytes of freed allocations the cache holds now (0 when not installed).
