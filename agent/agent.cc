@@ -522,13 +522,18 @@ AgentEvent Agent::RunWorkers(Attempt* at) {
   if (warm_) {
     gopts.warm = warm_.get();
     const int taken_before = warm_->taken(), forked_before = warm_->forked();
-    gopts.on_started = [this, &a, at, taken_before, forked_before] {
+    // The next attempt's standbys load while this one runs, if there can be a next one.
+    const bool elastic = opts_.run_spec.min_nodes() != opts_.run_spec.max_nodes();
+    const bool next = a.restart_count() < a.max_restarts() || elastic;
+    gopts.on_started = [this, &a, at, taken_before, forked_before, next] {
       spdlog::info("round {}: {} of {} worker(s) started warm ({} forked from standbys that stay)", a.round(),
                    warm_->taken() - taken_before, at->workers.size(), warm_->forked() - forked_before);
-      // The next attempt's standbys import while this one runs, if there can be a next one.
-      const bool elastic = opts_.run_spec.min_nodes() != opts_.run_spec.max_nodes();
-      if (a.restart_count() < a.max_restarts() || elastic) warm_->Prepare(at->workers);
+      if (next && warm_->stays()) warm_->Prepare(at->workers);  // only ranks whose standby is gone
     };
+    // New standbys (each became its worker) load once every rank trains, not while the attempt
+    // resumes on the same cores. An attempt that fails before then restarts cold, as without
+    // standbys.
+    if (next && !warm_->stays()) gopts.on_stepping = [this, at] { warm_->Prepare(at->workers); };
   }
   WorkerGroup group(gopts, launcher_, guard_, signals_, clock_);
   auto outcome = group.Run(at->workers);

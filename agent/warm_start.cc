@@ -171,6 +171,11 @@ std::string EncodeGo(const std::vector<std::string>& env) {
   return msg + body;
 }
 
+bool WarmStart::stays() const {
+  int subreaper = 0;
+  return opts_.python && ::prctl(PR_GET_CHILD_SUBREAPER, &subreaper) == 0 && subreaper != 0;
+}
+
 WarmStart::~WarmStart() {
   for (auto& [rank, s] : standbys_) Discard(s);
 }
@@ -186,8 +191,7 @@ void WarmStart::Prepare(const std::vector<WorkerLaunch>& launches) {
     return;
   }
   if (cannot_import_) return;  // said at the rank's cold start; it would fail the same way again
-  int subreaper = 0;
-  const bool may_fork = ::prctl(PR_GET_CHILD_SUBREAPER, &subreaper) == 0 && subreaper != 0;
+  const bool may_fork = stays();
   for (const WorkerLaunch& w : launches) {
     if (standbys_.count(w.local_rank)) continue;
     auto argv = StandbyArgv(w.argv, opts_.python);

@@ -2,11 +2,14 @@
 // Python interpreter that has imported torch (and the modules the user names), or a worker_sdk
 // program that declares it may be (LAUNCH_SDK_WARM_START) and has loaded its libraries; it waits,
 // and at the attempt's start gets its rank's environment and descriptors: a Python worker then
-// runs the script as `python -u` would, a C++ one returns from launch_sdk::AwaitWorkerStart. The
-// worker is a fork of the standby, which stays for the next attempt, when launch adopts orphans
-// (PR_SET_CHILD_SUBREAPER) and the standby has one thread; otherwise the standby becomes the
-// worker and the next attempt gets a new one. A worker that cannot start either way starts cold,
-// with one log line saying why.
+// runs the script as `python -u` would, a C++ one returns from launch_sdk::AwaitWorkerStart. A
+// Python worker is a fork of the standby, which stays for the next attempt, when launch adopts
+// orphans (PR_SET_CHILD_SUBREAPER) and the standby has one thread. Otherwise, and always for a
+// C++ worker, the standby becomes the worker and the next attempt gets a new one: a C++ worker
+// then owns every page it touches (what its standby rehearsed, launch_sdk::InitOptions::
+// standby_warm_up, included), where a fork would copy each page it writes, and its restart
+// reached its next step in about half the time here. A worker that cannot start either way starts
+// cold, with one log line saying why.
 #pragma once
 
 #include <sys/types.h>
@@ -72,6 +75,9 @@ class WarmStart : public WarmWorkers {
   void Prepare(const std::vector<WorkerLaunch>& launches);
   bool Send(const WorkerLaunch& w, const WorkerFds& fds) override;
   std::optional<pid_t> Take(const WorkerLaunch& w) override;
+  // Whether a standby stays to serve the next attempt too (it forks each worker: Python workers
+  // when launch adopts orphans); otherwise each attempt's standbys are new, made by Prepare.
+  bool stays() const;
   // Standbys started, workers started warm, and of those the ones forked (for tests and the log).
   int started() const { return started_; }
   int taken() const { return taken_; }

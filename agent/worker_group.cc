@@ -288,6 +288,7 @@ constexpr uint64_t kStdinTag = 6ull << 40;
 constexpr uint64_t kStdinPipeTag = 7ull << 40;
 constexpr uint64_t kExitTag = 8ull << 40;
 constexpr uint64_t kHangTimerTag = 9ull << 40;
+constexpr uint64_t kSteppingTimerTag = 10ull << 40;
 constexpr uint64_t kStderrBit = 1ull << 32;
 
 absl::StatusOr<UniqueFd> OpenLog(const std::string& path) {
@@ -595,6 +596,20 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
     watch(s.err_read.get(), i | kStderrBit);
   }
   if (opts_.on_started) opts_.on_started();
+  bool stepping_told = false;  // on_stepping was called
+  auto tell_stepping = [&] {
+    if (stepping_told || !opts_.on_stepping) return;
+    stepping_told = true;
+    opts_.on_stepping();
+  };
+  // Workers that report no steps: on_stepping once they have run for stepping_wait.
+  UniqueFd stepping_timer;
+  if (opts_.on_stepping) {
+    stepping_timer.Reset(::timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
+    if (!stepping_timer.valid()) return ErrnoStatus("timerfd_create");
+    ArmTimer(stepping_timer.get(), opts_.stepping_wait, false);
+    watch(stepping_timer.get(), kSteppingTimerTag);
+  }
 
   char buf[65536];
   auto drain = [&](Slot& s, bool is_err, bool final) {
@@ -744,6 +759,9 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
       } else if (tag == kStopTimerTag) {
         DrainTimer(stop_timer.get());
         apply(SupervisorEvent::GraceOver());
+      } else if (tag == kSteppingTimerTag) {
+        DrainTimer(stepping_timer.get());
+        tell_stepping();
       } else if (tag == kHangTimerTag) {
         DrainTimer(hang_timer.get());
         check_hangs();
@@ -778,6 +796,8 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
               if (s.result.rank == offer.rank) s.stack_signal = offer.signal;
           }
         }
+        if (std::all_of(slots.begin(), slots.end(), [](const Slot& s) { return s.last_progress.has_value(); }))
+          tell_stepping();
       } else if (tag == kConsoleTag) {
         DrainTimer(console_out->ready_fd());  // eventfds: a read clears them
         DrainTimer(console_err->ready_fd());

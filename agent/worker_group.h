@@ -119,6 +119,10 @@ class WorkerGroup {
     // once every worker has started (make the next attempt's ready).
     WarmWorkers* warm = nullptr;
     std::function<void()> on_started;
+    // Called once, when every worker has reported a step (worker_sdk's ProgressReporter): the
+    // attempt trains. Workers that report no steps: once they have run for stepping_wait.
+    std::function<void()> on_stepping;
+    std::chrono::milliseconds stepping_wait{10000};
     std::string console_prefix_format = "[{rank}]:";
     // torchrun's --duplicate-std{out,err}-filters: matching lines of every worker, prefixed, are
     // appended to these files (created when a filter is given).

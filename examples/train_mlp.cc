@@ -28,6 +28,7 @@
 #include "launch_sdk/data.h"
 #include "launch_sdk/ddp.h"
 #include "launch_sdk/errors.h"
+#include "launch_sdk/memory.h"
 #include "launch_sdk/profiler.h"
 #include "launch_sdk/progress.h"
 #include "launch_sdk/sampler.h"
@@ -136,11 +137,26 @@ int Train(Args a) {
   at::Tensor teacher = at::randn({dims.front(), dims.back()}, data_gen);
   at::Tensor labels = inputs.matmul(teacher).argmax(1);
 
+  launch_sdk::DdpOptions dopts;
+  dopts.bucket_bytes = static_cast<size_t>(a.bucket_mb * 1024 * 1024);
   launch_sdk::InitOptions init;
   init.seed = a.seed;
+  // In a standby: a resume and a step rehearsed on a copy of the model (its gradients, SGD's
+  // momentum, DDP's buckets, all held at once as in training), whose memory the prefaulting
+  // allocator keeps for the worker this standby becomes. Zeros for data: no generator is drawn.
+  init.standby_warm_up = [&] {
+    auto shadow = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(model->clone());
+    torch::optim::SGD shadow_optim(shadow->parameters(), torch::optim::SGDOptions(a.lr).momentum(0.9));
+    at::Tensor x = at::zeros({a.batch, dims.front()});
+    at::Tensor y = at::zeros({a.batch}, at::kLong);
+    torch::nn::functional::cross_entropy(shadow->forward(x), y).backward();
+    shadow_optim.step();
+    launch_sdk::DistributedDataParallel::ReserveBuckets(*shadow, dopts);
+  };
   auto ctx = launch_sdk::Context::Init(init);  // a standby waits here for its attempt
   const int restart = ctx->env().restart_count;
-  stamps.Add("init", ctx->rank(), restart, "-");
+  // With the bytes the prefaulting allocator holds for reuse: what a standby's warm-up left.
+  stamps.Add("init", ctx->rank(), restart, std::to_string(launch_sdk::PrefaultingCpuAllocatorCachedBytes()));
   const int rank = ctx->rank(), world = ctx->world_size();
   if (ctx->env().per_worker_batch) a.batch = *ctx->env().per_worker_batch;  // launch's train: section
   model->to(ctx->device());
@@ -189,8 +205,6 @@ int Train(Args a) {
   stamps.Add("resumed", rank, restart, std::to_string(state.step));
   // Made after the resume: when every rank resumed one checkpoint, they hold the same weights and
   // rank 0's need not be broadcast.
-  launch_sdk::DdpOptions dopts;
-  dopts.bucket_bytes = static_cast<size_t>(a.bucket_mb * 1024 * 1024);
   dopts.init_sync = !resumed_everywhere;
   launch_sdk::DistributedDataParallel ddp(model, *ctx, dopts);
   stamps.Add("built", rank, restart, "-");

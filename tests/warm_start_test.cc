@@ -268,14 +268,15 @@ std::map<std::string, CppProbe> CppProbes(const std::string& out) {
   return probes;
 }
 
-// On by default: each rank's standby loads the program once, and every attempt's worker is forked
-// from it with the attempt's environment and descriptors; what the standby printed before its go
-// reaches each worker's output once.
+// On by default: each rank's standby, made ahead, loads the program and becomes the worker with
+// the attempt's environment and descriptors; what it printed before its go starts the worker's
+// output. The next attempt's standbys are made only once every rank has reported a step (not
+// while the attempt starts on the same cores), and the restart starts from them.
 TEST(WarmStartCpp, ADeclaringProgramRestartsFromItsStandbyByDefault) {
   TempDir dir;
   auto r = RunCmd({kLaunch, "--nproc-per-node=2", "--max-restarts=1", kWarmWorker, "fail-first", dir.path()});
   ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
-  EXPECT_EQ(Count(r.err, "2 of 2 worker(s) started warm (2 forked from standbys that stay)"), 2) << r.err;
+  EXPECT_EQ(Count(r.err, "2 of 2 worker(s) started warm (0 forked from standbys that stay)"), 2) << r.err;
   auto p = CppProbes(r.out);
   ASSERT_EQ(p.size(), 4u) << r.out;
   for (const auto& [key, probe] : p) {
@@ -285,13 +286,19 @@ TEST(WarmStartCpp, ADeclaringProgramRestartsFromItsStandbyByDefault) {
     EXPECT_EQ(probe.fd3, "SOCK") << key;      // the progress socket, as a cold worker's
     EXPECT_EQ(probe.stdin_kind, "CHR") << key;
     EXPECT_EQ(probe.name, "warm_worker") << key;  // the standby's name was launch-standby
-    // Printed by the standby, replayed at the start of each of its workers' output.
+    // Printed by its standby, at the start of its output.
     const std::string rank = key.substr(0, 1);
-    EXPECT_EQ(Count(r.out, absl::StrCat("[", rank, "]:BEFORE ", probe.token, "\n")), 2) << r.out;
+    EXPECT_EQ(Count(r.out, absl::StrCat("[", rank, "]:BEFORE ", probe.token, "\n")), 1) << r.out;
   }
-  EXPECT_EQ(p["0 0"].token, p["0 1"].token);  // one standby per rank, loaded once
-  EXPECT_EQ(p["1 0"].token, p["1 1"].token);
+  EXPECT_NE(p["0 0"].token, p["0 1"].token);  // each attempt's standbys are new
+  EXPECT_NE(p["1 0"].token, p["1 1"].token);
   EXPECT_NE(p["0 0"].token, p["1 0"].token);
+  // None before the ranks' first report; then they come (the printed count is at least 1).
+  for (const char* rank : {"0", "1"}) {
+    std::map<std::string, std::string> counts = Tagged(r.out, "STANDBYS ");
+    ASSERT_EQ(counts.count(absl::StrCat(rank, " 0")), 1u) << r.out;
+    EXPECT_THAT(counts[absl::StrCat(rank, " 0")], ::testing::AnyOf("1", "2")) << r.out;
+  }
 
   auto cold = RunCmd({kLaunch, "--nproc-per-node=2", "--warm-start=false", kWarmWorker});
   ASSERT_EQ(cold.exit_code, 0) << cold.err;
@@ -322,15 +329,16 @@ TEST(WarmStartCpp, TheErrorFileIsTheAttempts) {
   EXPECT_THAT(r.err, HasSubstr("std::runtime_error: rank 1 gives up warm   <- root cause"));
 }
 
-// A forked worker's exit keeps what a program sees of exit(): the handlers it registered, its
+// A warm worker's exit keeps what a program sees of exit(): the handlers it registered, its
 // buffered output, its status.
-TEST(WarmStartCpp, AForkedWorkersExitIsAProgramsExit) {
+TEST(WarmStartCpp, AWarmWorkersExitIsAProgramsExit) {
   for (const char* warm : {"--warm-start=true", "--warm-start=false"}) {
     // One rank: the first failure stops the others, before they would print.
     auto r = RunCmd({kLaunch, "--nproc-per-node=1", warm, kWarmWorker, "exit"});
     EXPECT_EQ(r.exit_code, 7) << warm << r.err;
     EXPECT_THAT(r.out, HasSubstr("[0]:BUFFERED 0ATEXIT\n")) << warm << r.out;
-    EXPECT_EQ(absl::StrContains(r.err, "started warm (1 forked"), std::string(warm) == "--warm-start=true") << r.err;
+    EXPECT_EQ(absl::StrContains(r.err, "1 of 1 worker(s) started warm"), std::string(warm) == "--warm-start=true")
+        << r.err;
   }
 }
 
@@ -358,7 +366,8 @@ TEST(WarmStartCpp, StandbysAreNamedAndDieWithLaunch) {
       if (absl::StripTrailingAsciiWhitespace(ReadFile(absl::StrCat("/proc/", pid, "/comm"))) == name) ++n;
     return n;
   };
-  // launch, its orphan guard, 2 workers and the 2 standbys they were forked from.
+  // launch, its orphan guard, 2 workers and, once they reported a step, the next attempt's 2
+  // standbys.
   ASSERT_TRUE(WaitUntil(
       [&] {
         c.Pump(10);

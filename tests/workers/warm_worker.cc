@@ -3,10 +3,12 @@
 // AwaitWorkerStart it prints "BEFORE <token>" (a token drawn then: the same in every worker forked
 // from one standby); after it, one line "WARM <rank> <restart> <start> <token> <threads>
 // <standby fd> <fd 3 kind> <stdin kind> <process name>".
-// argv[1]: "" (exit 0), "fail-first DIR" (rank 1 exits 3 in attempt 0 once rank 0 has printed),
-// "thread" (a thread runs before AwaitWorkerStart), "throw" (rank 1 throws, as RunWithErrorFile
-// reports), "exit" (exit 7 through an atexit handler and a buffered line), "wait FILE" (wait
-// until FILE exists).
+// argv[1]: "" (exit 0), "fail-first DIR" (each rank reports step 1, prints "STANDBYS <rank> <n>
+// <m>": its parent's children named launch-standby before the report and once one is there (or
+// 60 s passed), then rank 1 exits 3 in attempt 0 once rank 0 has printed), "thread" (a thread runs
+// before AwaitWorkerStart), "throw" (rank 1 throws, as RunWithErrorFile reports), "exit" (exit 7
+// through an atexit handler and a buffered line), "wait FILE" (report step 1, wait until FILE
+// exists).
 #include <dirent.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -16,13 +18,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <random>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
 
 #include "launch_sdk/env.h"
 #include "launch_sdk/errors.h"
+#include "launch_sdk/progress.h"
 #include "launch_sdk/warm_start.h"
 
 LAUNCH_SDK_WARM_START();
@@ -46,6 +51,28 @@ int Threads() {
       if (e->d_name[0] != '.') ++n;
     ::closedir(d);
   }
+  return n;
+}
+
+// The children of this process's parent (launch) whose name is launch-standby.
+int Standbys() {
+  const std::string parent = std::to_string(::getppid());
+  int n = 0;
+  DIR* d = ::opendir("/proc");
+  if (!d) return 0;
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    std::ifstream f(std::string("/proc/") + e->d_name + "/stat");
+    std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    // "pid (comm) state ppid ...": comm may hold spaces and parentheses, so from the last ')'.
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos || stat.find("(launch-standby)") == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 1));
+    std::string state, ppid;
+    rest >> state >> ppid;
+    if (ppid == parent) ++n;
+  }
+  ::closedir(d);
   return n;
 }
 
@@ -76,6 +103,14 @@ int main(int argc, char** argv) {
                 Kind(3).c_str(), Kind(0).c_str(), name);
     std::fflush(stdout);
     if (mode == "fail-first" && env.restart_count == 0) {
+      // The next attempt's standbys are made once every rank has reported a step, not before.
+      const int before = Standbys();
+      launch_sdk::ProgressReporter::FromEnv().Report(1, 0.0, 0.001);
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+      while (Standbys() == 0 && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      std::printf("STANDBYS %d %d %d\n", env.rank, before, Standbys());
+      std::fflush(stdout);
       const std::string ready = arg + "/ready." + std::to_string(env.rank);
       std::ofstream(ready + ".tmp") << "1";
       std::rename((ready + ".tmp").c_str(), ready.c_str());
@@ -91,7 +126,10 @@ int main(int argc, char** argv) {
       std::printf("BUFFERED %d", env.rank);
       return 7;
     }
-    if (mode == "wait") WaitFor(arg);
+    if (mode == "wait") {
+      launch_sdk::ProgressReporter::FromEnv().Report(1, 0.0, 0.001);
+      WaitFor(arg);
+    }
     return 0;
   });
 }

@@ -16,6 +16,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <stdexcept>
 #include <type_traits>
@@ -24,6 +25,7 @@
 #include "launch_sdk/errors.h"
 #include "launch_sdk/memory.h"
 #include "launch_sdk/shm_allreduce.h"
+#include "launch_sdk/warm_start.h"
 #include "torch_compat.h"
 
 namespace launch_sdk {
@@ -103,6 +105,17 @@ std::shared_ptr<ShmAllreduce> MakeShmAllreduce(c10d::Store& store, Comm& pg, con
 }  // namespace
 
 std::unique_ptr<Context> Context::Init(const InitOptions& opts) {
+  if (opts.standby_warm_up && IsStandby()) {
+    // Neither variable is the round's: the standby has the values its worker will have.
+    const char* prefault = std::getenv("LAUNCH_PREFAULT");
+    if (opts.prefault && !(prefault && std::strcmp(prefault, "0") == 0)) InstallPrefaultingCpuAllocator();
+    // A malformed value is left for ReadWorkerEnv to name, after the go.
+    const char* threads = std::getenv("OMP_NUM_THREADS");
+    char* end = nullptr;
+    const long n = threads ? std::strtol(threads, &end, 10) : 0;
+    if (threads && *threads && *end == '\0' && n > 0 && n <= 4096) at::set_num_threads(static_cast<int>(n));
+    opts.standby_warm_up();
+  }
   std::unique_ptr<Context> c(new Context());
   c->env_ = ReadWorkerEnv();
   InstallErrorHandlers();

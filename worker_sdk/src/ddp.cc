@@ -12,12 +12,53 @@
 #include "launch_sdk/context.h"
 
 namespace launch_sdk {
+namespace {
+
+std::vector<at::Tensor> Trainable(const torch::nn::Module& module) {
+  std::vector<at::Tensor> params;
+  for (auto& p : module.parameters())
+    if (p.requires_grad()) params.push_back(p);
+  return params;
+}
+
+// The buckets, each the indices of its parameters in `params`: in reverse parameter order (roughly
+// the order backward produces gradients), a new bucket where the next parameter would take one
+// past `bucket_bytes` or differs in type or device.
+std::vector<std::vector<size_t>> BucketLayout(const std::vector<at::Tensor>& params, size_t bucket_bytes) {
+  std::vector<std::vector<size_t>> buckets;
+  size_t bytes = 0;
+  for (size_t k = params.size(); k-- > 0;) {
+    const at::Tensor& p = params[k];
+    const size_t pbytes = static_cast<size_t>(p.numel()) * p.element_size();
+    const bool fresh = buckets.empty() || bytes + pbytes > bucket_bytes ||
+                       params[buckets.back().front()].scalar_type() != p.scalar_type() ||
+                       params[buckets.back().front()].device() != p.device();
+    if (fresh) {
+      buckets.emplace_back();
+      bytes = 0;
+    }
+    buckets.back().push_back(k);
+    bytes += pbytes;
+  }
+  return buckets;
+}
+
+}  // namespace
+
+void DistributedDataParallel::ReserveBuckets(const torch::nn::Module& module, const DdpOptions& opts) {
+  const std::vector<at::Tensor> params = Trainable(module);
+  std::vector<at::Tensor> flats;  // all held at once, as the buckets are: one cached block each
+  for (const std::vector<size_t>& members : BucketLayout(params, opts.bucket_bytes)) {
+    int64_t numel = 0;
+    for (size_t k : members) numel += params[k].numel();
+    flats.push_back(at::empty({numel}, params[members.front()].options()));
+  }
+}
 
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
                                                  c10::intrusive_ptr<Comm> pg, DdpOptions opts)
     : module_(std::move(module)), pg_(std::move(pg)), opts_(opts) {
-  for (auto& p : module_->parameters())
-    if (p.requires_grad()) params_.push_back(p);
+  params_ = Trainable(*module_);
   if (params_.empty()) throw std::invalid_argument("DistributedDataParallel: the module has no trainable parameters");
   if (opts_.local_allreduce && opts_.local_allreduce->size() != pg_->getSize())
     throw std::invalid_argument("DistributedDataParallel: the shared-memory all-reduce has " +
@@ -37,25 +78,15 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     }
   }
 
-  // Buckets in reverse parameter order: roughly the order backward produces gradients.
   bucket_of_.assign(params_.size(), 0);
   seen_.assign(params_.size(), false);
-  size_t bytes = 0;
-  for (size_t k = params_.size(); k-- > 0;) {
-    const at::Tensor& p = params_[k];
-    const size_t pbytes = static_cast<size_t>(p.numel()) * p.element_size();
-    const bool fresh = buckets_.empty() || bytes + pbytes > opts_.bucket_bytes ||
-                       params_[buckets_.back().params.front()].scalar_type() != p.scalar_type() ||
-                       params_[buckets_.back().params.front()].device() != p.device();
-    if (fresh) {
-      buckets_.emplace_back();
-      bytes = 0;
+  for (std::vector<size_t>& members : BucketLayout(params_, opts_.bucket_bytes)) {
+    Bucket& b = buckets_.emplace_back();
+    for (size_t k : members) {
+      b.offsets.push_back(b.params.empty() ? 0 : b.offsets.back() + params_[b.params.back()].numel());
+      b.params.push_back(k);
+      bucket_of_[k] = buckets_.size() - 1;
     }
-    Bucket& b = buckets_.back();
-    b.offsets.push_back(b.params.empty() ? 0 : b.offsets.back() + params_[b.params.back()].numel());
-    b.params.push_back(k);
-    bucket_of_[k] = buckets_.size() - 1;
-    bytes += pbytes;
   }
   views_.resize(params_.size());
   for (auto& b : buckets_) {

@@ -292,4 +292,9 @@ void AwaitWorkerStart() {
 
 bool StartedWarm() { return g_warm; }
 
+bool IsStandby() {
+  const char* fd = std::getenv("LAUNCH_STANDBY_FD");
+  return !g_awaited && fd && *fd;
+}
+
 }  // namespace launch_sdk

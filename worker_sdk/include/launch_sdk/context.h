@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include <c10/core/Device.h>
@@ -27,6 +28,16 @@ struct InitOptions {
   // Large CPU tensors get their pages in one call, and freed ones are reused (launch_sdk/memory.h);
   // LAUNCH_PREFAULT=0 also turns it off.
   bool prefault = true;
+  // Run in a standby (launch --warm-start) before it waits for its go, once the allocator above
+  // is installed and the threads are set; never in a worker started cold. A standby becomes its
+  // worker, so what this frees stays in the allocator's cache for the worker: a rehearsal of the
+  // work a resume and a step do (one step on a dummy batch on a copy of the model, the
+  // optimizer's state, DistributedDataParallel::ReserveBuckets) leaves the worker's restore, DDP
+  // buckets and first step nothing to fault in. Like everything before Context::Init in a
+  // program that declares LAUNCH_SDK_WARM_START(), it must not read the round's variables nor
+  // act on the world; it must leave the global state a cold worker would see (seeds are set
+  // after it).
+  std::function<void()> standby_warm_up;
 };
 
 class ShmAllreduce;

@@ -40,6 +40,10 @@ class DistributedDataParallel {
   DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, const Context& ctx, DdpOptions opts = {});
   ~DistributedDataParallel();
   DistributedDataParallel(const DistributedDataParallel&) = delete;
+  // Allocates and frees the buckets a DistributedDataParallel of `module` with `opts` would make
+  // (no process group needed): in a standby's warm-up (InitOptions::standby_warm_up) their memory
+  // stays in the prefaulting allocator's cache for the worker's buckets.
+  static void ReserveBuckets(const torch::nn::Module& module, const DdpOptions& opts = {});
   DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
 
   // While alive, backward accumulates gradients locally; the next synced backward averages

@@ -29,4 +29,8 @@ void AwaitWorkerStart();
 // Whether this worker was started from a standby (AwaitWorkerStart returned from a go).
 bool StartedWarm();
 
+// Whether this process is a standby before its go: launch started it ahead (LAUNCH_STANDBY_FD)
+// and AwaitWorkerStart has not been called yet.
+bool IsStandby();
+
 }  // namespace launch_sdk
