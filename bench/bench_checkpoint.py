@@ -1,9 +1,10 @@
 #!/usr/bin/python3
 """Checkpoint benchmark for train_mlp (worker_sdk's C++ reference workload), one run.
 
-  1. death -> next step: 2 ranks, checkpoints every 5 steps, rank 1 SIGKILLs itself at step 12,
-     --max-restarts=1: from the death to the first step every rank of the new attempt has
-     finished (train_mlp --stamp-file). Side by side:
+  1. death -> next step: 2 ranks, checkpoints every 5 steps, rank 1 SIGKILLs itself at step 122
+     (about 3 s into the run, once the next attempt's standbys, made when every rank trains, are
+     ready), --max-restarts=1: from the death to the first step every rank of the new attempt
+     has finished (train_mlp --stamp-file). Side by side:
        torchrun    torchrun (torch 1.13, bench/torchrun_patched.py) running train_mlp: a cold
                    start, the checkpoint read from disk
        cold        launch --warm-start=false, train_mlp --checkpoint-memory=false (the same)
@@ -47,7 +48,11 @@ def recovery(rows):
     def attempt1(event, value=None):  # the times of attempt 1's stamps of this event (and value)
         return [float(r[-1]) for r in rows if r[0] == event and r[2] == "1" and (value is None or r[3] == value)]
 
-    first, inits, resumed, built = attempt1("step", "11"), attempt1("init"), attempt1("resumed"), attempt1("built")
+    resumed_at = {r[3] for r in rows if r[0] == "resumed" and r[2] == "1"}
+    if len(resumed_at) != 1:
+        raise harness.RunFailed(f"attempt 1's ranks resumed from different steps: {sorted(resumed_at)}")
+    next_step = str(int(resumed_at.pop()) + 1)
+    first, inits, resumed, built = attempt1("step", next_step), attempt1("init"), attempt1("resumed"), attempt1("built")
     if len(first) != 2 or len(inits) != 2 or len(resumed) != 2 or len(built) != 2:
         raise harness.RunFailed(f"attempt 1 incomplete: {len(inits)} inits, {len(resumed)} resumes, {len(built)} DDPs, "
                                 f"{len(first)} first steps")
@@ -81,7 +86,7 @@ def main():
             raise harness.HarnessError(f"{exe}: not executable (build first)")
     harness.become_subreaper()
     tmp = tempfile.mkdtemp(prefix="bench-checkpoint-")
-    train = ["--dims", "784,1024,1024,10", "--steps", "30", "--checkpoint-every", "5", "--fail-at-step", "12",
+    train = ["--dims", "784,1024,1024,10", "--steps", "130", "--checkpoint-every", "5", "--fail-at-step", "122",
              "--print-every", "0"]
     launchers = {
         "cold": [args.launch, "--nproc-per-node=2", "--max-restarts=1", "--warm-start=false", args.train_mlp] + train

@@ -1048,8 +1048,10 @@ TEST(MultiNodeChaos, TrainingSurvivesRandomWorkerAndAgentKillsWithExactSteps) {
   SCOPED_TRACE("LAUNCH_SOAK_SEED=" + std::to_string(seed));
   // Enough steps for every disruption to come after a checkpoint of its own, and steps of at
   // least 10 ms (rank 0 sleeps that long in each): with the agent's store a restart takes well
-  // under a second, and 200 steps of 15 ms once ended the job before its second disruption.
-  const std::string kSteps = std::to_string(std::max(400, 40 * (kills + 2)));
+  // under a second, and 200 steps of 15 ms once ended the job before its second disruption (and
+  // 400 steps of 25 ms before its fourth, once C++ restarts took 0.1 s: each disruption waits
+  // for the new standbys, named train_mlp while they load LibTorch, to be named launch-standby).
+  const std::string kSteps = std::to_string(std::max(600, 60 * (kills + 2)));
   const std::string kMaxRestarts = std::to_string(kills + 5);
   auto agent_argv = [&](const std::string& run, const std::string& out) {
     std::vector<std::string> argv = {kLaunch, "--rdzv-endpoint", coord.endpoint(), "--rdzv-id", run, "--nnodes=2",

@@ -135,7 +135,7 @@ std::map<std::string, int64_t> CachedAtInit(const std::string& stamp_file) {
 
 // A standby rehearses a step (InitOptions::standby_warm_up): each warm worker, in both attempts,
 // starts with the memory of a model copy's weights, gradients, momentum and DDP bucket in the
-// allocator's cache (2 MiB each for the 512x1024 weight, the one tensor over its 1 MiB floor);
+// allocator's cache (2 MiB each for the 512x1024 weight, the one tensor over its 128 KiB floor);
 // a cold worker with none. The parameters are the ones the cold run ends with (the rehearsal
 // changed nothing the training sees).
 TEST(Sdk, AStandbyRehearsesAStepForItsWorker) {

@@ -1,5 +1,6 @@
 // worker_sdk's prefaulting CPU allocator (launch_sdk/memory.h). ctest runs each test in a process
 // of its own, so each installs the allocator with its own options.
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -161,6 +162,31 @@ TEST(PrefaultingAllocator, AForkedChildStartsWithAnEmptyCache) {
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0);
   EXPECT_EQ(PrefaultingCpuAllocatorCachedBytes(), size_t{4} * kMiB);  // the parent's is whole
+}
+
+// How many of the pages of [p, p + n) are present (mincore).
+size_t Present(void* p, size_t n) {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> in((n + page - 1) / page);
+  if (::mincore(p, n, in.data()) != 0) return 0;
+  size_t k = 0;
+  for (unsigned char c : in) k += c & 1;
+  return k;
+}
+
+// A standby's keep-warm (launch_sdk/warm_start.h) makes each page the cache holds present again.
+TEST(PrefaultingAllocator, TouchingTheCacheMakesItsPagesPresent) {
+  InstallPrefaultingCpuAllocator();
+  at::Tensor big = at::empty({kMiB}, at::kFloat);  // 4 MiB
+  void* p = big.data_ptr();
+  const size_t pages = size_t{4} * kMiB / static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  EXPECT_EQ(Present(p, 4 * kMiB), pages);
+  big.reset();  // into the cache
+  ASSERT_EQ(PrefaultingCpuAllocatorCachedBytes(), size_t{4} * kMiB);
+  ASSERT_EQ(::madvise(p, 4 * kMiB, MADV_DONTNEED), 0);  // as if reclaimed
+  EXPECT_EQ(Present(p, 4 * kMiB), 0u);
+  TouchPrefaultingCpuAllocatorCache();
+  EXPECT_EQ(Present(p, 4 * kMiB), pages);
 }
 
 TEST(PrefaultForWrite, PopulatesAnyRangeItsPagesCover) {

@@ -342,6 +342,16 @@ TEST(WarmStartCpp, AWarmWorkersExitIsAProgramsExit) {
   }
 }
 
+// A malformed LAUNCH_STANDBY_KEEP_WARM_MS is named once by the standby (which ends: the rank starts
+// cold, saying why) and once by the cold worker, which fails.
+TEST(WarmStartCpp, AMalformedKeepWarmIntervalIsNamed) {
+  auto r = RunCmd({kLaunch, "--nproc-per-node=1", kWarmWorker}, {"LAUNCH_STANDBY_KEEP_WARM_MS=-1"});
+  EXPECT_NE(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("rank 0 (local rank 0) starts cold: its standby exited before it was ready: launch_sdk: "
+                               "LAUNCH_STANDBY_KEEP_WARM_MS=-1: expected milliseconds in 0..60000 (0: never)"));
+  EXPECT_THAT(r.err, HasSubstr("LAUNCH_STANDBY_KEEP_WARM_MS=-1: expected an integer in 0..60000"));
+}
+
 // A program without the mark starts cold: silently by default, with one line when asked for.
 TEST(WarmStartCpp, AProgramWithoutTheMarkStartsCold) {
   auto quiet = RunCmd({kLaunch, "--nproc-per-node=2", TEST_WORKER_BIN});

@@ -250,6 +250,45 @@ TEST(WarmStartStandby, ForksOneWorkerPerGoWhenLaunchAdoptsOrphans) {
 
 // A standby made for one environment is not used for another (a variable that is not the
 // round's changed): the worker starts cold and the standby is gone.
+// A C++ standby runs its keep-warm function (launch_sdk::SetStandbyKeepWarm) every
+// LAUNCH_STANDBY_KEEP_WARM_MS while it waits, and never at 0; a malformed value ends it before it
+// is ready, and the worker starts cold.
+TEST(WarmStartStandby, ACppStandbyKeepsWarmWhileItWaits) {
+  for (const std::string ms : {"5", "0", "5x"}) {
+    testing::TempDir dir;
+    PosixProcessLauncher launcher;
+    WarmStart::Options o;
+    o.python = false;
+    WarmStart warm(o, &launcher, nullptr);
+    WorkerLaunch w;
+    w.argv = {WARM_WORKER_BIN, "keep-warm", dir.path()};
+    w.env = {"LAUNCH_PROGRESS_FD=3", "LAUNCH_STANDBY_KEEP_WARM_MS=" + ms, "RANK=0", "WORLD_SIZE=1"};
+    warm.Prepare({w});
+    ASSERT_EQ(warm.started(), 1);
+    auto runs = [&] {
+      const std::string text = testing::ReadFile(dir / "keep-warm");
+      return text.empty() ? 0 : std::stoi(text);
+    };
+    if (ms == "5") ASSERT_TRUE(testing::WaitUntil([&] { return runs() >= 3; }, std::chrono::seconds(30))) << ms;
+    Worker a = Start(&warm, w, "");
+    if (ms == "5x") {
+      EXPECT_EQ(a.pid, -1);  // its standby exited: not started warm
+      EXPECT_EQ(warm.taken(), 0);
+      continue;
+    }
+    ASSERT_GT(a.pid, 0) << ms;
+    const std::string out = a.Out();
+    EXPECT_EQ(a.Wait(), 0);
+    if (ms == "0") {
+      EXPECT_THAT(out, HasSubstr("KEEPWARM 0\n"));
+    } else {
+      const size_t at = out.find("KEEPWARM ");
+      ASSERT_NE(at, std::string::npos) << out;
+      EXPECT_GE(std::stoi(out.substr(at + 9)), 3) << out;
+    }
+  }
+}
+
 TEST(WarmStartStandby, IsNotUsedWhenAFixedVariableChanged) {
   PosixProcessLauncher launcher;
   WarmStart warm(Importing({}), &launcher, nullptr);

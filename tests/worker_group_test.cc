@@ -298,6 +298,44 @@ class FakeGroupTest : public ::testing::Test {
     return out;
   }
 
+  // A group of 3 whose workers report two steps each as they start, but for `silent`; on_stepping
+  // stops it (from outside) and counts its calls; a silent worker's hang timeout ends it otherwise.
+  struct SteppingRun {
+    absl::StatusOr<GroupOutcome> outcome;
+    int calls = 0;
+  };
+  SteppingRun RunStepping(int silent) {
+    WorkerGroup::Options o = Opts();
+    launcher_.script = [silent](int n, const SpawnOptions& so) {
+      FakeProcessLauncher::Script s;
+      if (so.argv[0] == "/fake/gdb") {
+        s.exit_at_start = 0;
+        return s;
+      }
+      for (int step = 1; step <= 2 && n != silent; ++step) {
+        launch_sdk::ProgressRecord rec;
+        rec.rank = n;
+        rec.step = step;
+        rec.step_seconds = 0.001;
+        EXPECT_EQ(::send(so.extra_fd, &rec, sizeof rec, 0), static_cast<ssize_t>(sizeof rec));
+      }
+      return s;  // runs until stopped
+    };
+    UniqueFd stop(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    o.stop_fd = stop.get();
+    o.stepping_wait = std::chrono::hours(1);
+    o.hang.timeout = milliseconds(40);
+    o.hang.debugger = "/fake/gdb";
+    SteppingRun r;
+    o.on_stepping = [&] {
+      ++r.calls;
+      const uint64_t one = 1;
+      EXPECT_EQ(::write(stop.get(), &one, sizeof one), 8);
+    };
+    r.outcome = RunGroup(o, 3);
+    return r;
+  }
+
   std::optional<SignalFd> signals_;
   FakeProcessLauncher launcher_;
   HookClock clock_;
@@ -498,6 +536,44 @@ TEST_F(FakeGroupTest, AWorkerThatNeverReportedIsNeverHung) {
   EXPECT_EQ(out->kind, GroupEnd::kCoordinatorStop);
   EXPECT_FALSE(out->workers[0].hung);
   EXPECT_EQ(launcher_.spawned().size(), 2u);  // no debugger
+}
+
+// on_stepping: once every worker has reported a step...
+TEST_F(FakeGroupTest, OnSteppingComesOnceEveryWorkerHasReportedAStep) {
+  SteppingRun r = RunStepping(/*silent=*/-1);
+  ASSERT_TRUE(r.outcome.ok()) << r.outcome.status();
+  EXPECT_EQ(r.outcome->kind, GroupEnd::kCoordinatorStop);
+  EXPECT_EQ(r.calls, 1);
+}
+
+// ... and not while one has not: that group ends when the others' hang timeout runs out.
+TEST_F(FakeGroupTest, OnSteppingDoesNotComeWhileAWorkerHasReportedNothing) {
+  SteppingRun r = RunStepping(/*silent=*/2);
+  ASSERT_TRUE(r.outcome.ok()) << r.outcome.status();
+  EXPECT_EQ(r.outcome->kind, GroupEnd::kFailed);
+  EXPECT_EQ(r.calls, 0);
+}
+
+// Workers that report nothing: on_stepping once stepping_wait has passed; without a report and
+// before it, never.
+TEST_F(FakeGroupTest, OnSteppingComesAfterItsWaitForWorkersThatReportNothing) {
+  launcher_.script = [](int, const SpawnOptions&) { return FakeProcessLauncher::Script(); };
+  UniqueFd stop(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  WorkerGroup::Options o = Opts();
+  o.stop_fd = stop.get();
+  o.stepping_wait = milliseconds(30);
+  int calls = 0;
+  std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now(), called;
+  o.on_stepping = [&] {
+    ++calls;
+    called = std::chrono::steady_clock::now();
+    const uint64_t one = 1;
+    EXPECT_EQ(::write(stop.get(), &one, sizeof one), 8);
+  };
+  auto out = RunGroup(o, 2);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(calls, 1);
+  EXPECT_GE(called - started, milliseconds(30));
 }
 
 TEST_F(FakeGroupTest, EveryWorkerGetsTheProgressSocketAndOnlyRankZeroReadsStdin) {

@@ -8,7 +8,8 @@
 // 60 s passed), then rank 1 exits 3 in attempt 0 once rank 0 has printed), "thread" (a thread runs
 // before AwaitWorkerStart), "throw" (rank 1 throws, as RunWithErrorFile reports), "exit" (exit 7
 // through an atexit handler and a buffered line), "wait FILE" (report step 1, wait until FILE
-// exists).
+// exists), "keep-warm DIR" (a keep-warm function, SetStandbyKeepWarm, counts its runs in
+// DIR/keep-warm; the worker prints "KEEPWARM <runs>").
 #include <dirent.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -93,6 +94,14 @@ int main(int argc, char** argv) {
   const unsigned long token = std::random_device{}();
   std::printf("BEFORE %lu\n", token);
   if (mode == "thread") std::thread([] { std::this_thread::sleep_for(std::chrono::hours(1)); }).detach();
+  int keep_warm_runs = 0;
+  if (mode == "keep-warm") {
+    launch_sdk::SetStandbyKeepWarm([&] {
+      const std::string path = arg + "/keep-warm";
+      std::ofstream(path + ".tmp") << ++keep_warm_runs;
+      std::rename((path + ".tmp").c_str(), path.c_str());
+    });
+  }
   return launch_sdk::RunWithErrorFile([&] {
     const launch_sdk::WorkerEnv env = launch_sdk::ReadWorkerEnv();
     const char* standby_fd = std::getenv("LAUNCH_STANDBY_FD");
@@ -104,6 +113,11 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     if (mode == "fail-first" && env.restart_count == 0) {
       // The next attempt's standbys are made once every rank has reported a step, not before.
+      // Counted once both ranks are past their go (a standby is named launch-standby until then).
+      const std::string started = arg + "/started." + std::to_string(env.rank);
+      std::ofstream(started + ".tmp") << "1";
+      std::rename((started + ".tmp").c_str(), started.c_str());
+      WaitFor(arg + "/started." + std::to_string(1 - env.rank));
       const int before = Standbys();
       launch_sdk::ProgressReporter::FromEnv().Report(1, 0.0, 0.001);
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(1);
@@ -126,6 +140,7 @@ int main(int argc, char** argv) {
       std::printf("BUFFERED %d", env.rank);
       return 7;
     }
+    if (mode == "keep-warm") std::printf("KEEPWARM %d\n", keep_warm_runs);
     if (mode == "wait") {
       launch_sdk::ProgressReporter::FromEnv().Report(1, 0.0, 0.001);
       WaitFor(arg);

@@ -22,6 +22,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "launch_sdk/checkpoint.h"
 #include "launch_sdk/errors.h"
 #include "launch_sdk/memory.h"
 #include "launch_sdk/shm_allreduce.h"
@@ -105,16 +106,23 @@ std::shared_ptr<ShmAllreduce> MakeShmAllreduce(c10d::Store& store, Comm& pg, con
 }  // namespace
 
 std::unique_ptr<Context> Context::Init(const InitOptions& opts) {
-  if (opts.standby_warm_up && IsStandby()) {
-    // Neither variable is the round's: the standby has the values its worker will have.
-    const char* prefault = std::getenv("LAUNCH_PREFAULT");
-    if (opts.prefault && !(prefault && std::strcmp(prefault, "0") == 0)) InstallPrefaultingCpuAllocator();
-    // A malformed value is left for ReadWorkerEnv to name, after the go.
-    const char* threads = std::getenv("OMP_NUM_THREADS");
-    char* end = nullptr;
-    const long n = threads ? std::strtol(threads, &end, 10) : 0;
-    if (threads && *threads && *end == '\0' && n > 0 && n <= 4096) at::set_num_threads(static_cast<int>(n));
-    opts.standby_warm_up();
+  if (IsStandby()) {
+    if (opts.standby_warm_up) {
+      // Neither variable is the round's: the standby has the values its worker will have.
+      const char* prefault = std::getenv("LAUNCH_PREFAULT");
+      if (opts.prefault && !(prefault && std::strcmp(prefault, "0") == 0)) InstallPrefaultingCpuAllocator();
+      // A malformed value is left for ReadWorkerEnv to name, after the go.
+      const char* threads = std::getenv("OMP_NUM_THREADS");
+      char* end = nullptr;
+      const long n = threads ? std::strtol(threads, &end, 10) : 0;
+      if (threads && *threads && *end == '\0' && n > 0 && n <= 4096) at::set_num_threads(static_cast<int>(n));
+      opts.standby_warm_up();
+    }
+    PremapCheckpointMemory();
+    SetStandbyKeepWarm([] {
+      TouchPrefaultingCpuAllocatorCache();
+      TouchPremappedCheckpointMemory();
+    });
   }
   std::unique_ptr<Context> c(new Context());
   c->env_ = ReadWorkerEnv();

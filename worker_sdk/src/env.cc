@@ -87,6 +87,8 @@ WorkerEnv ReadWorkerEnv() {
   Int("LAUNCH_PROGRESS_FD", &e.progress_fd, 0);
   Bool("LAUNCH_SHM_ALLREDUCE", &e.shm_allreduce);
   Bool("LAUNCH_PREFAULT", &e.prefault);
+  int keep_warm_ms = 0;  // a standby's (warm_start.h); a cold worker rejects what a standby would
+  Int("LAUNCH_STANDBY_KEEP_WARM_MS", &keep_warm_ms, 0, 60000);
   if (e.world_size < 1) throw std::invalid_argument("WORLD_SIZE must be at least 1");
   if (e.rank < 0 || e.rank >= e.world_size) {
     throw std::invalid_argument("RANK=" + std::to_string(e.rank) + ": expected 0.." +

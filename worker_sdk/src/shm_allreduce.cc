@@ -81,7 +81,7 @@ ShmAllreduce::ShmAllreduce(const std::string& name, bool create, int rank, int s
       throw std::runtime_error("shm allreduce: " + name + " has the wrong size for " + std::to_string(size) + " ranks");
     }
   }
-  void* p = mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* p = mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   close(fd);
   if (p == MAP_FAILED) {
     if (create) shm_unlink(name.c_str());

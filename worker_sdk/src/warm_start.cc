@@ -10,17 +10,22 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -33,9 +38,24 @@ constexpr uint32_t kMaxGo = 64u << 20;  // as the agent's limit on a worker's en
 constexpr size_t kMaxFds = 5;
 constexpr int kProgressFd = 3;          // LAUNCH_PROGRESS_FD, where a cold worker finds it too
 constexpr size_t kMaxReplay = 1 << 20;  // of what the standby printed, replayed into each worker
+constexpr int kDefaultKeepWarmMs = 50;
+constexpr int kMaxKeepWarmMs = 60000;
+constexpr int64_t kKeepWarmShare = 20;  // the keep-warm's runs: at most 5% of the standby's time
 
 bool g_awaited = false;
 bool g_warm = false;
+char g_program_name[16] = {};  // comm before a standby renamed itself
+
+// `ps -o comm`, top and the like tell a standby from a worker (whose name is the program's again
+// after its go): from this program's static initialization on, before its own code runs (the
+// libraries it loads, LibTorch's about 0.4 s here, come before under the program's name).
+const bool g_named = [] {
+  ::prctl(PR_GET_NAME, g_program_name, 0, 0, 0);
+  const char* fd = std::getenv("LAUNCH_STANDBY_FD");
+  if (fd && *fd) ::prctl(PR_SET_NAME, "launch-standby", 0, 0, 0);
+  return true;
+}();
+std::function<void()>* g_keep_warm = nullptr;  // SetStandbyKeepWarm's
 
 bool SendAll(int fd, const char* data, size_t n) {
   while (n > 0) {
@@ -92,11 +112,40 @@ bool Settle() {
   ::_exit(70);
 }
 
+// LAUNCH_STANDBY_KEEP_WARM_MS: how often a waiting standby runs SetStandbyKeepWarm's function.
+int KeepWarmMs() {
+  const char* text = std::getenv("LAUNCH_STANDBY_KEEP_WARM_MS");
+  if (!text || !*text) return kDefaultKeepWarmMs;
+  char* end = nullptr;
+  errno = 0;
+  const long ms = std::strtol(text, &end, 10);
+  if (*end != '\0' || errno == ERANGE || ms < 0 || ms > kMaxKeepWarmMs) {
+    std::fprintf(stderr, "launch_sdk: LAUNCH_STANDBY_KEEP_WARM_MS=%s: expected milliseconds in 0..%d (0: never)\n",
+                 text, kMaxKeepWarmMs);
+    std::exit(2);
+  }
+  return static_cast<int>(ms);
+}
+
 // The next go: the worker's environment and descriptors. Exits when the agent closes the socket.
-void ReadGo(int sock, std::vector<std::string>* env, std::vector<int>* fds) {
+// Until it comes, the keep-warm function runs every `keep_warm_ms` (0: never), or less often
+// where it takes long: its runs take at most 1/kKeepWarmShare of the time.
+void ReadGo(int sock, int keep_warm_ms, std::vector<std::string>* env, std::vector<int>* fds) {
   char head[8];
   size_t got = 0;
+  int wait_ms = keep_warm_ms;
   while (got < sizeof head) {
+    if (got == 0 && keep_warm_ms > 0 && g_keep_warm) {
+      pollfd p{sock, POLLIN, 0};
+      const int n = ::poll(&p, 1, wait_ms);
+      if (n == 0) {
+        const auto start = std::chrono::steady_clock::now();
+        (*g_keep_warm)();
+        const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+        wait_ms = static_cast<int>(std::clamp<int64_t>(took.count() * kKeepWarmShare, keep_warm_ms, kMaxKeepWarmMs));
+      }
+      if (n <= 0) continue;  // the interval passed, or EINTR
+    }
     alignas(cmsghdr) char control[CMSG_SPACE(kMaxFds * sizeof(int))];
     iovec iov{head + got, sizeof head - got};
     msghdr mh{};
@@ -194,9 +243,13 @@ Made Fork(int sock, int guard, pid_t agent) {
   return r == middle && WIFEXITED(status) && WEXITSTATUS(status) == 0 ? Made::kServed : Made::kNotForked;
 }
 
-// What the standby wrote to `fd` (its stdout or stderr: files the agent made) before its go.
+// What the standby wrote to `fd` (its stdout or stderr: files the agent made) before its go, at
+// most kMaxReplay bytes. Sized by the file: a buffer of the whole bound, new memory written at
+// every go, took 7-10 ms of the restart here.
 std::string Captured(int fd) {
-  std::string out(kMaxReplay, '\0');
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0) return "";
+  std::string out(std::min<size_t>(static_cast<size_t>(st.st_size), kMaxReplay), '\0');
   const ssize_t n = ::pread(fd, out.data(), out.size(), 0);
   out.resize(n > 0 ? static_cast<size_t>(n) : 0);
   return out;
@@ -239,13 +292,12 @@ void AwaitWorkerStart() {
   const char* fork_text = std::getenv("LAUNCH_STANDBY_FORK");
   bool may_fork = fork_text && std::strcmp(fork_text, "1") == 0;
   const pid_t agent = ::getppid();
-  // `ps -o comm`, top and the like tell a standby from a worker; the worker gets its name back.
-  char name[16] = {};
-  ::prctl(PR_GET_NAME, name, 0, 0, 0);
+  // Named at its static initialization (g_named) unless that ran without LAUNCH_STANDBY_FD.
   ::prctl(PR_SET_NAME, "launch-standby", 0, 0, 0);
 
   FlushOutput();  // what main printed so far is replayed once into each worker, never copied by a fork
   may_fork = may_fork && Settle();
+  const int keep_warm_ms = KeepWarmMs();
   Say(sock, "R");
 
   std::vector<std::string> env;
@@ -254,7 +306,7 @@ void AwaitWorkerStart() {
   for (;;) {
     env.clear();
     fds.clear();
-    ReadGo(sock, &env, &fds);
+    ReadGo(sock, keep_warm_ms, &env, &fds);
     const int guard = fds.size() > 4 ? fds[4] : -1;
     made = may_fork && Threads() == 1 ? Fork(sock, guard, agent) : Made::kNotForked;
     if (made == Made::kServed) {  // a worker of its own now: this standby serves the next go
@@ -266,7 +318,7 @@ void AwaitWorkerStart() {
     break;
   }
 
-  ::prctl(PR_SET_NAME, name, 0, 0, 0);
+  ::prctl(PR_SET_NAME, g_program_name, 0, 0, 0);
   const int progress = fds[0], in = fds[1], out = fds[2], err = fds[3];
   if (fds.size() > 4) ::close(fds[4]);
   const std::string replay_out = Captured(1), replay_err = Captured(2);
@@ -291,6 +343,11 @@ void AwaitWorkerStart() {
 }
 
 bool StartedWarm() { return g_warm; }
+
+void SetStandbyKeepWarm(std::function<void()> keep_warm) {
+  if (!g_keep_warm) g_keep_warm = new std::function<void()>();  // never destroyed: a forked worker skips exit's destructors
+  *g_keep_warm = std::move(keep_warm);
+}
 
 bool IsStandby() {
   const char* fd = std::getenv("LAUNCH_STANDBY_FD");

@@ -3,6 +3,8 @@
 // AwaitWorkerStart, for the agent's go with its rank's environment and descriptors. No LibTorch here.
 #pragma once
 
+#include <functional>
+
 // Declares, at namespace scope in one source file of the program, that launch may start it ahead
 // as a standby. The code that runs before the program's first AwaitWorkerStart (which
 // ReadWorkerEnv and Context::Init call) then runs before its attempt is known: it must not read
@@ -15,9 +17,10 @@
 namespace launch_sdk {
 
 // Returns at once unless the agent started this process as a standby (LAUNCH_STANDBY_FD). A
-// standby tells the agent it is ready and waits for its go; at each go it forks the worker (through
-// a process that makes it the agent's child, as a worker started cold is) and waits for the next,
-// or, when it cannot fork (other threads), becomes the worker itself. In the worker it returns with
+// standby tells the agent it is ready and waits for its go; at the go it becomes the worker
+// itself, or, where the agent allows it (LAUNCH_STANDBY_FORK=1, which launch gives only Python
+// standbys) and it has one thread, forks the worker (through a process that makes it the agent's
+// child, as a worker started cold is) and waits for the next. In the worker it returns with
 // the worker's environment, stdin/stdout/stderr and progress descriptor in place, having written
 // what the standby printed before its go to the worker's stdout and stderr. A standby's process
 // name (comm: ps -o comm, top) is "launch-standby"; its workers have the program's. A forked
@@ -32,5 +35,16 @@ bool StartedWarm();
 // Whether this process is a standby before its go: launch started it ahead (LAUNCH_STANDBY_FD)
 // and AwaitWorkerStart has not been called yet.
 bool IsStandby();
+
+// While a standby waits in AwaitWorkerStart, `keep_warm` runs every LAUNCH_STANDBY_KEEP_WARM_MS
+// milliseconds (default 50; 0: never; at most 60000; anything else ends the standby with a
+// one-line error, and ReadWorkerEnv rejects it in a cold worker alike), or less often when it
+// takes longer than a twentieth of that: at most 5% of a core. Context::Init sets one that
+// touches a byte of each page the worker will use first: the prefaulting allocator's cache (what
+// the standby's warm-up left) and the checkpoint memory it mapped. Where pages go cold while
+// their process sleeps (on this VM a page untouched for a fraction of a second costs a trap into
+// the hypervisor on its next use: a 17 MB DDP bucket took 12 ms to zero instead of 3 ms), the
+// worker then finds them warm. Replaces the function set before.
+void SetStandbyKeepWarm(std::function<void()> keep_warm);
 
 }  // namespace launch_sdk
