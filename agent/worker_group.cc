@@ -796,8 +796,15 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
               if (s.result.rank == offer.rank) s.stack_signal = offer.signal;
           }
         }
-        if (std::all_of(slots.begin(), slots.end(), [](const Slot& s) { return s.last_progress.has_value(); }))
+        if (std::all_of(slots.begin(), slots.end(), [](const Slot& s) { return s.last_progress.has_value(); })) {
           tell_stepping();
+        } else if (stepping_timer.valid() && std::any_of(slots.begin(), slots.end(), [](const Slot& s) {
+                     return s.last_progress.has_value();
+                   })) {
+          // The workers report steps: on_stepping waits for every one of them, however long.
+          ::epoll_ctl(ep.get(), EPOLL_CTL_DEL, stepping_timer.get(), nullptr);
+          stepping_timer.Reset();
+        }
       } else if (tag == kConsoleTag) {
         DrainTimer(console_out->ready_fd());  // eventfds: a read clears them
         DrainTimer(console_err->ready_fd());

@@ -120,7 +120,8 @@ class WorkerGroup {
     WarmWorkers* warm = nullptr;
     std::function<void()> on_started;
     // Called once, when every worker has reported a step (worker_sdk's ProgressReporter): the
-    // attempt trains. Workers that report no steps: once they have run for stepping_wait.
+    // attempt trains. When no worker has reported one after stepping_wait (a program that
+    // reports none), then.
     std::function<void()> on_stepping;
     std::chrono::milliseconds stepping_wait{10000};
     std::string console_prefix_format = "[{rank}]:";

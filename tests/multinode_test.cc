@@ -996,14 +996,19 @@ TEST(MultiNodeNetns, TheWorkersStoreTakesTheJobsNodesOnly) {
 // ---- chaos ----
 
 #ifdef TRAIN_MLP_BIN
-// The live train_mlp workers whose parent is one of `agents`.
+// The live train_mlp workers whose parent is one of `agents`. A standby still loading LibTorch
+// has the program's name too (it is named launch-standby from its own static initialization
+// on); its stdout is the agent's memfd, where a worker's is a pipe.
 std::vector<pid_t> TrainWorkers(const std::vector<pid_t>& agents) {
   std::vector<pid_t> out;
   for (const auto& e : std::filesystem::directory_iterator("/proc")) {
     int pid = 0;
     if (!absl::SimpleAtoi(e.path().filename().string(), &pid)) continue;
     auto [ppid, name] = ParentAndName(pid);
-    if (name == "train_mlp" && std::count(agents.begin(), agents.end(), ppid) && ProcessAlive(pid)) out.push_back(pid);
+    if (name != "train_mlp" || !std::count(agents.begin(), agents.end(), ppid) || !ProcessAlive(pid)) continue;
+    std::error_code ec;
+    const std::string stdout_target = std::filesystem::read_symlink(absl::StrCat("/proc/", pid, "/fd/1"), ec).string();
+    if (!absl::StartsWith(stdout_target, "/memfd:launch-standby")) out.push_back(pid);
   }
   return out;
 }
@@ -1049,8 +1054,9 @@ TEST(MultiNodeChaos, TrainingSurvivesRandomWorkerAndAgentKillsWithExactSteps) {
   // Enough steps for every disruption to come after a checkpoint of its own, and steps of at
   // least 10 ms (rank 0 sleeps that long in each): with the agent's store a restart takes well
   // under a second, and 200 steps of 15 ms once ended the job before its second disruption (and
-  // 400 steps of 25 ms before its fourth, once C++ restarts took 0.1 s: each disruption waits
-  // for the new standbys, named train_mlp while they load LibTorch, to be named launch-standby).
+  // 400 steps of 25 ms before its fourth, once C++ restarts took 0.1 s and each disruption
+  // waited for the new standbys, named train_mlp while they load LibTorch, to be named
+  // launch-standby; TrainWorkers now tells them apart).
   const std::string kSteps = std::to_string(std::max(600, 60 * (kills + 2)));
   const std::string kMaxRestarts = std::to_string(kills + 5);
   auto agent_argv = [&](const std::string& run, const std::string& out) {

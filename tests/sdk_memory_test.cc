@@ -176,6 +176,8 @@ size_t Present(void* p, size_t n) {
 
 // A standby's keep-warm (launch_sdk/warm_start.h) makes each page the cache holds present again.
 TEST(PrefaultingAllocator, TouchingTheCacheMakesItsPagesPresent) {
+  char probe[8192];
+  if (!PrefaultForWrite(probe, sizeof probe)) GTEST_SKIP() << "no MADV_POPULATE_WRITE (Linux < 5.14)";
   InstallPrefaultingCpuAllocator();
   at::Tensor big = at::empty({kMiB}, at::kFloat);  // 4 MiB
   void* p = big.data_ptr();

@@ -319,6 +319,8 @@ TEST(WarmStartCpp, AStandbyWithAThreadBecomesTheWorker) {
   ASSERT_EQ(p.size(), 2u) << r.out;
   EXPECT_EQ(p["0 0"].start, "warm");
   EXPECT_EQ(p["1 0"].threads, 2);
+  // The thread made in the standby (named launch-standby with it) has the program's name back.
+  EXPECT_THAT(r.out, HasSubstr("[1]:THREADNAMES 1 warm_worker,warm_worker\n"));
 }
 
 // An exception after the go reaches the error file, and the summary, as from a cold worker.

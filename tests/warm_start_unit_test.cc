@@ -248,9 +248,7 @@ TEST(WarmStartStandby, ForksOneWorkerPerGoWhenLaunchAdoptsOrphans) {
   EXPECT_EQ(warm.forked(), 2);
 }
 
-// A standby made for one environment is not used for another (a variable that is not the
-// round's changed): the worker starts cold and the standby is gone.
-// A C++ standby runs its keep-warm function (launch_sdk::SetStandbyKeepWarm) every
+// A C++ standby runs its keep-warm function (launch_sdk::AddStandbyKeepWarm) every
 // LAUNCH_STANDBY_KEEP_WARM_MS while it waits, and never at 0; a malformed value ends it before it
 // is ready, and the worker starts cold.
 TEST(WarmStartStandby, ACppStandbyKeepsWarmWhileItWaits) {
@@ -289,6 +287,8 @@ TEST(WarmStartStandby, ACppStandbyKeepsWarmWhileItWaits) {
   }
 }
 
+// A standby made for one environment is not used for another (a variable that is not the
+// round's changed): the worker starts cold and the standby is gone.
 TEST(WarmStartStandby, IsNotUsedWhenAFixedVariableChanged) {
   PosixProcessLauncher launcher;
   WarmStart warm(Importing({}), &launcher, nullptr);

@@ -304,7 +304,7 @@ class FakeGroupTest : public ::testing::Test {
     absl::StatusOr<GroupOutcome> outcome;
     int calls = 0;
   };
-  SteppingRun RunStepping(int silent) {
+  SteppingRun RunStepping(int silent, std::chrono::milliseconds stepping_wait) {
     WorkerGroup::Options o = Opts();
     launcher_.script = [silent](int n, const SpawnOptions& so) {
       FakeProcessLauncher::Script s;
@@ -323,7 +323,7 @@ class FakeGroupTest : public ::testing::Test {
     };
     UniqueFd stop(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
     o.stop_fd = stop.get();
-    o.stepping_wait = std::chrono::hours(1);
+    o.stepping_wait = stepping_wait;
     o.hang.timeout = milliseconds(40);
     o.hang.debugger = "/fake/gdb";
     SteppingRun r;
@@ -540,15 +540,16 @@ TEST_F(FakeGroupTest, AWorkerThatNeverReportedIsNeverHung) {
 
 // on_stepping: once every worker has reported a step...
 TEST_F(FakeGroupTest, OnSteppingComesOnceEveryWorkerHasReportedAStep) {
-  SteppingRun r = RunStepping(/*silent=*/-1);
+  SteppingRun r = RunStepping(/*silent=*/-1, std::chrono::hours(1));
   ASSERT_TRUE(r.outcome.ok()) << r.outcome.status();
   EXPECT_EQ(r.outcome->kind, GroupEnd::kCoordinatorStop);
   EXPECT_EQ(r.calls, 1);
 }
 
-// ... and not while one has not: that group ends when the others' hang timeout runs out.
+// ... and not while one has not, even past stepping_wait (the others report steps): that group
+// ends when the others' hang timeout runs out.
 TEST_F(FakeGroupTest, OnSteppingDoesNotComeWhileAWorkerHasReportedNothing) {
-  SteppingRun r = RunStepping(/*silent=*/2);
+  SteppingRun r = RunStepping(/*silent=*/2, milliseconds(5));
   ASSERT_TRUE(r.outcome.ok()) << r.outcome.status();
   EXPECT_EQ(r.outcome->kind, GroupEnd::kFailed);
   EXPECT_EQ(r.calls, 0);

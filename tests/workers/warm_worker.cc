@@ -6,9 +6,10 @@
 // argv[1]: "" (exit 0), "fail-first DIR" (each rank reports step 1, prints "STANDBYS <rank> <n>
 // <m>": its parent's children named launch-standby before the report and once one is there (or
 // 60 s passed), then rank 1 exits 3 in attempt 0 once rank 0 has printed), "thread" (a thread runs
-// before AwaitWorkerStart), "throw" (rank 1 throws, as RunWithErrorFile reports), "exit" (exit 7
+// before AwaitWorkerStart; after it, "THREADNAMES <rank> <each thread's name, comma separated>"),
+// "throw" (rank 1 throws, as RunWithErrorFile reports), "exit" (exit 7
 // through an atexit handler and a buffered line), "wait FILE" (report step 1, wait until FILE
-// exists), "keep-warm DIR" (a keep-warm function, SetStandbyKeepWarm, counts its runs in
+// exists), "keep-warm DIR" (a keep-warm function, AddStandbyKeepWarm, counts its runs in
 // DIR/keep-warm; the worker prints "KEEPWARM <runs>").
 #include <dirent.h>
 #include <sys/prctl.h>
@@ -96,7 +97,7 @@ int main(int argc, char** argv) {
   if (mode == "thread") std::thread([] { std::this_thread::sleep_for(std::chrono::hours(1)); }).detach();
   int keep_warm_runs = 0;
   if (mode == "keep-warm") {
-    launch_sdk::SetStandbyKeepWarm([&] {
+    launch_sdk::AddStandbyKeepWarm([&] {
       const std::string path = arg + "/keep-warm";
       std::ofstream(path + ".tmp") << ++keep_warm_runs;
       std::rename((path + ".tmp").c_str(), path.c_str());
@@ -141,6 +142,20 @@ int main(int argc, char** argv) {
       return 7;
     }
     if (mode == "keep-warm") std::printf("KEEPWARM %d\n", keep_warm_runs);
+    if (mode == "thread") {  // every thread's name, the one made in the standby too
+      std::string names;
+      if (DIR* d = ::opendir("/proc/self/task")) {
+        while (dirent* e = ::readdir(d)) {
+          if (e->d_name[0] == '.') continue;
+          std::ifstream f(std::string("/proc/self/task/") + e->d_name + "/comm");
+          std::string name;
+          std::getline(f, name);
+          names += (names.empty() ? "" : ",") + name;
+        }
+        ::closedir(d);
+      }
+      std::printf("THREADNAMES %d %s\n", env.rank, names.c_str());
+    }
     if (mode == "wait") {
       launch_sdk::ProgressReporter::FromEnv().Report(1, 0.0, 0.001);
       WaitFor(arg);

@@ -587,6 +587,8 @@ std::atomic<bool> g_memory_taken{false};
 
 }  // namespace
 
+namespace {
+
 // The agent's memory files a standby mapped before its go (PremapCheckpointMemory), by path.
 struct Premapped {
   int fd = -1;
@@ -594,7 +596,10 @@ struct Premapped {
   size_t size = 0;
 };
 std::mutex g_premapped_mu;
-std::map<std::string, Premapped>* g_premapped = new std::map<std::string, Premapped>();
+std::map<std::string, Premapped>& PremappedSlots() {  // under g_premapped_mu
+  static auto* slots = new std::map<std::string, Premapped>();  // never destroyed
+  return *slots;
+}
 
 // Reads (never writes: a worker may be writing a snapshot there) a byte of each page.
 void ReadEachPage(const void* base, size_t size) {
@@ -614,16 +619,18 @@ std::pair<std::string, std::string> MemoryPaths(const std::string& list) {
 // The standby's mapping of `path` when it is still the file's whole size; else none.
 std::optional<Premapped> TakePremapped(const std::string& path) {
   std::lock_guard<std::mutex> lock(g_premapped_mu);
-  auto it = g_premapped->find(path);
-  if (it == g_premapped->end()) return std::nullopt;
+  auto it = PremappedSlots().find(path);
+  if (it == PremappedSlots().end()) return std::nullopt;
   Premapped m = it->second;
-  g_premapped->erase(it);
+  PremappedSlots().erase(it);
   struct stat st {};
   if (::fstat(m.fd, &st) == 0 && static_cast<size_t>(st.st_size) == m.size) return m;
-  ::munmap(m.base, m.size);  // the file grew since: mapped again whole
+  ::munmap(m.base, m.size);  // the file's size changed since: mapped again whole
   ::close(m.fd);
   return std::nullopt;
 }
+
+}  // namespace
 
 // A snapshot's place. In the agent's memory: a file launch made (LAUNCH_CHECKPOINT_MEMORY), mapped
 // shared, a SlotHeader then the payload; it outlives this process. Otherwise this process's memory.
@@ -743,7 +750,7 @@ uint64_t Checksum64(const void* data, size_t n) {
 
 void TouchPremappedCheckpointMemory() {
   std::lock_guard<std::mutex> lock(g_premapped_mu);
-  for (const auto& [path, m] : *g_premapped) ReadEachPage(m.base, m.size);
+  for (const auto& [path, m] : PremappedSlots()) ReadEachPage(m.base, m.size);
 }
 
 void PremapCheckpointMemory() {
@@ -772,7 +779,7 @@ void PremapCheckpointMemory() {
     const size_t size = static_cast<size_t>(st.st_size);
     ReadEachPage(base, size);
     std::lock_guard<std::mutex> lock(g_premapped_mu);
-    auto [it, fresh] = g_premapped->emplace(path, Premapped{fd, base, size});
+    auto [it, fresh] = PremappedSlots().emplace(path, Premapped{fd, base, size});
     if (!fresh) {  // mapped already: keep the first
       ::munmap(base, size);
       ::close(fd);

@@ -119,7 +119,7 @@ std::unique_ptr<Context> Context::Init(const InitOptions& opts) {
       opts.standby_warm_up();
     }
     PremapCheckpointMemory();
-    SetStandbyKeepWarm([] {
+    AddStandbyKeepWarm([] {
       TouchPrefaultingCpuAllocatorCache();
       TouchPremappedCheckpointMemory();
     });

@@ -55,7 +55,8 @@ const bool g_named = [] {
   if (fd && *fd) ::prctl(PR_SET_NAME, "launch-standby", 0, 0, 0);
   return true;
 }();
-std::function<void()>* g_keep_warm = nullptr;  // SetStandbyKeepWarm's
+// AddStandbyKeepWarm's, in order; never destroyed (a forked worker skips exit's destructors).
+std::vector<std::function<void()>>* g_keep_warm = nullptr;
 
 bool SendAll(int fd, const char* data, size_t n) {
   while (n > 0) {
@@ -112,7 +113,7 @@ bool Settle() {
   ::_exit(70);
 }
 
-// LAUNCH_STANDBY_KEEP_WARM_MS: how often a waiting standby runs SetStandbyKeepWarm's function.
+// LAUNCH_STANDBY_KEEP_WARM_MS: how often a waiting standby runs AddStandbyKeepWarm's functions.
 int KeepWarmMs() {
   const char* text = std::getenv("LAUNCH_STANDBY_KEEP_WARM_MS");
   if (!text || !*text) return kDefaultKeepWarmMs;
@@ -122,7 +123,8 @@ int KeepWarmMs() {
   if (*end != '\0' || errno == ERANGE || ms < 0 || ms > kMaxKeepWarmMs) {
     std::fprintf(stderr, "launch_sdk: LAUNCH_STANDBY_KEEP_WARM_MS=%s: expected milliseconds in 0..%d (0: never)\n",
                  text, kMaxKeepWarmMs);
-    std::exit(2);
+    std::fflush(stderr);
+    ::_exit(2);  // a warm-up may have started threads: no exit handlers or destructors
   }
   return static_cast<int>(ms);
 }
@@ -135,16 +137,17 @@ void ReadGo(int sock, int keep_warm_ms, std::vector<std::string>* env, std::vect
   size_t got = 0;
   int wait_ms = keep_warm_ms;
   while (got < sizeof head) {
-    if (got == 0 && keep_warm_ms > 0 && g_keep_warm) {
+    if (got == 0 && keep_warm_ms > 0 && g_keep_warm && !g_keep_warm->empty()) {
       pollfd p{sock, POLLIN, 0};
       const int n = ::poll(&p, 1, wait_ms);
       if (n == 0) {
         const auto start = std::chrono::steady_clock::now();
-        (*g_keep_warm)();
+        for (const auto& fn : *g_keep_warm) fn();
         const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
         wait_ms = static_cast<int>(std::clamp<int64_t>(took.count() * kKeepWarmShare, keep_warm_ms, kMaxKeepWarmMs));
       }
-      if (n <= 0) continue;  // the interval passed, or EINTR
+      if (n == 0 || (n < 0 && errno == EINTR)) continue;
+      if (n < 0) keep_warm_ms = 0;  // poll fails otherwise: the go is read without the keep-warm
     }
     alignas(cmsghdr) char control[CMSG_SPACE(kMaxFds * sizeof(int))];
     iovec iov{head + got, sizeof head - got};
@@ -243,6 +246,29 @@ Made Fork(int sock, int guard, pid_t agent) {
   return r == middle && WIFEXITED(status) && WEXITSTATUS(status) == 0 ? Made::kServed : Made::kNotForked;
 }
 
+// The worker's threads get the program's name back: this one, and those made in the standby
+// (a warm-up's thread pools), which took its name launch-standby when they were made.
+void RenameThreads() {
+  ::prctl(PR_SET_NAME, g_program_name, 0, 0, 0);
+  DIR* d = ::opendir("/proc/self/task");
+  if (!d) return;
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    const std::string comm = std::string("/proc/self/task/") + e->d_name + "/comm";
+    char name[32] = {};
+    const int in = ::open(comm.c_str(), O_RDONLY | O_CLOEXEC);
+    if (in < 0) continue;
+    const ssize_t n = ::read(in, name, sizeof name - 1);
+    ::close(in);
+    if (n <= 0 || std::strncmp(name, "launch-standby", 14) != 0 || (name[14] != '\n' && name[14] != '\0')) continue;
+    const int out = ::open(comm.c_str(), O_WRONLY | O_CLOEXEC);
+    if (out < 0) continue;
+    (void)!::write(out, g_program_name, std::strlen(g_program_name));
+    ::close(out);
+  }
+  ::closedir(d);
+}
+
 // What the standby wrote to `fd` (its stdout or stderr: files the agent made) before its go, at
 // most kMaxReplay bytes. Sized by the file: a buffer of the whole bound, new memory written at
 // every go, took 7-10 ms of the restart here.
@@ -292,7 +318,9 @@ void AwaitWorkerStart() {
   const char* fork_text = std::getenv("LAUNCH_STANDBY_FORK");
   bool may_fork = fork_text && std::strcmp(fork_text, "1") == 0;
   const pid_t agent = ::getppid();
-  // Named at its static initialization (g_named) unless that ran without LAUNCH_STANDBY_FD.
+  // Named at its static initialization (g_named) unless that ran without LAUNCH_STANDBY_FD, or
+  // not yet (a static initializer that came first called this).
+  if (!g_program_name[0]) ::prctl(PR_GET_NAME, g_program_name, 0, 0, 0);
   ::prctl(PR_SET_NAME, "launch-standby", 0, 0, 0);
 
   FlushOutput();  // what main printed so far is replayed once into each worker, never copied by a fork
@@ -318,7 +346,7 @@ void AwaitWorkerStart() {
     break;
   }
 
-  ::prctl(PR_SET_NAME, g_program_name, 0, 0, 0);
+  RenameThreads();
   const int progress = fds[0], in = fds[1], out = fds[2], err = fds[3];
   if (fds.size() > 4) ::close(fds[4]);
   const std::string replay_out = Captured(1), replay_err = Captured(2);
@@ -344,9 +372,10 @@ void AwaitWorkerStart() {
 
 bool StartedWarm() { return g_warm; }
 
-void SetStandbyKeepWarm(std::function<void()> keep_warm) {
-  if (!g_keep_warm) g_keep_warm = new std::function<void()>();  // never destroyed: a forked worker skips exit's destructors
-  *g_keep_warm = std::move(keep_warm);
+void AddStandbyKeepWarm(std::function<void()> keep_warm) {
+  if (!keep_warm) return;
+  if (!g_keep_warm) g_keep_warm = new std::vector<std::function<void()>>();
+  g_keep_warm->push_back(std::move(keep_warm));
 }
 
 bool IsStandby() {

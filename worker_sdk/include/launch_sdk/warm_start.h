@@ -36,15 +36,16 @@ bool StartedWarm();
 // and AwaitWorkerStart has not been called yet.
 bool IsStandby();
 
-// While a standby waits in AwaitWorkerStart, `keep_warm` runs every LAUNCH_STANDBY_KEEP_WARM_MS
-// milliseconds (default 50; 0: never; at most 60000; anything else ends the standby with a
-// one-line error, and ReadWorkerEnv rejects it in a cold worker alike), or less often when it
-// takes longer than a twentieth of that: at most 5% of a core. Context::Init sets one that
-// touches a byte of each page the worker will use first: the prefaulting allocator's cache (what
-// the standby's warm-up left) and the checkpoint memory it mapped. Where pages go cold while
-// their process sleeps (on this VM a page untouched for a fraction of a second costs a trap into
-// the hypervisor on its next use: a 17 MB DDP bucket took 12 ms to zero instead of 3 ms), the
-// worker then finds them warm. Replaces the function set before.
-void SetStandbyKeepWarm(std::function<void()> keep_warm);
+// While a standby waits in AwaitWorkerStart, the functions added here run, in order, every
+// LAUNCH_STANDBY_KEEP_WARM_MS milliseconds (default 50; 0: never; at most 60000; anything else
+// ends the standby with a one-line error, and ReadWorkerEnv rejects it in a cold worker alike),
+// or less often when a pass takes longer than a twentieth of that (at most 5% of a core while
+// passes take under 3 s). A go that comes during a pass waits for its end. Context::Init adds
+// one that touches a byte of each page the worker will use first: the prefaulting allocator's
+// cache (what the standby's warm-up left) and the checkpoint memory it mapped. Where pages go
+// cold while their process sleeps (on this VM a page untouched for a fraction of a second costs
+// a trap into the hypervisor on its next use: a 17 MB DDP bucket took 12 ms to zero instead of
+// 3 ms), the worker then finds them warm. An empty function is ignored.
+void AddStandbyKeepWarm(std::function<void()> keep_warm);
 
 }  // namespace launch_sdk
