@@ -350,7 +350,7 @@ TEST(WarmStartCpp, AMalformedKeepWarmIntervalIsNamed) {
   auto r = RunCmd({kLaunch, "--nproc-per-node=1", kWarmWorker}, {"LAUNCH_STANDBY_KEEP_WARM_MS=-1"});
   EXPECT_NE(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.err, HasSubstr("rank 0 (local rank 0) starts cold: its standby exited before it was ready: launch_sdk: "
-                               "LAUNCH_STANDBY_KEEP_WARM_MS=-1: expected milliseconds in 0..60000 (0: never)"));
+                               "LAUNCH_STANDBY_KEEP_WARM_MS=-1: expected an integer in 0..60000 (0: never)"));
   EXPECT_THAT(r.err, HasSubstr("LAUNCH_STANDBY_KEEP_WARM_MS=-1: expected an integer in 0..60000"));
 }
 

@@ -31,6 +31,7 @@
 
 #include "launch_sdk/context.h"
 #include "launch_sdk/memory.h"
+#include "pages.h"
 
 namespace launch_sdk {
 namespace fs = std::filesystem;
@@ -496,7 +497,7 @@ TrainState Restore(const char* payload, size_t size, torch::nn::Module& model, t
   {
     at::NoGradGuard no_grad;
     for (auto& [dst, src] : loaded) {
-      // A forked worker shares these pages with its standby: copied in one call, not page by page.
+      // Pages not yet present (a parameter under the prefaulting allocator's floor) come in one call.
       if (dst.device().is_cpu() && dst.is_contiguous()) PrefaultForWrite(dst.data_ptr(), dst.nbytes());
       dst.copy_(src);
     }
@@ -585,10 +586,6 @@ int64_t MinOverRanks(const Context* ctx, int64_t v) {
 // Whether a Checkpointer of this process has the agent's memory (LAUNCH_CHECKPOINT_MEMORY).
 std::atomic<bool> g_memory_taken{false};
 
-}  // namespace
-
-namespace {
-
 // The agent's memory files a standby mapped before its go (PremapCheckpointMemory), by path.
 struct Premapped {
   int fd = -1;
@@ -601,12 +598,7 @@ std::map<std::string, Premapped>& PremappedSlots() {  // under g_premapped_mu
   return *slots;
 }
 
-// Reads (never writes: a worker may be writing a snapshot there) a byte of each page.
-void ReadEachPage(const void* base, size_t size) {
-  unsigned sum = 0;
-  for (size_t off = 0; off < size; off += 4096) sum += static_cast<volatile const unsigned char*>(base)[off];
-  asm volatile("" : : "r"(sum));
-}
+using internal::ReadEachPage;  // never writes: a worker may be writing a snapshot there
 
 // "PATH,PATH" from LAUNCH_CHECKPOINT_MEMORY, split; throws when malformed.
 std::pair<std::string, std::string> MemoryPaths(const std::string& list) {

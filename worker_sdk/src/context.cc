@@ -14,6 +14,7 @@
 
 #include <unistd.h>
 
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -22,6 +23,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "env_vars.h"
 #include "launch_sdk/checkpoint.h"
 #include "launch_sdk/errors.h"
 #include "launch_sdk/memory.h"
@@ -112,10 +114,12 @@ std::unique_ptr<Context> Context::Init(const InitOptions& opts) {
       const char* prefault = std::getenv("LAUNCH_PREFAULT");
       if (opts.prefault && !(prefault && std::strcmp(prefault, "0") == 0)) InstallPrefaultingCpuAllocator();
       // A malformed value is left for ReadWorkerEnv to name, after the go.
-      const char* threads = std::getenv("OMP_NUM_THREADS");
-      char* end = nullptr;
-      const long n = threads ? std::strtol(threads, &end, 10) : 0;
-      if (threads && *threads && *end == '\0' && n > 0 && n <= 4096) at::set_num_threads(static_cast<int>(n));
+      if (const char* threads = internal::EnvValue("OMP_NUM_THREADS")) {
+        try {
+          at::set_num_threads(static_cast<int>(internal::ParseEnvLong("OMP_NUM_THREADS", threads, 1, INT_MAX)));
+        } catch (const std::invalid_argument&) {
+        }
+      }
       opts.standby_warm_up();
     }
     PremapCheckpointMemory();

@@ -5,17 +5,18 @@
 #include <cstdlib>
 #include <stdexcept>
 
+#include "env_vars.h"
 #include "launch_sdk/warm_start.h"
 
 namespace launch_sdk {
-namespace {
+namespace internal {
 
-const char* Get(const char* name) {
+const char* EnvValue(const char* name) {
   const char* v = std::getenv(name);
   return v && *v ? v : nullptr;
 }
 
-long ParseLong(const char* name, const char* v, long min = INT_MIN, long max = INT_MAX) {
+long ParseEnvLong(const char* name, const char* v, long min, long max) {
   char* end = nullptr;
   errno = 0;
   long out = std::strtol(v, &end, 10);
@@ -24,6 +25,18 @@ long ParseLong(const char* name, const char* v, long min = INT_MIN, long max = I
                                 ".." + std::to_string(max));
   }
   return out;
+}
+
+}  // namespace internal
+
+namespace {
+
+using internal::EnvValue;
+using internal::ParseEnvLong;
+
+const char* Get(const char* name) { return EnvValue(name); }
+long ParseLong(const char* name, const char* v, long min = INT_MIN, long max = INT_MAX) {
+  return ParseEnvLong(name, v, min, max);
 }
 
 double ParseDouble(const char* name, const char* v) {
@@ -88,7 +101,7 @@ WorkerEnv ReadWorkerEnv() {
   Bool("LAUNCH_SHM_ALLREDUCE", &e.shm_allreduce);
   Bool("LAUNCH_PREFAULT", &e.prefault);
   int keep_warm_ms = 0;  // a standby's (warm_start.h); a cold worker rejects what a standby would
-  Int("LAUNCH_STANDBY_KEEP_WARM_MS", &keep_warm_ms, 0, 60000);
+  Int("LAUNCH_STANDBY_KEEP_WARM_MS", &keep_warm_ms, 0, internal::kMaxStandbyKeepWarmMs);
   if (e.world_size < 1) throw std::invalid_argument("WORLD_SIZE must be at least 1");
   if (e.rank < 0 || e.rank >= e.world_size) {
     throw std::invalid_argument("RANK=" + std::to_string(e.rank) + ": expected 0.." +

@@ -13,6 +13,7 @@
 #include <new>
 #include <unordered_map>
 
+#include "pages.h"
 #include "torch_compat.h"
 
 #ifndef MADV_POPULATE_WRITE
@@ -22,10 +23,7 @@
 namespace launch_sdk {
 namespace {
 
-size_t PageSize() {
-  static const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-  return page;
-}
+using internal::PageSize;
 
 class PrefaultingAllocator final : public c10::Allocator {
  public:
@@ -60,8 +58,7 @@ class PrefaultingAllocator final : public c10::Allocator {
   // The cached blocks are nobody's: a write changes nothing anyone reads.
   void TouchCache() {
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto& [len, p] : cached_)
-      for (size_t i = 0; i < len; i += PageSize()) static_cast<volatile char*>(p)[i] = 0;
+    for (auto& [len, p] : cached_) internal::ZeroEachPage(p, len);
   }
   // The fork was made with one thread (the standby's rule), so no lock is held.
   void DropCacheInChild() {

@@ -4,9 +4,9 @@
 // _launch_standby.py, speaks the same). Agent -> standby, per go: "LGO1", a little-endian u32 N,
 // then N bytes of NUL-separated KEY=VALUE; the first byte carries the worker's descriptors
 // (SCM_RIGHTS): its progress socket, stdin, stdout, stderr and, when there is one, the orphan
-// guard's pipe. Standby -> agent: "R" once ready; per go "P<pid>\n" (the worker's pid: its own when
-// it becomes the worker and serves no more), and after a fork "D\n" once the worker is the
-// agent's child.
+// guard's pipe. Standby -> agent: "R" once ready, then "P<pid>\n" at its go: its own pid, since a C++
+// standby becomes the worker and serves no more (a Python standby may fork its workers instead,
+// and then says "D\n" too; the agent allows that only to Python, LAUNCH_STANDBY_FORK).
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -15,7 +15,6 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,7 +27,10 @@
 #include <functional>
 #include <iostream>
 #include <string>
+#include <stdexcept>
 #include <vector>
+
+#include "env_vars.h"
 
 namespace launch_sdk {
 namespace {
@@ -38,24 +40,24 @@ constexpr uint32_t kMaxGo = 64u << 20;  // as the agent's limit on a worker's en
 constexpr size_t kMaxFds = 5;
 constexpr int kProgressFd = 3;          // LAUNCH_PROGRESS_FD, where a cold worker finds it too
 constexpr size_t kMaxReplay = 1 << 20;  // of what the standby printed, replayed into each worker
-constexpr int kDefaultKeepWarmMs = 50;
-constexpr int kMaxKeepWarmMs = 60000;
 constexpr int64_t kKeepWarmShare = 20;  // the keep-warm's runs: at most 5% of the standby's time
 
 bool g_awaited = false;
 bool g_warm = false;
 char g_program_name[16] = {};  // comm before a standby renamed itself
 
+// LAUNCH_STANDBY_FD, when launch started this process as a standby; else null.
+const char* StandbyFdText() { return internal::EnvValue("LAUNCH_STANDBY_FD"); }
+
 // `ps -o comm`, top and the like tell a standby from a worker (whose name is the program's again
 // after its go): from this program's static initialization on, before its own code runs (the
 // libraries it loads, LibTorch's about 0.4 s here, come before under the program's name).
 const bool g_named = [] {
   ::prctl(PR_GET_NAME, g_program_name, 0, 0, 0);
-  const char* fd = std::getenv("LAUNCH_STANDBY_FD");
-  if (fd && *fd) ::prctl(PR_SET_NAME, "launch-standby", 0, 0, 0);
+  if (StandbyFdText()) ::prctl(PR_SET_NAME, "launch-standby", 0, 0, 0);
   return true;
 }();
-// AddStandbyKeepWarm's, in order; never destroyed (a forked worker skips exit's destructors).
+// AddStandbyKeepWarm's, in order; never destroyed (a function may outlive a static it uses).
 std::vector<std::function<void()>>* g_keep_warm = nullptr;
 
 bool SendAll(int fd, const char* data, size_t n) {
@@ -84,29 +86,6 @@ void WriteAll(int fd, const char* data, size_t n) {
   }
 }
 
-// This process's threads; 0 when unknown (then it never forks).
-int Threads() {
-  DIR* d = ::opendir("/proc/self/task");
-  if (!d) return 0;
-  int n = 0;
-  while (dirent* e = ::readdir(d))
-    if (e->d_name[0] != '.') ++n;
-  ::closedir(d);
-  return n;
-}
-
-// True when this process has one thread, after one fork whose child exits at once: thread pools
-// that stop at a fork and start again when used (OpenBLAS's) stop now.
-bool Settle() {
-  if (Threads() == 1) return true;
-  const pid_t pid = ::fork();
-  if (pid < 0) return false;
-  if (pid == 0) ::_exit(0);
-  while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
-  }
-  return Threads() == 1;
-}
-
 [[noreturn]] void Malformed() {
   static const char kMsg[] = "launch_sdk standby: a malformed go from the agent\n";
   WriteAll(2, kMsg, sizeof kMsg - 1);
@@ -115,18 +94,15 @@ bool Settle() {
 
 // LAUNCH_STANDBY_KEEP_WARM_MS: how often a waiting standby runs AddStandbyKeepWarm's functions.
 int KeepWarmMs() {
-  const char* text = std::getenv("LAUNCH_STANDBY_KEEP_WARM_MS");
-  if (!text || !*text) return kDefaultKeepWarmMs;
-  char* end = nullptr;
-  errno = 0;
-  const long ms = std::strtol(text, &end, 10);
-  if (*end != '\0' || errno == ERANGE || ms < 0 || ms > kMaxKeepWarmMs) {
-    std::fprintf(stderr, "launch_sdk: LAUNCH_STANDBY_KEEP_WARM_MS=%s: expected milliseconds in 0..%d (0: never)\n",
-                 text, kMaxKeepWarmMs);
+  const char* text = internal::EnvValue("LAUNCH_STANDBY_KEEP_WARM_MS");
+  if (!text) return internal::kDefaultStandbyKeepWarmMs;
+  try {
+    return static_cast<int>(internal::ParseEnvLong("LAUNCH_STANDBY_KEEP_WARM_MS", text, 0, internal::kMaxStandbyKeepWarmMs));
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "launch_sdk: %s (0: never)\n", e.what());
     std::fflush(stderr);
     ::_exit(2);  // a warm-up may have started threads: no exit handlers or destructors
   }
-  return static_cast<int>(ms);
 }
 
 // The next go: the worker's environment and descriptors. Exits when the agent closes the socket.
@@ -144,7 +120,7 @@ void ReadGo(int sock, int keep_warm_ms, std::vector<std::string>* env, std::vect
         const auto start = std::chrono::steady_clock::now();
         for (const auto& fn : *g_keep_warm) fn();
         const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
-        wait_ms = static_cast<int>(std::clamp<int64_t>(took.count() * kKeepWarmShare, keep_warm_ms, kMaxKeepWarmMs));
+        wait_ms = static_cast<int>(std::clamp<int64_t>(took.count() * kKeepWarmShare, keep_warm_ms, internal::kMaxStandbyKeepWarmMs));
       }
       if (n == 0 || (n < 0 && errno == EINTR)) continue;
       if (n < 0) keep_warm_ms = 0;  // poll fails otherwise: the go is read without the keep-warm
@@ -189,63 +165,6 @@ void ReadGo(int sock, int keep_warm_ms, std::vector<std::string>* env, std::vect
   }
 }
 
-// In a forked worker: waits until the agent has its pid and is its parent, then dies with it.
-void Adopted(int ready, pid_t agent, pid_t middle) {
-  char c = 0;
-  ssize_t n;
-  while ((n = ::read(ready, &c, 1)) < 0 && errno == EINTR) {
-  }
-  ::close(ready);
-  if (n != 1 || c != '1') ::_exit(1);
-  while (::getppid() == middle) ::sched_yield();  // the middle process is exiting: microseconds
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);     // as a cold worker
-  if (::getppid() != agent) ::_exit(1);            // the agent is gone
-}
-
-enum class Made { kWorker, kServed, kNotForked };
-
-// Forks the worker through a middle process that gives it a process group of its own, registers
-// that with the orphan guard (`guard`, when a descriptor), tells the agent the worker's pid and
-// exits, so that the worker becomes the agent's child (launch adopts orphans) as a cold worker
-// is. kWorker in the worker once it is the agent's, kServed in the standby once the middle process
-// exited having made it, kNotForked when none was made.
-Made Fork(int sock, int guard, pid_t agent) {
-  int ready[2];
-  if (::pipe2(ready, O_CLOEXEC) != 0) return Made::kNotForked;
-  const pid_t middle = ::fork();
-  if (middle < 0) {
-    ::close(ready[0]);
-    ::close(ready[1]);
-    return Made::kNotForked;
-  }
-  if (middle == 0) {
-    const pid_t me = ::getpid();
-    const pid_t worker = ::fork();
-    if (worker == 0) {
-      ::close(ready[1]);
-      Adopted(ready[0], agent, me);
-      return Made::kWorker;
-    }
-    if (worker < 0) ::_exit(1);
-    ::setpgid(worker, 0);  // here, so that the agent never signals a group not yet made
-    if (guard >= 0) {
-      const std::string reg = "+" + std::to_string(worker) + "\n";
-      WriteAll(guard, reg.data(), reg.size());
-    }
-    const std::string said = "P" + std::to_string(worker) + "\n";
-    if (!SendAll(sock, said.data(), said.size())) ::_exit(1);  // the worker reads EOF and exits
-    if (::write(ready[1], "1", 1) != 1) ::_exit(1);
-    ::_exit(0);
-  }
-  ::close(ready[0]);
-  ::close(ready[1]);
-  int status = 0;
-  pid_t r;
-  while ((r = ::waitpid(middle, &status, 0)) < 0 && errno == EINTR) {
-  }
-  return r == middle && WIFEXITED(status) && WEXITSTATUS(status) == 0 ? Made::kServed : Made::kNotForked;
-}
-
 // The worker's threads get the program's name back: this one, and those made in the standby
 // (a warm-up's thread pools), which took its name launch-standby when they were made.
 void RenameThreads() {
@@ -287,26 +206,13 @@ void FlushOutput() {
   std::fflush(nullptr);
 }
 
-// A forked worker's exit (on_exit, registered at its go): the handlers registered after the go
-// have run by then; the destructors of the static objects made before it (LibTorch's, and the
-// program's own, which the mark promises act on nothing) are skipped, as multiprocessing's forked
-// children skip the interpreter's teardown. Running them writes to pages the worker shares with
-// its standby, each then copied: 0.7-0.8 s against 0.13 s for a cold worker's whole exit here.
-// Under AddressSanitizer this also skips LeakSanitizer's check at exit, which took 1.6 s in a
-// forked worker here (0.4 s cold) and would count against --hang-timeout at the end of a job;
-// workers started cold (and programs without the mark) are still checked.
-void ExitFast(int status, void*) {
-  FlushOutput();
-  ::_exit(status);
-}
-
 }  // namespace
 
 void AwaitWorkerStart() {
   if (g_awaited) return;
   g_awaited = true;
-  const char* fd_text = std::getenv("LAUNCH_STANDBY_FD");
-  if (!fd_text || !*fd_text) return;
+  const char* fd_text = StandbyFdText();
+  if (!fd_text) return;
   char* end = nullptr;
   const long sock_fd = std::strtol(fd_text, &end, 10);
   if (*end != '\0' || sock_fd < 0 || sock_fd > 1024 * 1024) {
@@ -315,36 +221,19 @@ void AwaitWorkerStart() {
     std::exit(2);
   }
   const int sock = static_cast<int>(sock_fd);
-  const char* fork_text = std::getenv("LAUNCH_STANDBY_FORK");
-  bool may_fork = fork_text && std::strcmp(fork_text, "1") == 0;
-  const pid_t agent = ::getppid();
   // Named at its static initialization (g_named) unless that ran without LAUNCH_STANDBY_FD, or
   // not yet (a static initializer that came first called this).
   if (!g_program_name[0]) ::prctl(PR_GET_NAME, g_program_name, 0, 0, 0);
   ::prctl(PR_SET_NAME, "launch-standby", 0, 0, 0);
 
-  FlushOutput();  // what main printed so far is replayed once into each worker, never copied by a fork
-  may_fork = may_fork && Settle();
+  FlushOutput();  // what main printed so far is replayed once into the worker, after its go
   const int keep_warm_ms = KeepWarmMs();
   Say(sock, "R");
 
   std::vector<std::string> env;
   std::vector<int> fds;
-  Made made = Made::kNotForked;
-  for (;;) {
-    env.clear();
-    fds.clear();
-    ReadGo(sock, keep_warm_ms, &env, &fds);
-    const int guard = fds.size() > 4 ? fds[4] : -1;
-    made = may_fork && Threads() == 1 ? Fork(sock, guard, agent) : Made::kNotForked;
-    if (made == Made::kServed) {  // a worker of its own now: this standby serves the next go
-      for (int fd : fds) ::close(fd);
-      Say(sock, "D\n");
-      continue;
-    }
-    if (made == Made::kNotForked) Say(sock, "P" + std::to_string(::getpid()) + "\n");  // it is the worker
-    break;
-  }
+  ReadGo(sock, keep_warm_ms, &env, &fds);
+  Say(sock, "P" + std::to_string(::getpid()) + "\n");  // it is the worker
 
   RenameThreads();
   const int progress = fds[0], in = fds[1], out = fds[2], err = fds[3];
@@ -366,7 +255,6 @@ void AwaitWorkerStart() {
     if (fd > kProgressFd) ::close(fd);
   WriteAll(1, replay_out.data(), replay_out.size());
   WriteAll(2, replay_err.data(), replay_err.size());
-  if (made == Made::kWorker) ::on_exit(ExitFast, nullptr);
   g_warm = true;
 }
 
@@ -378,9 +266,6 @@ void AddStandbyKeepWarm(std::function<void()> keep_warm) {
   g_keep_warm->push_back(std::move(keep_warm));
 }
 
-bool IsStandby() {
-  const char* fd = std::getenv("LAUNCH_STANDBY_FD");
-  return !g_awaited && fd && *fd;
-}
+bool IsStandby() { return !g_awaited && StandbyFdText(); }
 
 }  // namespace launch_sdk

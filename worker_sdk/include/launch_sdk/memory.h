@@ -1,7 +1,6 @@
 // Large CPU tensors with their pages present from the start. A page's first write costs a trap
-// into the kernel (a page fault); a tensor of 16 MiB has 4096 of them, and a worker forked from a
-// standby meets them again for everything it writes, in its first steps, just when a restart is
-// being timed. On the 2-core VM where this was measured a fault costs about 10 us, so 16 MiB
+// into the kernel (a page fault); a tensor of 16 MiB has 4096 of them, and a restarted worker
+// meets them for everything it writes in its first steps, just when a restart is being timed. On the 2-core VM where this was measured a fault costs about 10 us, so 16 MiB
 // first written page by page took 40-50 ms, made present in one madvise(MADV_POPULATE_WRITE)
 // 2.5-3.5 ms. No LibTorch in this header.
 #pragma once
@@ -24,7 +23,7 @@ struct PrefaultOptions {
 // Installs, for the rest of the process, a LibTorch CPU allocator (c10::SetCPUAllocator) that
 // serves allocations of at least min_bytes as described above and hands smaller ones to the
 // allocator it replaces. The first call installs it; later calls change nothing. A child forked
-// after it (a worker forked from its standby) starts with an empty cache: the cached pages would
+// after it (a data loader's worker process, say) starts with an empty cache: the cached pages would
 // be shared with the parent, and every write to them a copy. Like LibTorch's own CPU allocator it
 // reports each allocation and free to the profiler when that records memory (profile_memory),
 // with the page-rounded size, the bytes it has handed out and those it holds (with its cache).

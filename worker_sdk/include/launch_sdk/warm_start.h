@@ -18,15 +18,11 @@ namespace launch_sdk {
 
 // Returns at once unless the agent started this process as a standby (LAUNCH_STANDBY_FD). A
 // standby tells the agent it is ready and waits for its go; at the go it becomes the worker
-// itself, or, where the agent allows it (LAUNCH_STANDBY_FORK=1, which launch gives only Python
-// standbys) and it has one thread, forks the worker (through a process that makes it the agent's
-// child, as a worker started cold is) and waits for the next. In the worker it returns with
-// the worker's environment, stdin/stdout/stderr and progress descriptor in place, having written
-// what the standby printed before its go to the worker's stdout and stderr. A standby's process
-// name (comm: ps -o comm, top) is "launch-standby"; its workers have the program's. A forked
-// worker's exit runs the atexit handlers registered after its go and flushes C stdio and the
-// standard streams, then ends without the destructors of the static objects made before the go.
-// Only the first call waits; a later one returns at once.
+// itself: it returns with the worker's environment, stdin/stdout/stderr and progress descriptor
+// in place, having written what the standby printed before its go to the worker's stdout and
+// stderr. (launch makes the next attempt's standby as a new process.) A standby's process name
+// (comm: ps -o comm, top) is "launch-standby"; its worker's is the program's. Only the first call
+// waits; a later one returns at once.
 void AwaitWorkerStart();
 
 // Whether this worker was started from a standby (AwaitWorkerStart returned from a go).
