@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <string>
 #include <thread>
 #include <vector>
@@ -32,18 +33,25 @@ double Connect(bool wake) {
   std::vector<std::shared_ptr<::gloo::rendezvous::Context>> contexts(2);
   const auto start = std::chrono::steady_clock::now();
   std::vector<std::thread> ranks;
+  std::vector<std::exception_ptr> errors(2);
   for (int rank = 0; rank < 2; ++rank) {
     ranks.emplace_back([&, rank] {
-      contexts[rank] = std::make_shared<::gloo::rendezvous::Context>(rank, 2);
-      if (wake) {
-        launch_sdk::internal::GlooLoopWaker waker({devices[rank]});
-        contexts[rank]->connectFullMesh(store, devices[rank]);
-      } else {
-        contexts[rank]->connectFullMesh(store, devices[rank]);
+      try {
+        contexts[rank] = std::make_shared<::gloo::rendezvous::Context>(rank, 2);
+        if (wake) {
+          launch_sdk::internal::GlooLoopWaker waker({devices[rank]});
+          contexts[rank]->connectFullMesh(store, devices[rank]);
+        } else {
+          contexts[rank]->connectFullMesh(store, devices[rank]);
+        }
+      } catch (...) {
+        errors[rank] = std::current_exception();
       }
     });
   }
   for (auto& t : ranks) t.join();
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
@@ -71,9 +79,14 @@ int main(int argc, char** argv) {
     }
   }
   std::vector<double> plain, woken;
-  for (int r = 0; r < reps; ++r) {
-    plain.push_back(Connect(false));
-    woken.push_back(Connect(true));
+  try {
+    for (int r = 0; r < reps; ++r) {
+      plain.push_back(Connect(false));
+      woken.push_back(Connect(true));
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gloo_init_bench: %s\n", e.what());
+    return 1;
   }
   const double p = Median(plain), w = Median(woken);
   std::printf("gloo full mesh, 2 ranks on loopback, median of %d: without waker %.2f ms, with GlooLoopWaker %.2f ms, "

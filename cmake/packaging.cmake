@@ -124,7 +124,7 @@ if(TARGET worker_sdk)
   set(CPACK_DEBIAN_SDK_PACKAGE_NAME launch-sdk-dev)
   set(CPACK_DEBIAN_SDK_PACKAGE_SECTION libdevel)
   # The SDK links Gloo itself where it wakes Gloo's event loops (worker_sdk/CMakeLists.txt).
-  if(LAUNCH_SDK_HAS_GLOO_TCP AND LAUNCH_GLOO_LIBRARY)
+  if(LAUNCH_SDK_HAS_GLOO_TCP)
     string(APPEND _launch_torch_dep ", libgloo-dev")
   endif()
   set(CPACK_DEBIAN_SDK_PACKAGE_DEPENDS "${_launch_torch_dep}")

@@ -26,8 +26,8 @@
 #include <cstring>
 #include <functional>
 #include <iostream>
-#include <string>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "env_vars.h"
