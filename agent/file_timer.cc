@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <limits>
 #include <random>
+#include <set>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
@@ -73,12 +74,37 @@ absl::StatusOr<TimerRequest> ParseTimerRequest(absl::string_view line) {
   return r;
 }
 
-void TimerTable::AddWorker(pid_t pid, int rank) { workers_[pid] = rank; }
+std::vector<std::string> TimerTable::AddWorker(pid_t pid, int rank) {
+  workers_[pid] = rank;
+  std::vector<std::string> warnings;
+  for (auto it = held_.begin(); it != held_.end();) {
+    if (it->pid != pid) {
+      ++it;
+      continue;
+    }
+    Take(std::move(*it), &warnings);
+    it = held_.erase(it);
+  }
+  counts_.held = static_cast<int64_t>(held_.size());
+  return warnings;
+}
 
-void TimerTable::ClearWorkers() {
+std::vector<std::string> TimerTable::ClearWorkers() {
+  std::vector<std::string> warnings;
+  if (!held_.empty()) {
+    std::set<pid_t> pids;
+    for (const TimerRequest& r : held_) pids.insert(r.pid);
+    warnings.push_back(absl::StrCat("ignored ", held_.size(), " request(s) from ", pids.size(),
+                                    " pid(s) that were no worker of the attempt (the first: ",
+                                    held_.front().pid, ")"));
+    counts_.unknown_pid += static_cast<int64_t>(held_.size());
+  }
+  held_.clear();
+  counts_.held = 0;
   workers_.clear();
   timers_.clear();
   warned_invalid_ = warned_unknown_ = warned_full_ = false;
+  return warnings;
 }
 
 void TimerTable::WarnOnce(bool* warned, std::string text, std::vector<std::string>* warnings) {
@@ -118,15 +144,24 @@ void TimerTable::Apply(absl::string_view line, std::vector<std::string>* warning
     return;
   }
   if (workers_.count(r->pid) == 0) {
+    if (held_.size() < kMaxHeldRequests) {  // until the agent knows the pid, or the attempt ends
+      held_.push_back(std::move(*r));
+      counts_.held = static_cast<int64_t>(held_.size());
+      return;
+    }
     ++counts_.unknown_pid;
-    WarnOnce(
-        &warned_unknown_,
-        absl::StrCat("ignored a request from pid ", r->pid, ", which is no worker of this attempt"),
-        warnings);
+    WarnOnce(&warned_unknown_,
+             absl::StrCat("ignored a request from pid ", r->pid, ", which is no worker of this attempt (",
+                          kMaxHeldRequests, " such requests are held already)"),
+             warnings);
     return;
   }
-  auto key = std::make_pair(r->pid, std::move(r->scope_id));
-  if (r->expiration_time < 0) {
+  Take(std::move(*r), warnings);
+}
+
+void TimerTable::Take(TimerRequest r, std::vector<std::string>* warnings) {
+  auto key = std::make_pair(r.pid, std::move(r.scope_id));
+  if (r.expiration_time < 0) {
     counts_.released += static_cast<int64_t>(timers_.erase(key));
     return;
   }
@@ -142,7 +177,7 @@ void TimerTable::Apply(absl::string_view line, std::vector<std::string>* warning
     }
     it = timers_.emplace(std::move(key), Timer{}).first;
   }
-  it->second = Timer{r->expiration_time, r->signal};
+  it->second = Timer{r.expiration_time, r.signal};
   ++counts_.set;
 }
 
@@ -251,7 +286,8 @@ absl::Status FileTimerServer::Start() {
     }
   }
   stop_.Reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-  if (!stop_.valid()) {
+  wake_.Reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!stop_.valid() || !wake_.valid()) {
     auto failed = ErrnoStatus("eventfd");
     Stop();
     return failed;
@@ -270,6 +306,7 @@ void FileTimerServer::Stop() {
   read_.Reset();
   keep_open_.Reset();
   stop_.Reset();
+  wake_.Reset();
   {
     std::lock_guard<std::mutex> lock(mu_);
     pidfds_.clear();
@@ -298,15 +335,30 @@ void FileTimerServer::AddWorker(pid_t pid, int rank) {
   // be another process's only if the worker was reaped and its pid reused before ClearWorkers.
   pidfd.Reset(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
 #endif
-  std::lock_guard<std::mutex> lock(mu_);
-  table_.AddWorker(pid, rank);
-  pidfds_[pid] = std::move(pidfd);
+  std::vector<std::string> warnings;
+  bool took_held = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int64_t held = table_.counts().held;
+    pidfds_[pid] = std::move(pidfd);  // before its held timers are taken: they may have expired
+    warnings = table_.AddWorker(pid, rank);
+    took_held = table_.counts().held != held;
+  }
+  for (const std::string& w : warnings) spdlog::warn("file timer: {}", w);
+  if (took_held && wake_.valid()) {  // its thread may be waiting with no timer to expire
+    const uint64_t one = 1;
+    (void)!::write(wake_.get(), &one, sizeof one);
+  }
 }
 
 void FileTimerServer::ClearWorkers() {
-  std::lock_guard<std::mutex> lock(mu_);
-  table_.ClearWorkers();
-  pidfds_.clear();
+  std::vector<std::string> warnings;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    warnings = table_.ClearWorkers();
+    pidfds_.clear();
+  }
+  for (const std::string& w : warnings) spdlog::warn("file timer: {}", w);
 }
 
 TimerCounts FileTimerServer::counts() const {
@@ -327,12 +379,16 @@ int FileTimerServer::WaitMs() {
 
 void FileTimerServer::Loop() {
   for (;;) {
-    pollfd p[2] = {{stop_.get(), POLLIN, 0}, {read_.get(), POLLIN, 0}};
-    if (::poll(p, 2, WaitMs()) < 0 && errno != EINTR) {
+    pollfd p[3] = {{stop_.get(), POLLIN, 0}, {read_.get(), POLLIN, 0}, {wake_.get(), POLLIN, 0}};
+    if (::poll(p, 3, WaitMs()) < 0 && errno != EINTR) {
       spdlog::error("file timer: poll: {}; timers no longer expire", std::strerror(errno));
       return;
     }
     if (p[0].revents != 0) return;
+    if (p[2].revents & POLLIN) {
+      uint64_t n;
+      (void)!::read(wake_.get(), &n, sizeof n);
+    }
     if (p[1].revents & POLLIN) ReadRequests();
     Reap();
   }

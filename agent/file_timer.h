@@ -14,12 +14,16 @@
 // the group loop exists only during one), and its one action, a signal, needs nothing from the
 // loop: the killed worker's exit reaches the loop as any exit does. Signals go through a pidfd
 // taken when the worker is added, so a worker reaped meanwhile (its pid reused) is never hit.
+// A request from a pid the agent does not know yet is held until the attempt ends (at most
+// kMaxHeldRequests): a worker forked from a warm standby (launch --warm-start) may write before
+// the agent has read its pid from the standby, and its timer must not be lost.
 #pragma once
 
 #include <sys/types.h>
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -56,9 +60,12 @@ absl::StatusOr<TimerRequest> ParseTimerRequest(absl::string_view line);
 struct TimerCounts {
   int64_t set = 0, released = 0, expired = 0;
   // Ignored: a line over kMaxTimerRequestBytes, a line that is no valid request, a request from
-  // a pid that is no worker of the attempt, a new timer while kMaxLiveTimers are held.
+  // a pid that is no worker of the attempt (counted when the attempt ends, or when
+  // kMaxHeldRequests are held already), a new timer while kMaxLiveTimers are held.
   int64_t overlong = 0, invalid = 0, unknown_pid = 0, full = 0;
   int64_t ignored() const { return overlong + invalid + unknown_pid + full; }
+  // Held now: requests from pids not known (yet) to be workers of this attempt.
+  int64_t held = 0;
 };
 
 // A worker whose timer expired: the timer whose signal it gets (signal 0: none asked for).
@@ -74,11 +81,13 @@ struct TimerExpiry {
 // clock (times are arguments) and no I/O, so it is tested as a table.
 class TimerTable {
  public:
-  // A worker of the current attempt: only its requests are taken.
-  void AddWorker(pid_t pid, int rank);
-  // The attempt is over: its workers and their timers are forgotten, and the next attempt's
-  // first ignored request is logged again.
-  void ClearWorkers();
+  // A worker of the current attempt: only its requests are taken, those held from its pid before
+  // now first, in the order they came. Returns the warnings to log, as Feed.
+  std::vector<std::string> AddWorker(pid_t pid, int rank);
+  // The attempt is over: its workers and their timers are forgotten, the requests still held
+  // are ignored (one warning, returned, names how many), and the next attempt's first ignored
+  // request is logged again.
+  std::vector<std::string> ClearWorkers();
   // Bytes as read from the FIFO: each complete line is applied, a partial one kept for the next
   // call (a line that grows past kMaxTimerRequestBytes is dropped up to its newline). Returns the
   // warnings to log: the first ignored request of each kind in an attempt; the rest are counted.
@@ -97,11 +106,14 @@ class TimerTable {
     int signal = 0;
   };
   void Apply(absl::string_view line, std::vector<std::string>* warnings);
+  // A request from a worker of this attempt.
+  void Take(TimerRequest r, std::vector<std::string>* warnings);
   // A warning the first time `*warned` is false.
   static void WarnOnce(bool* warned, std::string text, std::vector<std::string>* warnings);
 
   std::map<pid_t, int> workers_;  // pid -> rank
   std::map<std::pair<pid_t, std::string>, Timer> timers_;
+  std::deque<TimerRequest> held_;  // from pids not known yet, oldest first
   std::string partial_;    // a line not finished yet
   bool dropping_ = false;  // inside an overlong line, up to its newline
   bool warned_invalid_ = false, warned_unknown_ = false, warned_full_ = false;
@@ -133,7 +145,8 @@ class FileTimerServer {
   void Stop();
   const std::string& path() const { return opts_.path; }
 
-  // A worker of the current attempt, just spawned (not reaped yet: its pidfd is taken now).
+  // A worker of the current attempt, just spawned (not reaped yet: its pidfd is taken now). Its
+  // requests held until now are taken, and the server's thread woken to look at their timers.
   void AddWorker(pid_t pid, int rank);
   // The attempt is over: its workers, pidfds and timers are dropped.
   void ClearWorkers();
@@ -146,7 +159,7 @@ class FileTimerServer {
   int WaitMs();
 
   Options opts_;
-  UniqueFd read_, keep_open_, stop_;
+  UniqueFd read_, keep_open_, stop_, wake_;
   dev_t dev_ = 0;
   ino_t ino_ = 0;
   std::thread thread_;

@@ -51,6 +51,9 @@ inline constexpr size_t kMaxTimerRequestBytes = 4096;
 inline constexpr size_t kMaxTimerScopeLength = 1024;
 static_assert(kMaxTimerScopeLength < kMaxTimerRequestBytes, "a scope must fit in one request");
 inline constexpr size_t kMaxLiveTimers = 4096;
+// Requests from pids the agent does not know (yet) to be workers of the attempt, held until it
+// does or the attempt ends (agent/file_timer.h): a warm worker may write before its pid is known.
+inline constexpr size_t kMaxHeldRequests = 1024;
 inline constexpr int kMaxSignal = 64;
 
 }  // namespace launch

@@ -113,20 +113,52 @@ TEST(TimerTable, AWorkerGetsTheSignalOfItsEarliestExpiredTimerThatNamesOne) {
   EXPECT_THAT(Expired(&t, 5.0), ElementsAre("100:a:0"));
 }
 
+// A worker forked from a warm standby may write before the agent has its pid: a request from a
+// pid not known yet is held, and taken, in order, once the pid is added.
+TEST(TimerTable, ARequestFromAPidNotKnownYetIsTakenOnceThePidIsAdded) {
+  TimerTable t;
+  EXPECT_THAT(t.Feed(Line(100, "a", 5.0, SIGKILL) + Line(100, "b", 6.0, SIGTERM) + Line(100, "b", -1, 0)),
+              IsEmpty());
+  EXPECT_EQ(t.counts().held, 3);
+  EXPECT_EQ(t.size(), 0u);
+  EXPECT_THAT(Expired(&t, 1e9), IsEmpty());  // no timer before its pid is a worker's
+  EXPECT_THAT(t.AddWorker(100, 1), IsEmpty());
+  EXPECT_EQ(t.counts().held, 0);
+  EXPECT_EQ(t.size(), 1u);  // "b" was released after it was set
+  EXPECT_EQ(t.counts().set, 2);
+  EXPECT_EQ(t.counts().released, 1);
+  EXPECT_EQ(t.counts().unknown_pid, 0);
+  const std::vector<TimerExpiry> e = t.TakeExpired(5.0);
+  ASSERT_EQ(e.size(), 1u);
+  EXPECT_EQ(e[0].rank, 1);
+  EXPECT_EQ(e[0].scope_id, "a");
+}
+
+// Requests from pids that never become workers are ignored when the attempt ends, with one
+// warning; past kMaxHeldRequests they are ignored at once, with one warning.
 TEST(TimerTable, ARequestFromAPidThatIsNoWorkerIsIgnoredWithOneWarning) {
   TimerTable t;
   t.AddWorker(100, 0);
-  std::vector<std::string> warnings =
-      t.Feed(Line(999, "a", 1.0, SIGKILL) + Line(998, "b", 1.0, SIGKILL));
-  ASSERT_EQ(warnings.size(), 1u);
-  EXPECT_THAT(warnings[0], HasSubstr("pid 999, which is no worker"));
-  EXPECT_THAT(t.Feed(Line(999, "c", 1.0, SIGKILL)), IsEmpty());
-  EXPECT_EQ(t.counts().unknown_pid, 3);
+  EXPECT_THAT(t.Feed(Line(999, "a", 1.0, SIGKILL) + Line(998, "b", 1.0, SIGKILL) + Line(999, "c", 1.0, SIGKILL)),
+              IsEmpty());
+  EXPECT_EQ(t.counts().held, 3);
   EXPECT_EQ(t.size(), 0u);
   EXPECT_THAT(Expired(&t, 1e9), IsEmpty());
-  // A new attempt: its first ignored request is named again.
-  t.ClearWorkers();
-  EXPECT_EQ(t.Feed(Line(100, "a", 1.0, SIGKILL)).size(), 1u);  // 100 was the last attempt's
+  std::vector<std::string> warnings = t.ClearWorkers();
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_THAT(warnings[0], HasSubstr("ignored 3 request(s) from 2 pid(s) that were no worker of the attempt"));
+  EXPECT_EQ(t.counts().unknown_pid, 3);
+  EXPECT_EQ(t.counts().held, 0);
+  EXPECT_THAT(t.AddWorker(999, 0), IsEmpty());  // the next attempt's worker: nothing held for it
+  EXPECT_EQ(t.size(), 0u);
+
+  std::string many;
+  for (size_t i = 0; i < kMaxHeldRequests + 2; ++i) many += Line(5000, absl::StrCat("s", i), 1.0, SIGKILL);
+  warnings = t.Feed(many);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_THAT(warnings[0], HasSubstr("ignored a request from pid 5000, which is no worker of this attempt"));
+  EXPECT_EQ(t.counts().held, static_cast<int64_t>(kMaxHeldRequests));
+  EXPECT_EQ(t.counts().unknown_pid, 3 + 2);
 }
 
 TEST(TimerTable, ClearingTheWorkersEndsTheirTimers) {
@@ -377,7 +409,7 @@ TEST(FileTimerServer, SignalsAWorkerWhoseTimerExpiredAndNoOtherProcess) {
   ASSERT_TRUE(ClientWrite(o.path, Line(worker, "step", clock.now + 1, SIGKILL) +
                                       Line(stranger, "step", clock.now + 1, SIGKILL)));
   ASSERT_TRUE(
-      WaitUntil([&] { return server.counts().set == 1 && server.counts().unknown_pid == 1; }));
+      WaitUntil([&] { return server.counts().set == 1 && server.counts().held == 1; }));
   EXPECT_EQ(expired, 0);  // not before its time
   clock.now = clock.now + 1;
   EXPECT_EQ(WaitForSignal(worker), SIGKILL);
@@ -386,6 +418,34 @@ TEST(FileTimerServer, SignalsAWorkerWhoseTimerExpiredAndNoOtherProcess) {
   EXPECT_EQ(::kill(stranger, 0), 0);  // the pid that is no worker is left alone
   ::kill(stranger, SIGKILL);
   EXPECT_EQ(WaitForSignal(stranger), SIGKILL);
+}
+
+// A timer a worker wrote before the agent added it (a warm worker's) is taken when it is added,
+// and the server's thread, waiting with no timer to expire, is woken to signal it: here the
+// timer has expired already when the worker is added.
+TEST(FileTimerServer, ATimerWrittenBeforeItsWorkerWasAddedExpires) {
+  TempDir dir;
+  FakeWallClock clock;
+  std::atomic<int> expired{0};
+  FileTimerServer::Options o;
+  o.path = dir / "timer";
+  o.now = clock.Fn();
+  o.on_expired = [&](const TimerExpiry&) { ++expired; };
+  FileTimerServer server(o);
+  ASSERT_TRUE(server.Start().ok());
+  const pid_t worker = StartSleeper();
+  ASSERT_TRUE(ClientWrite(o.path, Line(worker, "step", clock.now + 1, SIGKILL)));
+  ASSERT_TRUE(WaitUntil([&] { return server.counts().held == 1; }));
+  clock.now = clock.now + 2;
+  server.AddWorker(worker, 1);
+  const int sig = WaitForSignal(worker);
+  if (sig == -1) {  // never signalled: not left behind
+    ::kill(worker, SIGKILL);
+    ::waitpid(worker, nullptr, 0);
+  }
+  EXPECT_EQ(sig, SIGKILL);
+  ASSERT_TRUE(WaitUntil([&] { return expired == 1; }));
+  EXPECT_EQ(server.counts().held, 0);
 }
 
 TEST(FileTimerServer, AReapedWorkersTimerSignalsNothing) {
