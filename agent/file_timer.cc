@@ -149,10 +149,18 @@ void TimerTable::Apply(absl::string_view line, std::vector<std::string>* warning
       counts_.held = static_cast<int64_t>(held_.size());
       return;
     }
-    ++counts_.unknown_pid;
+    // Full: this request is lost, and so are the pid's held ones, so that what it gets later is
+    // never a part of its requests (a timer set, its release lost, would kill a worker that
+    // left its scope in time).
+    const auto before = held_.size();
+    held_.erase(std::remove_if(held_.begin(), held_.end(), [&](const TimerRequest& h) { return h.pid == r->pid; }),
+                held_.end());
+    counts_.unknown_pid += static_cast<int64_t>(before - held_.size()) + 1;
+    counts_.held = static_cast<int64_t>(held_.size());
     WarnOnce(&warned_unknown_,
              absl::StrCat("ignored a request from pid ", r->pid, ", which is no worker of this attempt (",
-                          kMaxHeldRequests, " such requests are held already)"),
+                          kMaxHeldRequests, " such requests are held already), and the ", before - held_.size(),
+                          " held from it"),
              warnings);
     return;
   }

@@ -157,8 +157,33 @@ TEST(TimerTable, ARequestFromAPidThatIsNoWorkerIsIgnoredWithOneWarning) {
   warnings = t.Feed(many);
   ASSERT_EQ(warnings.size(), 1u);
   EXPECT_THAT(warnings[0], HasSubstr("ignored a request from pid 5000, which is no worker of this attempt"));
+  // The one that found no room took the pid's held ones with it; the last one is held again.
+  EXPECT_EQ(t.counts().held, 1);
+  EXPECT_EQ(t.counts().unknown_pid, 3 + static_cast<int64_t>(kMaxHeldRequests) + 1);
+}
+
+// When the held requests are full, a request lost takes its pid's held ones with it: a timer set
+// whose release was lost must not kill the worker that left its scope in time.
+TEST(TimerTable, ARequestLostToAFullHoldTakesItsPidsHeldOnesWithIt) {
+  TimerTable t;
+  std::string lines = Line(100, "a", 5.0, SIGKILL);
+  for (size_t i = 1; i < kMaxHeldRequests; ++i) lines += Line(5000, absl::StrCat("s", i), 1.0, SIGKILL);
+  EXPECT_THAT(t.Feed(lines), IsEmpty());
   EXPECT_EQ(t.counts().held, static_cast<int64_t>(kMaxHeldRequests));
-  EXPECT_EQ(t.counts().unknown_pid, 3 + 2);
+  const std::vector<std::string> warnings = t.Feed(Line(100, "a", -1, 0));  // its release: no room
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_THAT(warnings[0], HasSubstr("and the 1 held from it"));
+  EXPECT_EQ(t.counts().unknown_pid, 2);
+  EXPECT_EQ(t.counts().held, static_cast<int64_t>(kMaxHeldRequests) - 1);
+  t.AddWorker(100, 0);
+  EXPECT_EQ(t.size(), 0u);
+  EXPECT_THAT(Expired(&t, 1e9), IsEmpty());
+  // The next attempt names its first ignored request again.
+  t.ClearWorkers();
+  t.AddWorker(200, 0);
+  std::string full;
+  for (size_t i = 0; i < kMaxHeldRequests + 1; ++i) full += Line(6000, absl::StrCat("s", i), 1.0, SIGKILL);
+  EXPECT_EQ(t.Feed(full).size(), 1u);
 }
 
 TEST(TimerTable, ClearingTheWorkersEndsTheirTimers) {

@@ -19,9 +19,11 @@ namespace launch_sdk::internal {
 // happening, is that timeout: 10 ms of making every ProcessGroupGloo (10.4-12.6 ms for 2 ranks on
 // one host here, torch 1.13's own Python binding alike). While one lives, a GlooLoopWaker wakes
 // each TCP device's loop every 100 us through an eventfd registered on it (edge-triggered; its
-// handler does nothing), so that such a wait ends within a turn. Make one around a group's
-// construction. Where the SDK was built without Gloo's TCP transport (LAUNCH_SDK_GLOO_TCP_WAKER
-// undefined) or a device is of another transport, it does nothing.
+// handler does nothing), so that such a wait ends within a turn; every 1 ms once it has lived
+// 50 ms (a group whose store waits for a slow rank). Make one around a group's construction.
+// Where the SDK was built without Gloo's TCP transport (LAUNCH_SDK_GLOO_TCP_WAKER undefined), a
+// device is of another transport or was made by another copy of Gloo than the one linked here,
+// or no thread can be started, it does nothing.
 class GlooLoopWaker {
  public:
   explicit GlooLoopWaker(const std::vector<std::shared_ptr<::gloo::transport::Device>>& devices);
