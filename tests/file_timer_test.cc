@@ -373,6 +373,15 @@ int WaitForSignal(pid_t pid) {
   return WIFSIGNALED(status) ? WTERMSIG(status) : 0;
 }
 
+// A server's options on dir/timer with the fake clock, counting its expiries in `expired`.
+FileTimerServer::Options ServerOptions(const TempDir& dir, FakeWallClock& clock, std::atomic<int>& expired) {
+  FileTimerServer::Options o;
+  o.path = dir / "timer";
+  o.now = clock.Fn();
+  o.on_expired = [&expired](const TimerExpiry&) { ++expired; };
+  return o;
+}
+
 TEST(FileTimerServer, MakesAnOwnerOnlyFifoThatClientsCanWriteAndRemovesItOnStop) {
   TempDir dir;
   FileTimerServer server({dir / "timer"});
@@ -419,10 +428,8 @@ TEST(FileTimerServer, SignalsAWorkerWhoseTimerExpiredAndNoOtherProcess) {
   FakeWallClock clock;
   std::atomic<int> expired{0};
   std::string scope;
-  FileTimerServer::Options o;
-  o.path = dir / "timer";
+  FileTimerServer::Options o = ServerOptions(dir, clock, expired);
   o.reap_interval = std::chrono::milliseconds(5);
-  o.now = clock.Fn();
   o.on_expired = [&](const TimerExpiry& e) {
     scope = e.scope_id;
     ++expired;
@@ -452,10 +459,7 @@ TEST(FileTimerServer, ATimerWrittenBeforeItsWorkerWasAddedExpires) {
   TempDir dir;
   FakeWallClock clock;
   std::atomic<int> expired{0};
-  FileTimerServer::Options o;
-  o.path = dir / "timer";
-  o.now = clock.Fn();
-  o.on_expired = [&](const TimerExpiry&) { ++expired; };
+  const FileTimerServer::Options o = ServerOptions(dir, clock, expired);
   FileTimerServer server(o);
   ASSERT_TRUE(server.Start().ok());
   const pid_t worker = StartSleeper();
@@ -477,11 +481,8 @@ TEST(FileTimerServer, AReapedWorkersTimerSignalsNothing) {
   TempDir dir;
   FakeWallClock clock;
   std::atomic<int> expired{0};
-  FileTimerServer::Options o;
-  o.path = dir / "timer";
+  FileTimerServer::Options o = ServerOptions(dir, clock, expired);
   o.reap_interval = std::chrono::milliseconds(5);
-  o.now = clock.Fn();
-  o.on_expired = [&](const TimerExpiry&) { ++expired; };
   FileTimerServer server(o);
   ASSERT_TRUE(server.Start().ok());
   const pid_t worker = StartSleeper();

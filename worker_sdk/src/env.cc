@@ -34,11 +34,6 @@ namespace {
 using internal::EnvValue;
 using internal::ParseEnvLong;
 
-const char* Get(const char* name) { return EnvValue(name); }
-long ParseLong(const char* name, const char* v, long min = INT_MIN, long max = INT_MAX) {
-  return ParseEnvLong(name, v, min, max);
-}
-
 double ParseDouble(const char* name, const char* v) {
   char* end = nullptr;
   double out = std::strtod(v, &end);
@@ -49,16 +44,16 @@ double ParseDouble(const char* name, const char* v) {
 }
 
 void Int(const char* name, int* out, long min = INT_MIN, long max = INT_MAX) {
-  if (const char* v = Get(name)) *out = static_cast<int>(ParseLong(name, v, min, max));
+  if (const char* v = EnvValue(name)) *out = static_cast<int>(ParseEnvLong(name, v, min, max));
 }
 void OptInt(const char* name, std::optional<int>* out, long min = INT_MIN, long max = INT_MAX) {
-  if (const char* v = Get(name)) *out = static_cast<int>(ParseLong(name, v, min, max));
+  if (const char* v = EnvValue(name)) *out = static_cast<int>(ParseEnvLong(name, v, min, max));
 }
 void OptDouble(const char* name, std::optional<double>* out) {
-  if (const char* v = Get(name)) *out = ParseDouble(name, v);
+  if (const char* v = EnvValue(name)) *out = ParseDouble(name, v);
 }
 void Bool(const char* name, bool* out) {
-  if (const char* v = Get(name)) {
+  if (const char* v = EnvValue(name)) {
     const std::string s = v;
     if (s == "1") *out = true;
     else if (s == "0") *out = false;
@@ -66,7 +61,7 @@ void Bool(const char* name, bool* out) {
   }
 }
 void Str(const char* name, std::string* out) {
-  if (const char* v = Get(name)) *out = v;
+  if (const char* v = EnvValue(name)) *out = v;
 }
 
 }  // namespace
@@ -74,7 +69,7 @@ void Str(const char* name, std::string* out) {
 WorkerEnv ReadWorkerEnv() {
   AwaitWorkerStart();  // a standby's environment is its worker's only after the go
   WorkerEnv e;
-  e.under_launcher = Get("RANK") && Get("WORLD_SIZE");
+  e.under_launcher = EnvValue("RANK") && EnvValue("WORLD_SIZE");
   // Every number is bounded here: MASTER_PORT sizes a 16-bit port, counts size allocations.
   Int("RANK", &e.rank, 0);
   Int("LOCAL_RANK", &e.local_rank, 0);
@@ -88,7 +83,7 @@ WorkerEnv ReadWorkerEnv() {
   Str("TORCHELASTIC_RUN_ID", &e.run_id);
   Str("TORCHELASTIC_ERROR_FILE", &e.error_file);
   // torch's own test (rendezvous.py): exactly "True".
-  if (const char* v = Get("TORCHELASTIC_USE_AGENT_STORE")) e.use_agent_store = std::string(v) == "True";
+  if (const char* v = EnvValue("TORCHELASTIC_USE_AGENT_STORE")) e.use_agent_store = std::string(v) == "True";
   Str("LAUNCH_GPU_BINDING", &e.gpu_binding);
   OptInt("OMP_NUM_THREADS", &e.omp_threads, 1);
   OptDouble("LAUNCH_LR", &e.lr);
