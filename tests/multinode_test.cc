@@ -921,10 +921,12 @@ TEST(MultiNodeNetns, NodeWhoseLeaseDatagramsAreBlockedHeartbeatsOnItsStream) {
     for (auto& a : agents) a->Pump(1);
     coord.child().Pump(1);
   };
-  // Node 1's datagrams never arrive: by its third stream heartbeat the coordinator says so.
+  // Node 1's datagrams never arrive: by its third stream heartbeat the coordinator says so (its
+  // line and the agent's come through two pipes: either may be read first).
   ASSERT_TRUE(WaitUntil([&] {
     pump();
-    return absl::StrContains(agents[1]->err(), "do not arrive; heartbeating on the stream");
+    return absl::StrContains(agents[1]->err(), "do not arrive; heartbeating on the stream") &&
+           absl::StrContains(coord.child().err(), "no lease datagram from node");
   })) << agents[1]->err() << coord.child().err();
   EXPECT_THAT(coord.child().err(), HasSubstr("no lease datagram from node"));
   EXPECT_THAT(agents[0]->err(), Not(HasSubstr("heartbeating on the stream")));
