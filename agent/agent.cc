@@ -135,8 +135,11 @@ absl::StatusOr<std::vector<WorkerLaunch>> Agent::PrepareAttempt(const v1::Assign
   if (file_timer_) {
     for (Env& env : plan.envs) env[kTimerFileEnv] = file_timer_->path();
   }
-  if (checkpoint_memory_) {
-    for (int i = 0; i < n; ++i) plan.envs[i][kCheckpointMemoryEnv] = checkpoint_memory_->EnvValue(i);
+  if (worker_memory_) {
+    for (int i = 0; i < n; ++i) {
+      plan.envs[i][kCheckpointMemoryEnv] = worker_memory_->CheckpointEnvValue(i);
+      plan.envs[i][kShmAllreduceMemoryEnv] = worker_memory_->ShmAllreduceEnvValue();
+    }
   }
   if (a.restart_count() == 0 && make_dirs) {
     for (const auto& note : plan.notes) spdlog::info("{}", note);
@@ -283,18 +286,20 @@ int Agent::Run() {
       return 2;
     }
     file_timer_ = std::move(*timer);
-    // Without it checkpoints are only written to disk: said once, and the run goes on. Two files
-    // per worker, only where the open-file limit leaves room for them beside what the plan counted
-    // (a worker's pipes and log files, and launch's own margin).
+    // Without it checkpoints are only written to disk, and each attempt's rank 0 makes a new
+    // all-reduce segment: said once, and the run goes on. Only where the open-file limit leaves
+    // room for its files beside what the plan counted (a worker's pipes and log files, and
+    // launch's own margin).
     const int n = opts_.spec.local_world_size;
+    const int files = WorkerMemory::FileCount(n);
     rlimit nofile{};
     const bool room = ::getrlimit(RLIMIT_NOFILE, &nofile) != 0 || nofile.rlim_cur == RLIM_INFINITY ||
-                      nofile.rlim_cur >= static_cast<rlim_t>(64 + 6 * n);
-    auto memory = room ? CheckpointMemory::Create(n)
+                      nofile.rlim_cur >= static_cast<rlim_t>(64 + 4 * n + files);
+    auto memory = room ? WorkerMemory::Create(n)
                        : absl::ResourceExhaustedError(absl::StrCat("the open-file limit (", nofile.rlim_cur,
-                                                                   ") leaves no room for ", 2 * n, " more files"));
+                                                                   ") leaves no room for ", files, " more files"));
     if (memory.ok()) {
-      checkpoint_memory_ = std::move(*memory);
+      worker_memory_ = std::move(*memory);
     } else {
       spdlog::info("checkpoints cannot be kept in memory: {}", std::string(memory.status().message()));
     }
@@ -325,7 +330,7 @@ int Agent::Run() {
   }
   const int code = Finish(state, at, dir.temporary());
   file_timer_.reset();  // the FIFO goes with the run (the agent may stay to serve the coordinator)
-  checkpoint_memory_.reset();  // and so do the checkpoints kept in memory
+  worker_memory_.reset();  // and so do the checkpoints kept in memory
   store_.reset();       // and so does the workers' store
   warm_.reset();        // and the standbys no attempt took
   return code;

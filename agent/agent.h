@@ -22,7 +22,7 @@
 #include "agent/process.h"
 #include "agent/signals.h"
 #include "agent/store_server.h"
-#include "agent/checkpoint_memory.h"
+#include "agent/worker_memory.h"
 #include "agent/warm_start.h"
 #include "agent/worker_env.h"
 #include "agent/worker_group.h"
@@ -101,7 +101,7 @@ class Agent {
   // workers registered with it; null when not asked for.
   std::unique_ptr<FileTimerServer> file_timer_;
   // Where the workers' checkpoints outlive them (LAUNCH_CHECKPOINT_MEMORY); null: none.
-  std::unique_ptr<CheckpointMemory> checkpoint_memory_;
+  std::unique_ptr<WorkerMemory> worker_memory_;
   // The workers' TCPStore: bound when this node proposes its port, served while it is group
   // rank 0, through every restart (agent/store_server.h).
   std::unique_ptr<StoreServer> store_;

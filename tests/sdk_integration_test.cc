@@ -44,7 +44,8 @@ TEST_P(DdpEquivalence, RanksMatchOneProcessOnTheWholeBatch) {
                      c.bucket_bytes, c.accum},
                     {std::string("LAUNCH_SHM_ALLREDUCE=") + c.shm}, std::chrono::seconds(120));
   ASSERT_EQ(ddp.exit_code, 0) << ddp.err;
-  EXPECT_THAT(ddp.out, HasSubstr(std::string("[0]:buckets=") + c.expect_buckets + " shm=" + c.shm));
+  // Under launch the segment is launch's file (LAUNCH_SHM_ALLREDUCE_MEMORY).
+  EXPECT_THAT(ddp.out, HasSubstr(std::string("[0]:buckets=") + c.expect_buckets + " shm=" + c.shm + " shm_file=" + c.shm));
   double diff = MaxAbsDiff(ReadFloats(dir / "single.bin"), ReadFloats(dir / "ddp.bin"));
   EXPECT_LE(diff, 1e-5) << "max abs diff after 20 SGD steps";
 }
@@ -60,6 +61,21 @@ INSTANTIATE_TEST_SUITE_P(
                       DdpCase{"gloo_three_buckets", "4300", "1", "3", "2", "0"},
                       DdpCase{"gloo_no_sync_accumulation", "26214400", "2", "1", "2", "0"}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// An open-file limit that leaves launch no room for its worker memory: no LAUNCH_SHM_ALLREDUCE_MEMORY,
+// and rank 0 makes a segment of its own, as outside launch.
+TEST(Sdk, WithoutLaunchsFileForTheSegmentRankZeroMakesOneOfItsOwn) {
+  TempDir dir;
+  auto single = RunCmd({SDK_WORKER_BIN, "single", dir / "single.bin", "1"});
+  ASSERT_EQ(single.exit_code, 0) << single.err;
+  auto ddp = RunCmd({"/bin/sh", "-c", "ulimit -n 70 && exec \"$@\"", "sh", LAUNCH_BIN, "--nproc-per-node=2",
+                     SDK_WORKER_BIN, "ddp", dir / "ddp.bin", "26214400", "1"},
+                    {}, std::chrono::seconds(120));
+  ASSERT_EQ(ddp.exit_code, 0) << ddp.err;
+  EXPECT_THAT(ddp.err, HasSubstr("checkpoints cannot be kept in memory: the open-file limit (70) leaves no room for 5 more files"));
+  EXPECT_THAT(ddp.out, HasSubstr("[0]:buckets=1 shm=1 shm_file=0"));
+  EXPECT_LE(MaxAbsDiff(ReadFloats(dir / "single.bin"), ReadFloats(dir / "ddp.bin")), 1e-5);
+}
 
 // DdpOptions::init_sync: rank 0's weights reach rank 1 at construction, or (false) each keeps its own.
 TEST(Sdk, DdpInitSyncBroadcastsRankZerosWeightsUnlessTurnedOff) {

@@ -2,14 +2,19 @@
 #include "launch_sdk/shm_allreduce.h"
 
 #include <ATen/ATen.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <thread>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "worker_sdk/src/premap.h"
 
 namespace launch_sdk {
 namespace {
@@ -145,6 +150,134 @@ TEST(ShmAllreduce, OpenErrorsNameTheSegmentAndNothingIsLeftInDevShm) {
     EXPECT_FALSE(std::filesystem::exists("/dev/shm" + name));
   }
   EXPECT_THROW(ShmAllreduce(name, false, 0, 1, 1s), std::runtime_error);
+}
+
+// A file that outlives the groups it serves, as launch's (LAUNCH_SHM_ALLREDUCE_MEMORY): an empty
+// regular file, removed at the end.
+class SegmentFile {
+ public:
+  explicit SegmentFile(const char* what)
+      : path_("/dev/shm/launch_sdk_test." + std::to_string(getpid()) + "." + what + ".file") {
+    const int fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    EXPECT_GE(fd, 0) << path_;
+    ::close(fd);
+  }
+  ~SegmentFile() { std::filesystem::remove(path_); }
+  const std::string& path() const { return path_; }
+  size_t size() const { return std::filesystem::file_size(path_); }
+
+ private:
+  std::string path_;
+};
+
+// Rank 0 resets the file for the group, then the others open it.
+std::vector<std::unique_ptr<ShmAllreduce>> FileGroup(const std::string& path, int size, size_t slot_bytes,
+                                                     std::chrono::milliseconds timeout = 10s) {
+  std::vector<std::unique_ptr<ShmAllreduce>> g;
+  for (int r = 0; r < size; ++r) g.push_back(ShmAllreduce::InFile(path, r == 0, r, size, timeout, slot_bytes));
+  return g;
+}
+
+void ExpectSums(std::vector<std::unique_ptr<ShmAllreduce>>& g) {
+  const int size = static_cast<int>(g.size());
+  std::vector<std::vector<at::Tensor>> in(size);
+  at::Tensor expected = at::zeros({777});
+  for (int r = 0; r < size; ++r) {
+    in[r].push_back(at::randn({777}) * (r + 1));
+    expected += in[r][0];
+  }
+  auto out = RunRanks(g, in);
+  for (int r = 0; r < size; ++r) {
+    EXPECT_TRUE(at::equal(out[r][0], out[0][0])) << "rank " << r;
+    EXPECT_TRUE(at::allclose(out[r][0], expected, 1e-6, 1e-6)) << "rank " << r;
+  }
+}
+
+// A restarted group of another size, after a group whose rank gave up (its segment poisoned,
+// its arrival count stale): rank 0's reset makes the file whole again; it is never shrunk.
+TEST(ShmAllreduceInFile, TheFirstGroupSizesTheFileAndEachLaterOneResetsIt) {
+  SegmentFile file("groups");
+  {
+    auto g = FileGroup(file.path(), 3, 1024, 200ms);
+    EXPECT_TRUE(g[0]->in_file());
+    ExpectSums(g);
+    EXPECT_THAT(ErrorOf(g[0]->Allreduce(at::ones({4}))), HasSubstr("rank 0 waited 200 ms"));
+  }
+  const size_t three = file.size();
+  EXPECT_GE(three, 4u * 1024);  // 3 slots and the result
+  auto g = FileGroup(file.path(), 2, 1024);
+  ExpectSums(g);
+  EXPECT_EQ(file.size(), three);
+}
+
+TEST(ShmAllreduceInFile, ARankThatOpensItBeforeItWasSetUpIsToldWhatIsWrong) {
+  SegmentFile file("errors");
+  try {
+    ShmAllreduce::InFile(file.path(), false, 1, 2, 1s, 4096);
+    FAIL() << "opened an empty file";
+  } catch (const std::runtime_error& e) {
+    EXPECT_THAT(e.what(), HasSubstr(file.path() + " is too small for 2 ranks"));
+  }
+  {
+    auto rank0 = ShmAllreduce::InFile(file.path(), true, 0, 3, 1s, 4096);
+    try {
+      ShmAllreduce::InFile(file.path(), false, 1, 2, 1s, 4096);
+      FAIL() << "a segment for 3 ranks opened as one for 2";
+    } catch (const std::runtime_error& e) {
+      EXPECT_THAT(e.what(), HasSubstr(file.path() + " is not a segment for 2 ranks"));
+    }
+  }
+  const std::string missing = file.path() + ".missing";
+  try {
+    ShmAllreduce::InFile(missing, true, 0, 2, 1s, 4096);
+    FAIL() << "opened a file that is not there";
+  } catch (const std::runtime_error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("cannot open " + missing + ": No such file or directory"));
+  }
+  EXPECT_FALSE(std::filesystem::exists(missing));
+}
+
+// What a standby maps before its go (internal::Premap) is taken once, and only while the file has
+// the size it was mapped with.
+TEST(Premap, AMappingIsTakenOnceWhileTheFileKeepsItsSize) {
+  SegmentFile file("premap");
+  internal::Premap(file.path(), 0);
+  EXPECT_FALSE(internal::TakePremapped(file.path())) << "an empty file is left to its first user";
+
+  std::filesystem::resize_file(file.path(), 8192);
+  const int fd = ::open(file.path().c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::pwrite(fd, "first", 5, 4096), 5);
+  internal::Premap(file.path(), 8192);
+  EXPECT_FALSE(internal::TakePremapped(file.path())) << "not larger than min_size";
+  internal::Premap(file.path(), 0);
+  internal::Premap(file.path(), 0);  // mapped already: the first mapping stays
+  internal::TouchPremapped();
+  auto m = internal::TakePremapped(file.path());
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->size, 8192u);
+  EXPECT_EQ(std::memcmp(static_cast<char*>(m->base) + 4096, "first", 5), 0);
+  ASSERT_EQ(::pwrite(fd, "later", 5, 4096), 5);  // shared: a write to the file shows
+  EXPECT_EQ(std::memcmp(static_cast<char*>(m->base) + 4096, "later", 5), 0);
+  EXPECT_FALSE(internal::TakePremapped(file.path())) << "taken twice";
+  ::munmap(m->base, m->size);
+  ::close(m->fd);
+
+  internal::Premap(file.path(), 0);
+  std::filesystem::resize_file(file.path(), 16384);
+  EXPECT_FALSE(internal::TakePremapped(file.path())) << "the file grew after it was mapped";
+  ::close(fd);
+}
+
+// A standby's mapping of launch's file serves the rank it becomes.
+TEST(ShmAllreduceInFile, ARankTakesTheMappingItsStandbyMade) {
+  SegmentFile file("standby");
+  auto first = FileGroup(file.path(), 2, 4096);  // sizes the file
+  first.clear();
+  internal::Premap(file.path(), 0);
+  auto g = FileGroup(file.path(), 2, 4096);
+  EXPECT_FALSE(internal::TakePremapped(file.path())) << "the group did not take the standby's mapping";
+  ExpectSums(g);
 }
 
 }  // namespace

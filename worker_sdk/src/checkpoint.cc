@@ -31,7 +31,7 @@
 
 #include "launch_sdk/context.h"
 #include "launch_sdk/memory.h"
-#include "pages.h"
+#include "premap.h"
 
 namespace launch_sdk {
 namespace fs = std::filesystem;
@@ -586,40 +586,12 @@ int64_t MinOverRanks(const Context* ctx, int64_t v) {
 // Whether a Checkpointer of this process has the agent's memory (LAUNCH_CHECKPOINT_MEMORY).
 std::atomic<bool> g_memory_taken{false};
 
-// The agent's memory files a standby mapped before its go (PremapCheckpointMemory), by path.
-struct Premapped {
-  int fd = -1;
-  void* base = nullptr;
-  size_t size = 0;
-};
-std::mutex g_premapped_mu;
-std::map<std::string, Premapped>& PremappedSlots() {  // under g_premapped_mu
-  static auto* slots = new std::map<std::string, Premapped>();  // never destroyed
-  return *slots;
-}
-
-using internal::ReadEachPage;  // never writes: a worker may be writing a snapshot there
-
 // "PATH,PATH" from LAUNCH_CHECKPOINT_MEMORY, split; throws when malformed.
 std::pair<std::string, std::string> MemoryPaths(const std::string& list) {
   const size_t comma = list.find(',');
   if (comma == std::string::npos || list.size() > 2 * kMaxName || list.find(',', comma + 1) != std::string::npos)
     throw std::runtime_error("LAUNCH_CHECKPOINT_MEMORY=" + list.substr(0, 200) + ": expected two paths, comma separated");
   return {list.substr(0, comma), list.substr(comma + 1)};
-}
-
-// The standby's mapping of `path` when it is still the file's whole size; else none.
-std::optional<Premapped> TakePremapped(const std::string& path) {
-  std::lock_guard<std::mutex> lock(g_premapped_mu);
-  auto it = PremappedSlots().find(path);
-  if (it == PremappedSlots().end()) return std::nullopt;
-  Premapped m = it->second;
-  PremappedSlots().erase(it);
-  struct stat st {};
-  if (::fstat(m.fd, &st) == 0 && static_cast<size_t>(st.st_size) == m.size) return m;
-  ::munmap(m.base, m.size);  // the file's size changed since: mapped again whole
-  ::close(m.fd);
-  return std::nullopt;
 }
 
 }  // namespace
@@ -632,7 +604,7 @@ class Checkpointer::Slot {
   Slot() = default;
   // The agent's memory at `path`; throws with the reason when it cannot be mapped.
   explicit Slot(const std::string& path) : shared_(true) {
-    if (std::optional<Premapped> m = TakePremapped(path)) {
+    if (std::optional<internal::Premapped> m = internal::TakePremapped(path)) {
       fd_ = m->fd;
       base_ = m->base;
       mapped_ = m->size;
@@ -740,10 +712,7 @@ uint64_t Checksum64(const void* data, size_t n) {
   return h ^ (h >> 32);
 }
 
-void TouchPremappedCheckpointMemory() {
-  std::lock_guard<std::mutex> lock(g_premapped_mu);
-  for (const auto& [path, m] : PremappedSlots()) ReadEachPage(m.base, m.size);
-}
+void TouchPremappedCheckpointMemory() { internal::TouchPremapped(); }
 
 void PremapCheckpointMemory() {
   const char* mem = std::getenv("LAUNCH_CHECKPOINT_MEMORY");
@@ -754,29 +723,8 @@ void PremapCheckpointMemory() {
   } catch (const std::exception&) {
     return;  // the Checkpointer says so, in the worker
   }
-  for (const std::string& path : {paths.first, paths.second}) {
-    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-    if (fd < 0) continue;
-    struct stat st {};
-    void* base = MAP_FAILED;
-    // Only a slot that holds a snapshot: an empty one is sized by the worker's first save.
-    if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && static_cast<size_t>(st.st_size) > kSlotPayload)
-      base = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-    if (base == MAP_FAILED) {
-      ::close(fd);
-      continue;
-    }
-    // One read a page: where the first access of a page through a new mapping is dear (this VM:
-    // 20-35 ms for a 15 MB snapshot, against 1-2 ms for the next pass), it is paid here.
-    const size_t size = static_cast<size_t>(st.st_size);
-    ReadEachPage(base, size);
-    std::lock_guard<std::mutex> lock(g_premapped_mu);
-    auto [it, fresh] = PremappedSlots().emplace(path, Premapped{fd, base, size});
-    if (!fresh) {  // mapped already: keep the first
-      ::munmap(base, size);
-      ::close(fd);
-    }
-  }
+  // Only a slot that holds a snapshot: an empty one is sized by the worker's first save.
+  for (const std::string& path : {paths.first, paths.second}) internal::Premap(path, kSlotPayload);
 }
 
 Checkpointer::Checkpointer(std::string dir, int keep_last) : dir_(std::move(dir)), keep_last_(keep_last) {

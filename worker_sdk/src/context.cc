@@ -25,6 +25,7 @@
 
 #include "env_vars.h"
 #include "gloo_waker.h"
+#include "premap.h"
 #include "launch_sdk/checkpoint.h"
 #include "launch_sdk/errors.h"
 #include "launch_sdk/memory.h"
@@ -34,6 +35,9 @@
 
 namespace launch_sdk {
 namespace {
+
+// The file launch keeps for the node's all-reduce segment (agent/worker_memory.h).
+constexpr char kShmAllreduceMemoryEnv[] = "LAUNCH_SHM_ALLREDUCE_MEMORY";
 
 bool IsLoopback(const std::string& host) {
   return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
@@ -68,20 +72,37 @@ c10::intrusive_ptr<c10d::TCPStore> MakeTcpStore(const WorkerEnv& env, Options so
   return c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
 }
 
-// Every rank of a one-host group maps one segment that rank 0 creates and names in the store.
-// All ranks use it only when all of them could map it, so the choice is the same everywhere.
+// Every rank of a one-host group maps one segment that rank 0 sets up and names in the store: the
+// file launch keeps for it (LAUNCH_SHM_ALLREDUCE_MEMORY), else a new POSIX shm segment. All ranks
+// use it only when all of them could map it, so the choice is the same everywhere.
 std::shared_ptr<ShmAllreduce> MakeShmAllreduce(c10d::Store& store, Comm& pg, const WorkerEnv& env,
                                                std::chrono::milliseconds timeout) {
   std::shared_ptr<ShmAllreduce> shm;
   std::string name, error;
+  const char* file = internal::EnvValue(kShmAllreduceMemoryEnv);
+  // The file serves one group at a time: while an earlier Context of this process still uses it,
+  // a reset would pull it from under that group's collectives.
+  static std::weak_ptr<ShmAllreduce> in_file;
+  if (file && !in_file.expired()) file = nullptr;
   if (env.rank == 0) {
-    std::random_device rd;
-    name = "/launch_sdk." + std::to_string(getpid()) + "." + std::to_string(rd());
-    try {
-      shm = std::make_shared<ShmAllreduce>(name, /*create=*/true, env.rank, env.world_size, timeout);
-    } catch (const std::exception& e) {
-      error = e.what();
-      name.clear();
+    if (file) {
+      try {
+        shm = ShmAllreduce::InFile(file, /*reset=*/true, env.rank, env.world_size, timeout);
+        name = file;
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    }
+    if (!shm) {
+      std::random_device rd;
+      name = "/launch_sdk." + std::to_string(getpid()) + "." + std::to_string(rd());
+      try {
+        shm = std::make_shared<ShmAllreduce>(name, /*create=*/true, env.rank, env.world_size, timeout);
+        error.clear();
+      } catch (const std::exception& e) {
+        error = e.what();
+        name.clear();
+      }
     }
     store.set("shm_allreduce/name", std::vector<uint8_t>(name.begin(), name.end()));
   } else {
@@ -89,7 +110,8 @@ std::shared_ptr<ShmAllreduce> MakeShmAllreduce(c10d::Store& store, Comm& pg, con
     if (name.empty()) error = "rank 0 could not create the segment";
     else {
       try {
-        shm = std::make_shared<ShmAllreduce>(name, /*create=*/false, env.rank, env.world_size, timeout);
+        if (file && name == file) shm = ShmAllreduce::InFile(file, /*reset=*/false, env.rank, env.world_size, timeout);
+        else shm = std::make_shared<ShmAllreduce>(name, /*create=*/false, env.rank, env.world_size, timeout);
       } catch (const std::exception& e) {
         error = e.what();
       }
@@ -99,6 +121,7 @@ std::shared_ptr<ShmAllreduce> MakeShmAllreduce(c10d::Store& store, Comm& pg, con
   pg.barrier()->wait();  // everyone has tried to map it
   const int64_t mapped = store.add("shm_allreduce/mapped", 0);
   if (shm && env.rank == 0) shm->Unlink();  // nothing is left in /dev/shm, whatever happens next
+  if (shm && shm->in_file()) in_file = shm;
   if (mapped != env.world_size) {
     if (!error.empty()) std::fprintf(stderr, "[rank %d] launch_sdk: %s; all-reduce goes through gloo\n", env.rank, error.c_str());
     return nullptr;
@@ -124,6 +147,8 @@ std::unique_ptr<Context> Context::Init(const InitOptions& opts) {
       opts.standby_warm_up();
     }
     PremapCheckpointMemory();
+    // Empty until the first group's rank 0 sizes it.
+    if (const char* file = internal::EnvValue(kShmAllreduceMemoryEnv)) internal::Premap(file, 0);
     AddStandbyKeepWarm([] {
       TouchPrefaultingCpuAllocatorCache();
       TouchPremappedCheckpointMemory();

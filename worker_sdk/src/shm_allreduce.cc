@@ -13,7 +13,10 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
+
+#include "premap.h"
 
 namespace launch_sdk {
 namespace {
@@ -56,22 +59,28 @@ void ShmWork::wait() {
   if (error_) std::rethrow_exception(error_);
 }
 
-ShmAllreduce::ShmAllreduce(const std::string& name, bool create, int rank, int size,
-                           std::chrono::milliseconds timeout, size_t slot_bytes)
-    : name_(name), owner_(create), rank_(rank), size_(size), timeout_(timeout), slot_bytes_(slot_bytes) {
+ShmAllreduce::ShmAllreduce(const std::string& name, int rank, int size, std::chrono::milliseconds timeout,
+                           size_t slot_bytes)
+    : name_(name), owner_(false), rank_(rank), size_(size), timeout_(timeout), slot_bytes_(slot_bytes) {
   if (size < 1 || rank < 0 || rank >= size)
     throw std::invalid_argument("shm allreduce: rank " + std::to_string(rank) + " of " + std::to_string(size));
   control_bytes_ = (sizeof(Control) + 4095) / 4096 * 4096;
   map_bytes_ = control_bytes_ + static_cast<size_t>(size + 1) * slot_bytes_;
+}
+
+ShmAllreduce::ShmAllreduce(const std::string& name, bool create, int rank, int size,
+                           std::chrono::milliseconds timeout, size_t slot_bytes)
+    : ShmAllreduce(name, rank, size, timeout, slot_bytes) {
+  // From here on a throw runs the destructor, which unlinks only what owner_ says this made.
   int fd = create ? shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600) : shm_open(name.c_str(), O_RDWR, 0);
   if (fd < 0) throw SysError(create ? "cannot create" : "cannot open", name);
+  owner_ = create;
   if (create) {
     // Reserve the pages now: a full /dev/shm is an error here, not a SIGBUS mid-training.
     int rc = posix_fallocate(fd, 0, static_cast<off_t>(map_bytes_));
     if (rc != 0) {
       errno = rc;
       close(fd);
-      shm_unlink(name.c_str());
       throw SysError("cannot reserve " + std::to_string(map_bytes_) + " bytes for", name);
     }
   } else {
@@ -83,22 +92,87 @@ ShmAllreduce::ShmAllreduce(const std::string& name, bool create, int rank, int s
   }
   void* p = mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   close(fd);
-  if (p == MAP_FAILED) {
-    if (create) shm_unlink(name.c_str());
-    throw SysError("cannot map", name);
-  }
+  if (p == MAP_FAILED) throw SysError("cannot map", name);
   base_ = static_cast<char*>(p);
+  mapped_bytes_ = map_bytes_;
   ctl_ = reinterpret_cast<Control*>(base_);
   if (create) {
     new (ctl_) Control();
     ctl_->size = static_cast<uint32_t>(size);
     ctl_->magic = kMagic;
   } else if (ctl_->magic != kMagic || ctl_->size != static_cast<uint32_t>(size)) {
-    munmap(base_, map_bytes_);
     throw std::runtime_error("shm allreduce: " + name + " is not a segment for " + std::to_string(size) + " ranks");
   }
-  thread_ = std::thread([this] { Loop(); });
+  StartThread();
 }
+
+std::unique_ptr<ShmAllreduce> ShmAllreduce::InFile(const std::string& path, bool reset, int rank, int size,
+                                                   std::chrono::milliseconds timeout, size_t slot_bytes) {
+  std::unique_ptr<ShmAllreduce> s(new ShmAllreduce(path, rank, size, timeout, slot_bytes));
+  s->in_file_ = true;
+  s->MapFile(reset);
+  s->StartThread();
+  return s;
+}
+
+void ShmAllreduce::MapFile(bool reset) {
+  int fd = -1;
+  size_t file_bytes = 0;
+  if (std::optional<internal::Premapped> m = internal::TakePremapped(name_)) {
+    fd = m->fd;
+    base_ = static_cast<char*>(m->base);
+    mapped_bytes_ = file_bytes = m->size;
+  } else {
+    fd = open(name_.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) throw SysError("cannot open", name_);
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      close(fd);
+      throw std::runtime_error("shm allreduce: " + name_ + " is not a regular file");
+    }
+    file_bytes = static_cast<size_t>(st.st_size);
+  }
+  // A throw from here on leaves base_ (when set) to the destructor.
+  auto fail = [&](const std::string& what) {
+    const int e = errno;
+    close(fd);
+    errno = e;
+    return SysError(what, name_);
+  };
+  if (file_bytes < map_bytes_) {
+    if (!reset) {
+      close(fd);
+      throw std::runtime_error("shm allreduce: " + name_ + " is too small for " + std::to_string(size_) + " ranks");
+    }
+    // Reserved now: a full memory is an error here, not a SIGBUS mid-training.
+    const int rc = posix_fallocate(fd, 0, static_cast<off_t>(map_bytes_));
+    if (rc != 0) {
+      errno = rc;
+      throw fail("cannot reserve " + std::to_string(map_bytes_) + " bytes for");
+    }
+    if (base_) munmap(base_, mapped_bytes_);  // of the smaller file
+    base_ = nullptr;
+    file_bytes = map_bytes_;
+  }
+  if (!base_) {
+    void* p = mmap(nullptr, file_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (p == MAP_FAILED) throw fail("cannot map");
+    base_ = static_cast<char*>(p);
+    mapped_bytes_ = file_bytes;
+  }
+  close(fd);
+  ctl_ = reinterpret_cast<Control*>(base_);
+  if (reset) {
+    // No rank of this group has opened it yet, and no process of an earlier one runs.
+    new (ctl_) Control();
+    ctl_->size = static_cast<uint32_t>(size_);
+    ctl_->magic = kMagic;
+  } else if (ctl_->magic != kMagic || ctl_->size != static_cast<uint32_t>(size_)) {
+    throw std::runtime_error("shm allreduce: " + name_ + " is not a segment for " + std::to_string(size_) + " ranks");
+  }
+}
+
+void ShmAllreduce::StartThread() { thread_ = std::thread([this] { Loop(); }); }
 
 ShmAllreduce::~ShmAllreduce() {
   {
@@ -106,9 +180,9 @@ ShmAllreduce::~ShmAllreduce() {
     stop_ = true;
   }
   cv_.notify_all();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();  // not after a constructor that threw
   if (owner_) Unlink();
-  munmap(base_, map_bytes_);
+  if (base_) munmap(base_, mapped_bytes_);
 }
 
 void ShmAllreduce::Unlink() {

@@ -115,8 +115,9 @@ class Checkpointer {
 // a new mapping cost 20-35 ms for 15 MB here, the next 1-2 ms). The worker's Checkpointer takes
 // them while the files keep their size; a file that grew since is mapped again.
 void PremapCheckpointMemory();
-// Reads a byte of each page PremapCheckpointMemory mapped and no Checkpointer took yet (a
-// standby's keep-warm, launch_sdk/warm_start.h).
+// Reads a byte of each page a standby mapped ahead and no worker took yet: PremapCheckpointMemory's,
+// and launch's file for the all-reduce segment that Context::Init maps in a standby (a standby's
+// keep-warm, launch_sdk/warm_start.h).
 void TouchPremappedCheckpointMemory();
 
 // 64-bit FNV-1a, the checksum of the first file format's payload.

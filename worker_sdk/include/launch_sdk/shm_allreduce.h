@@ -44,6 +44,15 @@ class ShmAllreduce {
   // The creator should Unlink() once every rank has opened it.
   ShmAllreduce(const std::string& name, bool create, int rank, int size,
                std::chrono::milliseconds timeout, size_t slot_bytes = kDefaultSlotBytes);
+  // Rank `rank` of `size` ranks through the regular file at `path`, which outlives them and serves
+  // one group after another (launch's, LAUNCH_SHM_ALLREDUCE_MEMORY): with `reset`, the file is
+  // grown to the size this group needs (never shrunk: an earlier group's processes may still map
+  // it) and its control words are set for this group; every other rank opens it after that. A
+  // mapping a standby made of it (launch_sdk/warm_start.h) is used while the file keeps its size.
+  // Nothing to unlink. Throws std::runtime_error naming the file and errno on failure.
+  static std::unique_ptr<ShmAllreduce> InFile(const std::string& path, bool reset, int rank, int size,
+                                              std::chrono::milliseconds timeout,
+                                              size_t slot_bytes = kDefaultSlotBytes);
   ~ShmAllreduce();
   ShmAllreduce(const ShmAllreduce&) = delete;
   ShmAllreduce& operator=(const ShmAllreduce&) = delete;
@@ -52,10 +61,15 @@ class ShmAllreduce {
   std::shared_ptr<ShmWork> Allreduce(at::Tensor t);
   void Unlink();
   int rank() const { return rank_; }
+  // Whether it goes through a file that outlives the group (InFile), not a segment of its own.
+  bool in_file() const { return in_file_; }
   int size() const { return size_; }
 
  private:
   struct Control;
+  ShmAllreduce(const std::string& name, int rank, int size, std::chrono::milliseconds timeout, size_t slot_bytes);
+  void MapFile(bool reset);
+  void StartThread();
   void Loop();
   void Run(at::Tensor& t);
   void Barrier();
@@ -64,9 +78,11 @@ class ShmAllreduce {
 
   std::string name_;
   bool owner_;
+  bool in_file_ = false;
   int rank_, size_;
   std::chrono::milliseconds timeout_;
   size_t slot_bytes_, control_bytes_, map_bytes_ = 0;
+  size_t mapped_bytes_ = 0;  // map_bytes_, or more where a larger file was mapped whole
   char* base_ = nullptr;
   Control* ctl_ = nullptr;
 
