@@ -10,13 +10,16 @@
 #include <c10/util/ThreadLocalDebugInfo.h>
 
 #include <cstdint>
+#include <fstream>
 #include <memory>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "launch_sdk/memory.h"
+#include "worker_sdk/src/library_pages.h"
 
 namespace launch_sdk {
 namespace {
@@ -196,6 +199,48 @@ TEST(PrefaultForWrite, PopulatesAnyRangeItsPagesCover) {
   EXPECT_TRUE(PrefaultForWrite(buf.data() + 7, buf.size() - 7));
   EXPECT_TRUE(PrefaultForWrite(buf.data(), 0));
   EXPECT_TRUE(PrefaultForWrite(buf.data() + 1, 10));  // within one page: nothing to do
+}
+
+TEST(LibraryPages, OnlyReadOnlyPrivateMappingsOfSharedLibrariesQualify) {
+  using internal::IsLibraryMapping;
+  const std::string head = "7f3ce3920000-7f3ce5a55000 ";
+  EXPECT_TRUE(IsLibraryMapping(head + "r-xp 00100000 fe:00 1234   /usr/lib/x86_64-linux-gnu/libtorch_cpu.so.1.13.0"));
+  EXPECT_TRUE(IsLibraryMapping(head + "r--p 00000000 fe:00 1234   /usr/lib/x86_64-linux-gnu/libc.so.6"));
+  EXPECT_TRUE(IsLibraryMapping(head + "r--p 00000000 fe:00 1234   /opt/my libs/libx.so"));
+  EXPECT_FALSE(IsLibraryMapping(head + "rw-p 00000000 fe:00 1234   /usr/lib/x86_64-linux-gnu/libc.so.6")) << "writable";
+  EXPECT_FALSE(IsLibraryMapping(head + "r--s 00000000 fe:00 1234   /usr/lib/libshared.so")) << "shared";
+  EXPECT_FALSE(IsLibraryMapping(head + "r--p 00000000 00:00 0 ")) << "anonymous";
+  EXPECT_FALSE(IsLibraryMapping(head + "r--p 00000000 00:00 0      [vvar]"));
+  EXPECT_FALSE(IsLibraryMapping(head + "r-xp 00000000 fe:00 1234   /usr/bin/python3.11")) << "a program";
+  EXPECT_FALSE(IsLibraryMapping(head + "r--p 00000000 fe:00 1234   /usr/lib/libold.so.1 (deleted)"));
+  EXPECT_FALSE(IsLibraryMapping(head + "r--p 00000000 00:05 1234   /dev/nvidiactl")) << "a device";
+  EXPECT_FALSE(IsLibraryMapping("Rss:                 120 kB"));
+}
+
+// The resident kB of this process's mappings that IsLibraryMapping takes.
+long LibraryRssKb() {
+  std::ifstream smaps("/proc/self/smaps");
+  long kb = 0;
+  bool library = false;
+  for (std::string line; std::getline(smaps, line);) {
+    if (line.rfind("Rss:", 0) == 0) {
+      if (library) kb += std::stol(line.substr(4));
+    } else if (line.find('-') < line.find(' ') && line.find(' ') < line.find(':')) {
+      library = internal::IsLibraryMapping(line);
+    }
+  }
+  return kb;
+}
+
+TEST(LibraryPages, DroppedPagesLeaveTheProcessAndComeBackWhenUsed) {
+  const at::Tensor before = at::arange(1000, at::kFloat).sum();
+  const long rss = LibraryRssKb();
+  ASSERT_GT(rss, 1024) << "LibTorch is loaded: more than 1 MB of its libraries is resident";
+  EXPECT_GT(internal::DropLibraryPages(), 0u);
+  EXPECT_LT(LibraryRssKb(), rss / 2);
+  // LibTorch's code comes back from the page cache.
+  EXPECT_TRUE(at::equal(at::arange(1000, at::kFloat).sum(), before));
+  EXPECT_GT(LibraryRssKb(), 0);
 }
 
 }  // namespace

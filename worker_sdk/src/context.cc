@@ -25,6 +25,7 @@
 
 #include "env_vars.h"
 #include "gloo_waker.h"
+#include "library_pages.h"
 #include "premap.h"
 #include "launch_sdk/checkpoint.h"
 #include "launch_sdk/errors.h"
@@ -133,6 +134,7 @@ std::shared_ptr<ShmAllreduce> MakeShmAllreduce(c10d::Store& store, Comm& pg, con
 
 std::unique_ptr<Context> Context::Init(const InitOptions& opts) {
   if (IsStandby()) {
+    internal::DropLibraryPages();  // what loading touched; the warm-up brings back what a step uses
     if (opts.standby_warm_up) {
       // Neither variable is the round's: the standby has the values its worker will have.
       const char* prefault = std::getenv("LAUNCH_PREFAULT");
