@@ -301,7 +301,8 @@ int Agent::Run() {
     if (memory.ok()) {
       worker_memory_ = std::move(*memory);
     } else {
-      spdlog::info("checkpoints cannot be kept in memory: {}", std::string(memory.status().message()));
+      spdlog::info("checkpoints cannot be kept in memory, nor the all-reduce segment between attempts: {}",
+                   std::string(memory.status().message()));
     }
     if (opts_.warm_start) PrepareFirstStandbys();
   }

@@ -100,7 +100,8 @@ class Agent {
   // torchrun's file timer (TORCHELASTIC_ENABLE_FILE_TIMER=1): one for the run, every attempt's
   // workers registered with it; null when not asked for.
   std::unique_ptr<FileTimerServer> file_timer_;
-  // Where the workers' checkpoints outlive them (LAUNCH_CHECKPOINT_MEMORY); null: none.
+  // Where the workers' checkpoints and the node's all-reduce segment outlive them
+  // (LAUNCH_CHECKPOINT_MEMORY, LAUNCH_SHM_ALLREDUCE_MEMORY); null: none.
   std::unique_ptr<WorkerMemory> worker_memory_;
   // The workers' TCPStore: bound when this node proposes its port, served while it is group
   // rank 0, through every restart (agent/store_server.h).

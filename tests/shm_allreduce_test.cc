@@ -226,6 +226,12 @@ TEST(ShmAllreduceInFile, ARankThatOpensItBeforeItWasSetUpIsToldWhatIsWrong) {
     } catch (const std::runtime_error& e) {
       EXPECT_THAT(e.what(), HasSubstr(file.path() + " is not a segment for 2 ranks"));
     }
+    try {
+      ShmAllreduce::InFile(file.path(), false, 1, 3, 1s, 2048);
+      FAIL() << "a segment of 4096-byte slots opened as one of 2048";
+    } catch (const std::runtime_error& e) {
+      EXPECT_THAT(e.what(), HasSubstr(file.path() + " is not a segment for 3 ranks"));
+    }
   }
   const std::string missing = file.path() + ".missing";
   try {
@@ -262,6 +268,10 @@ TEST(Premap, AMappingIsTakenOnceWhileTheFileKeepsItsSize) {
   EXPECT_FALSE(internal::TakePremapped(file.path())) << "taken twice";
   ::munmap(m->base, m->size);
   ::close(m->fd);
+
+  internal::Premap(file.path(), 0);
+  internal::DropPremapped(file.path());  // a worker that does not use it
+  EXPECT_FALSE(internal::TakePremapped(file.path())) << "dropped";
 
   internal::Premap(file.path(), 0);
   std::filesystem::resize_file(file.path(), 16384);

@@ -80,11 +80,12 @@ std::shared_ptr<ShmAllreduce> MakeShmAllreduce(c10d::Store& store, Comm& pg, con
                                                std::chrono::milliseconds timeout) {
   std::shared_ptr<ShmAllreduce> shm;
   std::string name, error;
-  const char* file = internal::EnvValue(kShmAllreduceMemoryEnv);
+  const char* launch_file = internal::EnvValue(kShmAllreduceMemoryEnv);
   // The file serves one group at a time: while an earlier Context of this process still uses it,
   // a reset would pull it from under that group's collectives.
   static std::weak_ptr<ShmAllreduce> in_file;
-  if (file && !in_file.expired()) file = nullptr;
+  const bool file_busy = launch_file && !in_file.expired();
+  const char* file = file_busy ? nullptr : launch_file;
   if (env.rank == 0) {
     if (file) {
       try {
@@ -111,8 +112,12 @@ std::shared_ptr<ShmAllreduce> MakeShmAllreduce(c10d::Store& store, Comm& pg, con
     if (name.empty()) error = "rank 0 could not create the segment";
     else {
       try {
-        if (file && name == file) shm = ShmAllreduce::InFile(file, /*reset=*/false, env.rank, env.world_size, timeout);
-        else shm = std::make_shared<ShmAllreduce>(name, /*create=*/false, env.rank, env.world_size, timeout);
+        if (launch_file && name == launch_file) {
+          if (file_busy) throw std::runtime_error(name + " is still used by an earlier Context of this process");
+          shm = ShmAllreduce::InFile(name, /*reset=*/false, env.rank, env.world_size, timeout);
+        } else {
+          shm = std::make_shared<ShmAllreduce>(name, /*create=*/false, env.rank, env.world_size, timeout);
+        }
       } catch (const std::exception& e) {
         error = e.what();
       }
@@ -128,6 +133,12 @@ std::shared_ptr<ShmAllreduce> MakeShmAllreduce(c10d::Store& store, Comm& pg, con
     return nullptr;
   }
   return shm;
+}
+
+// A standby's mapping of launch's all-reduce file that the group did not take (CUDA, several
+// hosts, Gloo after all) goes: it would stay mapped, and cost its exit, for nothing.
+void DropUnusedAllreducePremap() {
+  if (const char* file = internal::EnvValue(kShmAllreduceMemoryEnv)) internal::DropPremapped(file);
 }
 
 }  // namespace
@@ -149,8 +160,10 @@ std::unique_ptr<Context> Context::Init(const InitOptions& opts) {
       opts.standby_warm_up();
     }
     PremapCheckpointMemory();
-    // Empty until the first group's rank 0 sizes it.
-    if (const char* file = internal::EnvValue(kShmAllreduceMemoryEnv)) internal::Premap(file, 0);
+    // Empty until the first group's rank 0 sizes it; Init drops the mapping when the group does not use it.
+    const char* off = internal::EnvValue("LAUNCH_SHM_ALLREDUCE");
+    if (const char* file = internal::EnvValue(kShmAllreduceMemoryEnv); file && !(off && std::strcmp(off, "0") == 0))
+      internal::Premap(file, 0);
     AddStandbyKeepWarm([] {
       TouchPrefaultingCpuAllocatorCache();
       TouchPremappedCheckpointMemory();
@@ -192,6 +205,7 @@ std::unique_ptr<Context> Context::Init(const InitOptions& opts) {
     nopts->timeout = opts.timeout;
     c->pg_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(c->store_, env.rank, env.world_size, nopts);
     c->backend_ = "nccl";
+    DropUnusedAllreducePremap();
     return c;
   }
 #endif
@@ -210,6 +224,7 @@ std::unique_ptr<Context> Context::Init(const InitOptions& opts) {
   c->backend_ = "gloo";
   if (opts.shm_allreduce && env.shm_allreduce && env.world_size > 1 && env.local_world_size == env.world_size)
     c->shm_ = MakeShmAllreduce(*c->store_, *c->pg_, env, opts.timeout);
+  DropUnusedAllreducePremap();
   return c;
 }
 

@@ -1,5 +1,6 @@
 #include "library_pages.h"
 
+#include <link.h>
 #include <sys/mman.h>
 
 #include <cctype>
@@ -36,32 +37,52 @@ bool IsLibraryMapping(const std::string& header) {
   return name.find(".so.") != std::string::npos || (name.size() > 3 && name.compare(name.size() - 3, 3, ".so") == 0);
 }
 
-size_t DropLibraryPages() {
+namespace {
+
+// The mappings DropLibraryPages drops, from /proc/self/smaps: those IsLibraryMapping takes whose
+// fields say they hold no page of their own, resident (Private_Dirty, Anonymous) or swapped out
+// (Swap: a relocated page on swap shows only there). A mapping missing any of the three is kept.
+std::vector<std::pair<uintptr_t, uintptr_t>> CleanLibraryMappings() {
   std::ifstream smaps("/proc/self/smaps");
   std::vector<std::pair<uintptr_t, uintptr_t>> ranges;
-  std::string line;
   uintptr_t begin = 0, end = 0;
-  bool candidate = false;  // the current mapping's, until one of its fields rules it out
-  long dirty = -1;
-  while (std::getline(smaps, line)) {
+  bool candidate = false;
+  int clean_fields = 0;  // of Private_Dirty, Anonymous and Swap, those seen at 0
+  auto close_mapping = [&] {
+    if (candidate && clean_fields == 3 && end > begin) ranges.emplace_back(begin, end);
+    candidate = false;
+  };
+  for (std::string line; std::getline(smaps, line);) {
     if (!line.empty() && std::isxdigit(static_cast<unsigned char>(line[0])) && line.find(':') > line.find(' ')) {
-      candidate = IsLibraryMapping(line);
-      dirty = -1;
-      if (candidate && std::sscanf(line.c_str(), "%zx-%zx", &begin, &end) != 2) candidate = false;
+      close_mapping();
+      candidate = IsLibraryMapping(line) && std::sscanf(line.c_str(), "%zx-%zx", &begin, &end) == 2;
+      clean_fields = 0;
       continue;
     }
     if (!candidate) continue;
-    if (long v = Field(line, "Private_Dirty"); v >= 0) {
-      dirty = v;
-    } else if (long a = Field(line, "Anonymous"); a >= 0) {
-      // Both are known by now (Private_Dirty comes first): only a mapping with neither.
-      if (dirty == 0 && a == 0 && end > begin) ranges.emplace_back(begin, end);
-      candidate = false;
+    for (const char* key : {"Private_Dirty", "Anonymous", "Swap"}) {
+      const long v = Field(line, key);
+      if (v > 0) candidate = false;
+      if (v == 0) ++clean_fields;
     }
   }
+  close_mapping();
+  return ranges;
+}
+
+}  // namespace
+
+size_t DropLibraryPages() {
+  // Under the dynamic loader's lock (dl_iterate_phdr holds it while it calls back): no library is
+  // loaded or unloaded, and no address range reused, between reading the mappings and dropping.
   size_t dropped = 0;
-  for (const auto& [b, e] : ranges)
-    if (::madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED) == 0) dropped += e - b;
+  ::dl_iterate_phdr(
+      [](dl_phdr_info*, size_t, void* out) -> int {
+        for (const auto& [b, e] : CleanLibraryMappings())
+          if (::madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED) == 0) *static_cast<size_t*>(out) += e - b;
+        return 1;  // once
+      },
+      &dropped);
   return dropped;
 }
 

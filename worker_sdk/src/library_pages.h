@@ -12,7 +12,8 @@ namespace launch_sdk::internal {
 bool IsLibraryMapping(const std::string& header);
 
 // Drops (MADV_DONTNEED) the pages of this process's read-only private mappings of shared libraries
-// that hold no page of their own (no Private_Dirty, no Anonymous: a relocated page, a breakpoint):
+// that hold no page of their own, resident or swapped out (a relocated page, a breakpoint), under
+// the dynamic loader's lock:
 // they stay in the page cache and come back when next used. Loading LibTorch touches some 100 MB
 // of libraries that training never uses again (Debian's links OpenCV, FFmpeg, Qt and GDAL); each
 // mapped page is one more for the kernel to unmap when the process exits, and a restart waits for

@@ -54,6 +54,15 @@ std::optional<Premapped> TakePremapped(const std::string& path) {
   return std::nullopt;
 }
 
+void DropPremapped(const std::string& path) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto it = Mappings().find(path);
+  if (it == Mappings().end()) return;
+  ::munmap(it->second.base, it->second.size);
+  ::close(it->second.fd);
+  Mappings().erase(it);
+}
+
 void TouchPremapped() {
   std::lock_guard<std::mutex> lock(g_mu);
   for (const auto& [path, m] : Mappings()) ReadEachPage(m.base, m.size);

@@ -25,5 +25,7 @@ void Premap(const std::string& path, size_t min_size);
 std::optional<Premapped> TakePremapped(const std::string& path);
 // Reads a byte of each page of the mappings not taken yet (a standby's keep-warm).
 void TouchPremapped();
+// Unmaps Premap's mapping of `path` when nothing took it (a worker that does not use it).
+void DropPremapped(const std::string& path);
 
 }  // namespace launch_sdk::internal

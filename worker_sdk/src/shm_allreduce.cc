@@ -45,6 +45,7 @@ inline void CpuRelax() {
 struct ShmAllreduce::Control {
   uint32_t magic;
   uint32_t size;
+  uint64_t slot_bytes;  // every rank's must match: the slots' places depend on it
   alignas(64) std::atomic<uint32_t> arrived;
   alignas(64) std::atomic<uint32_t> generation;
   std::atomic<uint32_t> waiters;
@@ -99,8 +100,9 @@ ShmAllreduce::ShmAllreduce(const std::string& name, bool create, int rank, int s
   if (create) {
     new (ctl_) Control();
     ctl_->size = static_cast<uint32_t>(size);
+    ctl_->slot_bytes = slot_bytes_;
     ctl_->magic = kMagic;
-  } else if (ctl_->magic != kMagic || ctl_->size != static_cast<uint32_t>(size)) {
+  } else if (!Matches()) {
     throw std::runtime_error("shm allreduce: " + name + " is not a segment for " + std::to_string(size) + " ranks");
   }
   StartThread();
@@ -166,10 +168,15 @@ void ShmAllreduce::MapFile(bool reset) {
     // No rank of this group has opened it yet, and no process of an earlier one runs.
     new (ctl_) Control();
     ctl_->size = static_cast<uint32_t>(size_);
+    ctl_->slot_bytes = slot_bytes_;
     ctl_->magic = kMagic;
-  } else if (ctl_->magic != kMagic || ctl_->size != static_cast<uint32_t>(size_)) {
+  } else if (!Matches()) {
     throw std::runtime_error("shm allreduce: " + name_ + " is not a segment for " + std::to_string(size_) + " ranks");
   }
+}
+
+bool ShmAllreduce::Matches() const {
+  return ctl_->magic == kMagic && ctl_->size == static_cast<uint32_t>(size_) && ctl_->slot_bytes == slot_bytes_;
 }
 
 void ShmAllreduce::StartThread() { thread_ = std::thread([this] { Loop(); }); }

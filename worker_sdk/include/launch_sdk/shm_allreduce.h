@@ -49,7 +49,8 @@ class ShmAllreduce {
   // grown to the size this group needs (never shrunk: an earlier group's processes may still map
   // it) and its control words are set for this group; every other rank opens it after that. A
   // mapping a standby made of it (launch_sdk/warm_start.h) is used while the file keeps its size.
-  // Nothing to unlink. Throws std::runtime_error naming the file and errno on failure.
+  // Nothing to unlink. Throws std::runtime_error naming the file (and errno) when it cannot be
+  // used, std::invalid_argument for a rank outside 0..size-1.
   static std::unique_ptr<ShmAllreduce> InFile(const std::string& path, bool reset, int rank, int size,
                                               std::chrono::milliseconds timeout,
                                               size_t slot_bytes = kDefaultSlotBytes);
@@ -69,6 +70,7 @@ class ShmAllreduce {
   struct Control;
   ShmAllreduce(const std::string& name, int rank, int size, std::chrono::milliseconds timeout, size_t slot_bytes);
   void MapFile(bool reset);
+  bool Matches() const;  // the segment's control words are for this size and slot_bytes
   void StartThread();
   void Loop();
   void Run(at::Tensor& t);
