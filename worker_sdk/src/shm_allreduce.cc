@@ -96,15 +96,7 @@ ShmAllreduce::ShmAllreduce(const std::string& name, bool create, int rank, int s
   if (p == MAP_FAILED) throw SysError("cannot map", name);
   base_ = static_cast<char*>(p);
   mapped_bytes_ = map_bytes_;
-  ctl_ = reinterpret_cast<Control*>(base_);
-  if (create) {
-    new (ctl_) Control();
-    ctl_->size = static_cast<uint32_t>(size);
-    ctl_->slot_bytes = slot_bytes_;
-    ctl_->magic = kMagic;
-  } else if (!Matches()) {
-    throw std::runtime_error("shm allreduce: " + name + " is not a segment for " + std::to_string(size) + " ranks");
-  }
+  TakeControl(create);
   StartThread();
 }
 
@@ -163,20 +155,20 @@ void ShmAllreduce::MapFile(bool reset) {
     mapped_bytes_ = file_bytes;
   }
   close(fd);
+  // Reset: no rank of this group has opened it yet, and no process of an earlier one runs.
+  TakeControl(reset);
+}
+
+void ShmAllreduce::TakeControl(bool fresh) {
   ctl_ = reinterpret_cast<Control*>(base_);
-  if (reset) {
-    // No rank of this group has opened it yet, and no process of an earlier one runs.
+  if (fresh) {
     new (ctl_) Control();
     ctl_->size = static_cast<uint32_t>(size_);
     ctl_->slot_bytes = slot_bytes_;
     ctl_->magic = kMagic;
-  } else if (!Matches()) {
+  } else if (ctl_->magic != kMagic || ctl_->size != static_cast<uint32_t>(size_) || ctl_->slot_bytes != slot_bytes_) {
     throw std::runtime_error("shm allreduce: " + name_ + " is not a segment for " + std::to_string(size_) + " ranks");
   }
-}
-
-bool ShmAllreduce::Matches() const {
-  return ctl_->magic == kMagic && ctl_->size == static_cast<uint32_t>(size_) && ctl_->slot_bytes == slot_bytes_;
 }
 
 void ShmAllreduce::StartThread() { thread_ = std::thread([this] { Loop(); }); }

@@ -70,7 +70,9 @@ class ShmAllreduce {
   struct Control;
   ShmAllreduce(const std::string& name, int rank, int size, std::chrono::milliseconds timeout, size_t slot_bytes);
   void MapFile(bool reset);
-  bool Matches() const;  // the segment's control words are for this size and slot_bytes
+  // The control words at base_: set for this group (fresh), else checked to be for its size and
+  // slot_bytes.
+  void TakeControl(bool fresh);
   void StartThread();
   void Loop();
   void Run(at::Tensor& t);
