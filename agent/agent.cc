@@ -331,7 +331,7 @@ int Agent::Run() {
   }
   const int code = Finish(state, at, dir.temporary());
   file_timer_.reset();  // the FIFO goes with the run (the agent may stay to serve the coordinator)
-  worker_memory_.reset();  // and so do the checkpoints kept in memory
+  worker_memory_.reset();  // and so do the checkpoints and the all-reduce segment kept in memory
   store_.reset();       // and so does the workers' store
   warm_.reset();        // and the standbys no attempt took
   return code;

@@ -10,9 +10,11 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -219,20 +221,22 @@ TEST(LibraryPages, OnlyReadOnlyPrivateMappingsOfSharedLibrariesQualify) {
   EXPECT_FALSE(IsLibraryMapping("Rss:                 120 kB"));
 }
 
-// The resident kB of this process's mappings that IsLibraryMapping takes.
-long LibraryRssKb() {
+// The resident kB of this process's mappings whose smaps header `takes`; -1 when it takes none.
+long RssKb(const std::function<bool(const std::string& header)>& takes) {
   std::ifstream smaps("/proc/self/smaps");
-  long kb = 0;
-  bool library = false;
+  long kb = -1;
+  bool taken = false;
   for (std::string line; std::getline(smaps, line);) {
     if (line.rfind("Rss:", 0) == 0) {
-      if (library) kb += std::stol(line.substr(4));
+      if (taken) kb = std::max(kb, 0L) + std::stol(line.substr(4));
     } else if (line.find('-') < line.find(' ') && line.find(' ') < line.find(':')) {
-      library = internal::IsLibraryMapping(line);
+      taken = takes(line);
     }
   }
   return kb;
 }
+
+long LibraryRssKb() { return RssKb(internal::IsLibraryMapping); }
 
 TEST(LibraryPages, DroppedPagesLeaveTheProcessAndComeBackWhenUsed) {
   const at::Tensor before = at::arange(1000, at::kFloat).sum();
@@ -246,16 +250,9 @@ TEST(LibraryPages, DroppedPagesLeaveTheProcessAndComeBackWhenUsed) {
 
 // The resident kB of the mapping that starts at `at` (-1: none).
 long MappingRssKb(const void* at) {
-  std::ifstream smaps("/proc/self/smaps");
-  bool that = false;
-  for (std::string line; std::getline(smaps, line);) {
-    if (line.find('-') < line.find(' ') && line.find(' ') < line.find(':')) {
-      that = std::stoul(line.substr(0, line.find('-')), nullptr, 16) == reinterpret_cast<uintptr_t>(at);
-    } else if (that && line.rfind("Rss:", 0) == 0) {
-      return std::stol(line.substr(4));
-    }
-  }
-  return -1;
+  return RssKb([at](const std::string& header) {
+    return std::stoul(header.substr(0, header.find('-')), nullptr, 16) == reinterpret_cast<uintptr_t>(at);
+  });
 }
 
 // A page the process wrote in a mapping it then made read-only (as the loader relocates a

@@ -14,16 +14,6 @@
 #include <vector>
 
 namespace launch_sdk::internal {
-namespace {
-
-// "Key:   N kB" of an smaps field line: N, or -1 when the line is another key's.
-long Field(const std::string& line, const char* key) {
-  const size_t n = std::strlen(key);
-  if (line.compare(0, n, key) != 0 || line.size() <= n || line[n] != ':') return -1;
-  return std::strtol(line.c_str() + n + 1, nullptr, 10);
-}
-
-}  // namespace
 
 bool IsLibraryMapping(const std::string& header) {
   std::istringstream in(header);
@@ -38,6 +28,13 @@ bool IsLibraryMapping(const std::string& header) {
 }
 
 namespace {
+
+// "Key:   N kB" of an smaps field line: N, or -1 when the line is another key's.
+long Field(const std::string& line, const char* key) {
+  const size_t n = std::strlen(key);
+  if (line.compare(0, n, key) != 0 || line.size() <= n || line[n] != ':') return -1;
+  return std::strtol(line.c_str() + n + 1, nullptr, 10);
+}
 
 // The mappings DropLibraryPages drops, from /proc/self/smaps: those IsLibraryMapping takes whose
 // fields say they hold no page of their own, resident (Private_Dirty, Anonymous) or swapped out

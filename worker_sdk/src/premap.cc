@@ -19,6 +19,11 @@ std::map<std::string, Premapped>& Mappings() {  // under g_mu
   return *m;
 }
 
+void Release(const Premapped& m) {
+  ::munmap(m.base, m.size);
+  ::close(m.fd);
+}
+
 }  // namespace
 
 void Premap(const std::string& path, size_t min_size) {
@@ -35,10 +40,8 @@ void Premap(const std::string& path, size_t min_size) {
   const size_t size = static_cast<size_t>(st.st_size);
   ReadEachPage(base, size);
   std::lock_guard<std::mutex> lock(g_mu);
-  if (!Mappings().emplace(path, Premapped{fd, base, size}).second) {  // mapped already: keep the first
-    ::munmap(base, size);
-    ::close(fd);
-  }
+  const Premapped m{fd, base, size};
+  if (!Mappings().emplace(path, m).second) Release(m);  // mapped already: keep the first
 }
 
 std::optional<Premapped> TakePremapped(const std::string& path) {
@@ -49,18 +52,12 @@ std::optional<Premapped> TakePremapped(const std::string& path) {
   Mappings().erase(it);
   struct stat st {};
   if (::fstat(m.fd, &st) == 0 && static_cast<size_t>(st.st_size) == m.size) return m;
-  ::munmap(m.base, m.size);  // the file's size changed since: the taker maps it again whole
-  ::close(m.fd);
+  Release(m);  // the file's size changed since: the taker maps it again whole
   return std::nullopt;
 }
 
 void DropPremapped(const std::string& path) {
-  std::lock_guard<std::mutex> lock(g_mu);
-  auto it = Mappings().find(path);
-  if (it == Mappings().end()) return;
-  ::munmap(it->second.base, it->second.size);
-  ::close(it->second.fd);
-  Mappings().erase(it);
+  if (std::optional<Premapped> m = TakePremapped(path)) Release(*m);
 }
 
 void TouchPremapped() {
