@@ -141,6 +141,9 @@ absl::StatusOr<std::vector<WorkerLaunch>> Agent::PrepareAttempt(const v1::Assign
       plan.envs[i][kShmAllreduceMemoryEnv] = worker_memory_->ShmAllreduceEnvValue();
     }
   }
+  if (exit_notices_) {
+    for (Env& env : plan.envs) env[launch_sdk::kExitNoticeEnv] = exit_notices_->EnvValue();
+  }
   if (a.restart_count() == 0 && make_dirs) {
     for (const auto& note : plan.notes) spdlog::info("{}", note);
   }
@@ -293,16 +296,29 @@ int Agent::Run() {
     const int n = opts_.spec.local_world_size;
     const int files = WorkerMemory::FileCount(n);
     rlimit nofile{};
-    const bool room = ::getrlimit(RLIMIT_NOFILE, &nofile) != 0 || nofile.rlim_cur == RLIM_INFINITY ||
-                      nofile.rlim_cur >= static_cast<rlim_t>(64 + 4 * n + files);
-    auto memory = room ? WorkerMemory::Create(n)
-                       : absl::ResourceExhaustedError(absl::StrCat("the open-file limit (", nofile.rlim_cur,
-                                                                   ") leaves no room for ", files, " more files"));
+    auto room_for = [&](int more) {
+      return ::getrlimit(RLIMIT_NOFILE, &nofile) != 0 || nofile.rlim_cur == RLIM_INFINITY ||
+             nofile.rlim_cur >= static_cast<rlim_t>(64 + 4 * n + more);
+    };
+    auto no_room = [&](int more) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the open-file limit (", nofile.rlim_cur, ") leaves no room for ", more, " more files"));
+    };
+    auto memory = room_for(files) ? WorkerMemory::Create(n) : no_room(files);
     if (memory.ok()) {
       worker_memory_ = std::move(*memory);
     } else {
       spdlog::info("checkpoints cannot be kept in memory, nor the all-reduce segment between attempts: {}",
                    std::string(memory.status().message()));
+    }
+    // Without them a failure is seen once the dead worker's memory is freed (about 10 ms later
+    // for a LibTorch worker): said once, and the run goes on.
+    const int more = files + ExitNotices::kFileCount;
+    auto notices = room_for(more) ? ExitNotices::Create(n) : no_room(more);
+    if (notices.ok()) {
+      exit_notices_ = std::move(*notices);
+    } else {
+      spdlog::info("workers give no exit notices: {}", std::string(notices.status().message()));
     }
     if (opts_.warm_start) PrepareFirstStandbys();
   }
@@ -332,6 +348,7 @@ int Agent::Run() {
   const int code = Finish(state, at, dir.temporary());
   file_timer_.reset();  // the FIFO goes with the run (the agent may stay to serve the coordinator)
   worker_memory_.reset();  // and so do the checkpoints and the all-reduce segment kept in memory
+  exit_notices_.reset();
   store_.reset();       // and so does the workers' store
   warm_.reset();        // and the standbys no attempt took
   return code;
@@ -490,6 +507,7 @@ AgentEvent Agent::RunWorkers(Attempt* at) {
   gopts.hang.debugger = opts_.debugger;
   gopts.stop_fd = watch.fd();
   gopts.live = &live_;
+  gopts.exit_notices = exit_notices_.get();
   gopts.stdout_filters = opts_.duplicate_stdout_filters;
   gopts.stderr_filters = opts_.duplicate_stderr_filters;
   gopts.filtered_stdout_file = at->dir + "/filtered_stdout.log";

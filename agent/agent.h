@@ -103,6 +103,7 @@ class Agent {
   // Where the workers' checkpoints and the node's all-reduce segment outlive them
   // (LAUNCH_CHECKPOINT_MEMORY, LAUNCH_SHM_ALLREDUCE_MEMORY); null: none.
   std::unique_ptr<WorkerMemory> worker_memory_;
+  std::unique_ptr<ExitNotices> exit_notices_;
   // The workers' TCPStore: bound when this node proposes its port, served while it is group
   // rank 0, through every restart (agent/store_server.h).
   std::unique_ptr<StoreServer> store_;

@@ -47,7 +47,8 @@ SupervisorStep Supervise(const StopEscalation& stop, const SupervisorState& stat
   if (s.phase == Phase::kDone) return out;  // nothing is left to supervise
   switch (event.kind) {
     case Kind::kWorkerExited:
-      if (s.running > 0) --s.running;
+    case Kind::kWorkerFailing:  // its failed exit, seen sooner: it runs until it is reaped
+      if (event.kind == Kind::kWorkerExited && s.running > 0) --s.running;
       if (s.phase == Phase::kRunning && event.failed) {
         s.root_cause = event.worker;
         BeginStop(stop, GroupEnd::kFailed, FirstSignal(stop), &out);

@@ -49,6 +49,7 @@ struct SupervisorState {
 struct SupervisorEvent {
   enum class Kind {
     kWorkerExited,     // `worker` was reaped; `failed`: non-zero exit or killed
+    kWorkerFailing,    // `worker` is exiting with a failure, not yet reaped (its exit notice)
     kSignal,           // launch got `signal` (SIGINT, SIGTERM, SIGHUP, SIGQUIT)
     kCoordinatorStop,  // another node failed, or a new round is forming
     kGraceOver,        // the grace of the last stop step ran out
@@ -63,6 +64,7 @@ struct SupervisorEvent {
   bool groups_empty = false;
 
   static SupervisorEvent Exited(int worker, bool failed) { return {Kind::kWorkerExited, worker, failed, 0, false}; }
+  static SupervisorEvent Failing(int worker) { return {Kind::kWorkerFailing, worker, true, 0, false}; }
   static SupervisorEvent Signal(int sig) { return {Kind::kSignal, -1, false, sig, false}; }
   // `capture`: the coordinator wants the stacks first (a rank hung on another node).
   static SupervisorEvent CoordinatorStop(bool capture = false) {

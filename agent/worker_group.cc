@@ -289,6 +289,7 @@ constexpr uint64_t kStdinPipeTag = 7ull << 40;
 constexpr uint64_t kExitTag = 8ull << 40;
 constexpr uint64_t kHangTimerTag = 9ull << 40;
 constexpr uint64_t kSteppingTimerTag = 10ull << 40;
+constexpr uint64_t kExitNoticeTag = 11ull << 40;
 constexpr uint64_t kStderrBit = 1ull << 32;
 
 absl::StatusOr<UniqueFd> OpenLog(const std::string& path) {
@@ -388,6 +389,17 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
     watch(hang_timer.get(), kHangTimerTag);
   }
   if (opts_.stop_fd >= 0) watch(opts_.stop_fd, kCoordinatorTag);
+  // Watched from each worker's start, until the group ends however it ends.
+  struct ClearNotices {
+    ExitNotices* notices;
+    ~ClearNotices() {
+      if (notices) notices->Clear();
+    }
+  } clear_notices{opts_.exit_notices};
+  if (opts_.exit_notices) {
+    opts_.exit_notices->Clear();
+    watch(opts_.exit_notices->fd(), kExitNoticeTag);
+  }
 
   // One datagram socket for every worker's progress reports (worker_sdk's ProgressReporter).
   int sv[2];
@@ -585,6 +597,7 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
     s.result.pid = s.pid;
     if (opts_.live) opts_.live->Spawned(i, s.pid);
     if (opts_.on_spawned) opts_.on_spawned(s.result);
+    if (opts_.exit_notices) opts_.exit_notices->Watch(l.local_rank, s.pid);
     ++state.running;
     if (p.in.write.valid()) {
       ::fcntl(p.in.write.get(), F_SETFL, O_NONBLOCK);
@@ -630,6 +643,15 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
     }
   };
 
+  // How a worker ended (or, from its exit notice, is ending), and its error file's message.
+  auto set_status = [&](Slot& s, int exit_code, int signal) {
+    s.result.exit_code = exit_code;
+    s.result.signal = signal;
+    if (s.result.failed()) {
+      if (auto info = ReadErrorFile(s.launch->error_file); info.ok()) s.result.error_message = info->message;
+    }
+  };
+
   auto reap = [&] {
     while (std::optional<ChildExit> exit = launcher_->ReapAny()) {
       if (captures.Reaped(exit->pid)) {
@@ -644,13 +666,7 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
         Clock::TimePoint now = clock_->Now();
         s.result.ended = now;
         s.result.run_seconds = SecondsBetween(s.start, now);
-        s.result.exit_code = exit->exit_code;
-        s.result.signal = exit->signal;
-        if (s.result.failed()) {
-          if (auto info = ReadErrorFile(s.launch->error_file); info.ok()) {
-            s.result.error_message = info->message;
-          }
-        }
+        set_status(s, exit->exit_code, exit->signal);
         apply(SupervisorEvent::Exited(static_cast<int>(i), s.result.failed()));
       }
       // Anything else is a worker's orphaned child, reparented to us (a subreaper): just reaped.
@@ -751,6 +767,17 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
             reap();
           } else {
             apply(SupervisorEvent::Signal(sig));
+          }
+        }
+      } else if (tag == kExitNoticeTag) {
+        for (const ExitNotices::Notice& notice : opts_.exit_notices->Take()) {
+          for (size_t i = 0; i < slots.size(); ++i) {
+            Slot& s = slots[i];
+            if (s.pid != notice.pid || s.reaped || s.result.exit_noticed) continue;
+            s.result.exit_noticed = true;
+            set_status(s, WIFEXITED(notice.status) ? WEXITSTATUS(notice.status) : 0,
+                       WIFSIGNALED(notice.status) ? WTERMSIG(notice.status) : 0);
+            if (s.result.failed()) apply(SupervisorEvent::Failing(static_cast<int>(i)));
           }
         }
       } else if (tag == kExitTag) {

@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "agent/console.h"
+#include "agent/exit_notices.h"
 #include "agent/group_supervisor.h"
 #include "agent/live_ranks.h"
 #include "agent/process.h"
@@ -65,6 +66,8 @@ struct WorkerResult {
   double hung_after_seconds = 0;  // how long it had been silent
   bool in_collective = false;     // a hung worker's stacks show it waiting in a collective
   std::vector<std::string> stack_top;  // a hung worker's top frames ("func (file:line)")
+  // Its failing exit was seen from its exit notice, before it was reaped.
+  bool exit_noticed = false;
   bool failed() const { return hung || signal != 0 || exit_code != 0; }
   // torchrun's meaning of a worker's status as a process exit code; a hung worker's is
   // kHungExitCode.
@@ -113,6 +116,9 @@ class WorkerGroup {
     // Called as soon as a worker's failure is seen and the others are signalled (to tell the
     // coordinator at once).
     std::function<void(const WorkerResult&)> on_failure;
+    // Where the workers' exit notices come (nullptr: none; a failure is seen as it is reaped).
+    // The group watches each worker it starts, and nothing once it ends.
+    ExitNotices* exit_notices = nullptr;
     // Called as each worker is spawned (its rank and pid set), before it can be reaped.
     std::function<void(const WorkerResult&)> on_spawned;
     // Workers made ready ahead (--warm-start; nullptr: every worker starts cold), and what to do

@@ -44,8 +44,10 @@ TEST_P(DdpEquivalence, RanksMatchOneProcessOnTheWholeBatch) {
                      c.bucket_bytes, c.accum},
                     {std::string("LAUNCH_SHM_ALLREDUCE=") + c.shm}, std::chrono::seconds(120));
   ASSERT_EQ(ddp.exit_code, 0) << ddp.err;
-  // Under launch the segment is launch's file (LAUNCH_SHM_ALLREDUCE_MEMORY).
-  EXPECT_THAT(ddp.out, HasSubstr(std::string("[0]:buckets=") + c.expect_buckets + " shm=" + c.shm + " shm_file=" + c.shm));
+  // Under launch the segment is launch's file (LAUNCH_SHM_ALLREDUCE_MEMORY), and each rank holds
+  // its exit notice.
+  EXPECT_THAT(ddp.out, HasSubstr(std::string("[0]:buckets=") + c.expect_buckets + " shm=" + c.shm + " shm_file=" +
+                                 c.shm + " exit_notice=1"));
   double diff = MaxAbsDiff(ReadFloats(dir / "single.bin"), ReadFloats(dir / "ddp.bin"));
   EXPECT_LE(diff, 1e-5) << "max abs diff after 20 SGD steps";
 }
@@ -73,7 +75,8 @@ TEST(Sdk, WithoutLaunchsFileForTheSegmentRankZeroMakesOneOfItsOwn) {
                     {}, std::chrono::seconds(120));
   ASSERT_EQ(ddp.exit_code, 0) << ddp.err;
   EXPECT_THAT(ddp.err, HasSubstr("checkpoints cannot be kept in memory, nor the all-reduce segment between attempts: the open-file limit (70) leaves no room for 5 more files"));
-  EXPECT_THAT(ddp.out, HasSubstr("[0]:buckets=1 shm=1 shm_file=0"));
+  EXPECT_THAT(ddp.err, HasSubstr("workers give no exit notices: the open-file limit (70) leaves no room for 7 more files"));
+  EXPECT_THAT(ddp.out, HasSubstr("[0]:buckets=1 shm=1 shm_file=0 exit_notice=0"));
   EXPECT_LE(MaxAbsDiff(ReadFloats(dir / "single.bin"), ReadFloats(dir / "ddp.bin")), 1e-5);
 }
 

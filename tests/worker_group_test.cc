@@ -167,7 +167,8 @@ TEST(Supervisor, EveryEventInEveryPhaseIsAStep) {
   // The transition function is total: nothing an event can do in any phase is left undefined,
   // and after the end nothing acts.
   const std::vector<SupervisorEvent> events = {
-      SupervisorEvent::Exited(0, true), SupervisorEvent::Exited(0, false), SupervisorEvent::Signal(SIGTERM),
+      SupervisorEvent::Exited(0, true), SupervisorEvent::Exited(0, false), SupervisorEvent::Failing(0),
+      SupervisorEvent::Signal(SIGTERM),
       SupervisorEvent::Signal(SIGINT), SupervisorEvent::CoordinatorStop(), SupervisorEvent::CoordinatorStop(true),
       SupervisorEvent::GraceOver(),
       SupervisorEvent::GroupsChecked(true), SupervisorEvent::GroupsChecked(false), SupervisorEvent::Hung(0),

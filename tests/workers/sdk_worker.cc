@@ -26,6 +26,7 @@
 #include "launch_sdk/context.h"
 #include "launch_sdk/ddp.h"
 #include "launch_sdk/errors.h"
+#include "launch_sdk/exit_notice.h"
 #include "launch_sdk/shm_allreduce.h"
 #include "tests/workers/sdk_model.h"
 
@@ -71,8 +72,9 @@ int Ddp(const std::string& out, size_t bucket_bytes, int accum) {
   o.bucket_bytes = bucket_bytes;
   launch_sdk::DistributedDataParallel ddp(model, *ctx, o);
   // shm_file: through launch's file for the segment (LAUNCH_SHM_ALLREDUCE_MEMORY), not one of its own.
-  std::printf("buckets=%zu shm=%d shm_file=%d\n", ddp.num_buckets(), ddp.uses_shared_memory() ? 1 : 0,
-              ddp.uses_shared_memory() && ctx->shm_allreduce()->in_file() ? 1 : 0);
+  // exit_notice: Init holds this rank's exit notice for launch (LAUNCH_EXIT_NOTICE).
+  std::printf("buckets=%zu shm=%d shm_file=%d exit_notice=%d\n", ddp.num_buckets(), ddp.uses_shared_memory() ? 1 : 0,
+              ddp.uses_shared_memory() && ctx->shm_allreduce()->in_file() ? 1 : 0, launch_sdk::HoldsExitNotice() ? 1 : 0);
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   const int64_t half = kBatch / ctx->world_size();
   for (int s = 0; s < kSteps; ++s) {

@@ -27,6 +27,9 @@
 //   --kill-self SIG       raise SIG
 //   --exit CODE           exit CODE
 //   --progress N          report steps 1..N (loss 1/step) through worker_sdk's ProgressReporter
+//   --hold-exit-notice    hold this rank's exit notice for launch (LAUNCH_EXIT_NOTICE; exit 98 if not)
+//   --hold-exit-notice-in-thread  the same from a thread that then ends (the process goes on)
+//   --touch MB            allocate MB MiB and write every page (a process slow to tear down)
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -39,8 +42,10 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "launch_sdk/exit_notice.h"
 #include "launch_sdk/progress.h"
 
 namespace {
@@ -289,6 +294,24 @@ int main(int argc, char** argv) {
       long n = std::atol(next());
       launch_sdk::ProgressReporter reporter = launch_sdk::ProgressReporter::FromEnv();
       for (long step = 1; step <= n; ++step) reporter.Report(step, 1.0 / step, 0.001);
+    } else if (a == "--hold-exit-notice" || a == "--hold-exit-notice-in-thread") {
+      std::string why;
+      bool held = false;
+      auto hold = [&] { held = launch_sdk::HoldExitNoticeFromEnv(&why); };
+      if (a == "--hold-exit-notice") {
+        hold();
+      } else {
+        std::thread(hold).join();
+      }
+      if (!held) {
+        std::fprintf(stderr, "test_worker: no exit notice: %s\n", why.empty() ? "not under launch" : why.c_str());
+        return 98;
+      }
+    } else if (a == "--touch") {
+      const size_t bytes = static_cast<size_t>(std::atol(next())) << 20;
+      char* p = static_cast<char*>(std::malloc(bytes));
+      if (!p) return 96;
+      for (size_t i = 0; i < bytes; i += 4096) p[i] = 1;
     } else if (a == "--exit") {
       return std::atoi(next());
     } else {

@@ -29,6 +29,7 @@
 #include "premap.h"
 #include "launch_sdk/checkpoint.h"
 #include "launch_sdk/errors.h"
+#include "launch_sdk/exit_notice.h"
 #include "launch_sdk/memory.h"
 #include "launch_sdk/shm_allreduce.h"
 #include "launch_sdk/warm_start.h"
@@ -172,6 +173,9 @@ std::unique_ptr<Context> Context::Init(const InitOptions& opts) {
   std::unique_ptr<Context> c(new Context());
   c->env_ = ReadWorkerEnv();
   InstallErrorHandlers();
+  // The agent sees this worker's failing exit before its memory is freed (launch_sdk/exit_notice.h).
+  if (std::string why; !HoldExitNoticeFromEnv(&why) && !why.empty())
+    std::fprintf(stderr, "launch_sdk: launch will see this worker's exit only once it is reaped: %s\n", why.c_str());
   const WorkerEnv& env = c->env_;
   if (opts.prefault && env.prefault) InstallPrefaultingCpuAllocator();
   if (env.omp_threads && *env.omp_threads > 0) at::set_num_threads(*env.omp_threads);
