@@ -121,61 +121,36 @@ TEST_F(ExitNoticesTest, AKilledWorkerIsNoticedBeforeItCanBeReaped) {
 // holder thread that ended alone (the process then fails without its notice), or a worker no
 // longer watched after Clear. Each is followed by a failing worker whose notice is the only one.
 TEST_F(ExitNoticesTest, OnlyAWatchedWorkersFailingExitIsNoticed) {
-  TempDir dir;
-  auto ok = Start(dir, 0, {"--exit", "0"});
-  notices_->Watch(0, ok->pid());
-  Go(dir, 0);
-  ASSERT_TRUE(Held(dir, 0));
-  Go(dir, 0);
-  EXPECT_EQ(ok->Wait().exit_code, 0);
-
-  TempDir other;
-  auto stranger = Start(other, 1, {"--exit", "4"});
-  notices_->Watch(1, ::getpid());  // slot 1 is watched for another process
-  Go(other, 1);
-  ASSERT_TRUE(Held(other, 1));
-  Go(other, 1);
-  EXPECT_EQ(stranger->Wait().exit_code, 4);
-
-  TempDir thread_dir;
-  auto thread = Start(thread_dir, 0, {"--exit", "6"}, "--hold-exit-notice-in-thread");
-  notices_->Watch(0, thread->pid());
-  Go(thread_dir, 0);
-  ASSERT_TRUE(Held(thread_dir, 0));
-  Go(thread_dir, 0);
-  EXPECT_EQ(thread->Wait().exit_code, 6);
-
-  TempDir last_dir;
-  auto last = Start(last_dir, 1, {"--exit", "5"});
-  notices_->Watch(1, last->pid());
-  Go(last_dir, 1);
-  ASSERT_TRUE(Held(last_dir, 1));
-  Go(last_dir, 1);
-  std::vector<ExitNotices::Notice> got = Await();
-  ASSERT_EQ(got.size(), 1u);
-  EXPECT_EQ(got[0].pid, last->pid());
-  EXPECT_EQ(WEXITSTATUS(got[0].status), 5);
-  EXPECT_EQ(last->Wait().exit_code, 5);
-
-  TempDir cleared_dir;
-  auto cleared = Start(cleared_dir, 1, {"--exit", "7"});
-  notices_->Watch(1, cleared->pid());
-  Go(cleared_dir, 1);
-  ASSERT_TRUE(Held(cleared_dir, 1));
-  notices_->Clear();
-  Go(cleared_dir, 1);
-  EXPECT_EQ(cleared->Wait().exit_code, 7);
-
-  TempDir sentinel_dir;
-  auto sentinel = Start(sentinel_dir, 0, {"--exit", "8"});
-  notices_->Watch(0, sentinel->pid());
-  Go(sentinel_dir, 0);
-  ASSERT_TRUE(Held(sentinel_dir, 0));
-  Go(sentinel_dir, 0);
-  got = Await();
-  ASSERT_EQ(got.size(), 1u);
-  EXPECT_EQ(got[0].pid, sentinel->pid());
-  EXPECT_EQ(sentinel->Wait().exit_code, 8);
+  struct Case {
+    int local_rank;
+    int code;
+    bool watched_as_itself;
+    const char* how;
+    bool cleared;
+    bool noticed;
+  };
+  const Case cases[] = {
+      {0, 0, true, "--hold-exit-notice", false, false},           {1, 4, false, "--hold-exit-notice", false, false},
+      {0, 6, true, "--hold-exit-notice-in-thread", false, false}, {1, 5, true, "--hold-exit-notice", false, true},
+      {1, 7, true, "--hold-exit-notice", true, false},            {0, 8, true, "--hold-exit-notice", false, true},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE("the worker that exits " + std::to_string(c.code));
+    TempDir dir;
+    auto w = Start(dir, c.local_rank, {"--exit", std::to_string(c.code)}, c.how);
+    notices_->Watch(c.local_rank, c.watched_as_itself ? w->pid() : ::getpid());
+    Go(dir, c.local_rank);
+    ASSERT_TRUE(Held(dir, c.local_rank));
+    if (c.cleared) notices_->Clear();
+    Go(dir, c.local_rank);
+    if (c.noticed) {
+      std::vector<ExitNotices::Notice> got = Await();
+      ASSERT_EQ(got.size(), 1u);
+      EXPECT_EQ(got[0].pid, w->pid());
+      EXPECT_EQ(WEXITSTATUS(got[0].status), c.code);
+    }
+    EXPECT_EQ(w->Wait().exit_code, c.code);
+  }
 }
 
 TEST(ExitNotices, TooManyLocalRanksAreRefused) {
