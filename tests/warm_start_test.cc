@@ -103,6 +103,15 @@ TEST(WarmStart, AScriptSeesWhatItSeesStartedCold) {
   }
   EXPECT_THAT(w["1 0"].json, HasSubstr("\"LAUNCH_STANDBY_FD\": null"));
   EXPECT_THAT(w["1 0"].json, HasSubstr("\"3\": \"SOCK\""));  // the progress socket, as cold
+  // A warm worker's standby holds its exit notice for launch where its imports loaded ctypes (its
+  // own import would leave the script libffi's descriptor, which a cold start does not have; torch
+  // loads it: ATorchJobRestartsWarm); a cold script holds none.
+  auto cn = Tagged(cold.out, "NOTICE "), wn = Tagged(warm.out, "NOTICE ");
+  for (const char* key : {"0 0", "1 0"}) {
+    EXPECT_THAT(cn[key], ::testing::StartsWith("0 ")) << key;
+    EXPECT_TRUE(wn[key] == "1 1" || wn[key] == "0 0") << key << ": " << wn[key];
+  }
+  EXPECT_THAT(warm.err, Not(HasSubstr("launch will see this worker's exit only once it is reaped")));
 }
 
 TEST(WarmStart, AModuleSeesWhatItSeesStartedCold) {
@@ -226,7 +235,9 @@ TEST(WarmStart, ATorchJobRestartsWarm) {
   auto r = Launch({"--warm-start", "--max-restarts=1"}, {std::string(TESTS_DIR) + "/python/allreduce.py"}, env);
   ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
   EXPECT_EQ(Count(r.err, "2 of 2 worker(s) started warm (2 forked from standbys that stay)"), 2) << r.err;
-  EXPECT_THAT(r.out, HasSubstr("[0]:rank 0/2 allreduce=3 torch preloaded"));
+  // The restarted worker, a fork of its standby, holds its exit notice for launch.
+  EXPECT_THAT(r.out, HasSubstr("[0]:rank 0/2 allreduce=3 torch preloaded, exit notice held"));
+  EXPECT_THAT(r.err, Not(HasSubstr("launch will see this worker's exit only once it is reaped")));
 }
 
 TEST(WarmStart, AStandbyThatCannotImportStartsColdWithOneLine) {

@@ -7,6 +7,7 @@
 import sys
 
 _PRELOADED = "xml.dom.minidom" in sys.modules  # before any import here: only a standby imported it
+_CTYPES = "ctypes" in sys.modules  # loaded before the script ran (the standby holds its exit notice through it)
 
 import atexit
 import json
@@ -64,6 +65,10 @@ info = {
 rank = int(os.environ.get("RANK", "0"))
 restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 print("PROBE %d %d %s %s" % (rank, restart, "warm" if _PRELOADED else "cold", json.dumps(info, sort_keys=True)))
+# Whether launch's standby holds this worker's exit notice (LAUNCH_EXIT_NOTICE), and whether ctypes
+# was loaded before the script.
+print("NOTICE %d %d %d %d" % (rank, restart, getattr(sys.modules.get("_launch_standby"), "_NOTICE", None) is not None,
+                              _CTYPES))
 # The same for every fork of one interpreter, new for each interpreter (PYTHONHASHSEED=random).
 print("INTERPRETER %d %d %d" % (rank, restart, hash("warm_probe")))
 

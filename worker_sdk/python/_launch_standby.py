@@ -247,6 +247,70 @@ def _run_module(name):
     runpy._run_module_as_main(name, alter_argv=True)
 
 
+# launch_sdk/exit_notice.h's slot: seq, pid, tid (int32 each), 4 bytes, then the mutex; 64 bytes.
+_SLOT_BYTES, _MUTEX_OFFSET = 64, 16
+_SYS_FUTEX = {"x86_64": 202, "aarch64": 98}
+_NOTICE = None  # the file's mapping, once held
+
+
+def _hold_exit_notice():
+    """Holds this rank's exit notice for launch (LAUNCH_EXIT_NOTICE), as worker_sdk's Context::Init
+    does: a robust, process-shared mutex in launch's file that the kernel hands over when this
+    thread exits, before it frees the worker's memory, so that launch stops the group sooner on a
+    failure. Held by the main thread, which runs the script. Without the variable: nothing."""
+    global _NOTICE
+    path, local = os.environ.get("LAUNCH_EXIT_NOTICE"), os.environ.get("LOCAL_RANK")
+    if not path or not local or _NOTICE is not None:
+        return
+    # Through ctypes only where the standby's imports loaded it (torch does): imported here, it
+    # would leave the script a descriptor (libffi's) and a module that a cold start does not have.
+    ctypes = sys.modules.get("ctypes")
+    if ctypes is None:
+        return
+    try:
+        import _thread
+
+        rank = int(local)
+        if not 0 <= rank < 4096:
+            raise ValueError("LOCAL_RANK '%s' is not a local rank" % local)
+        end = (rank + 1) * _SLOT_BYTES
+        libc = ctypes.CDLL(None, use_errno=True)
+        # libc's mmap, not Python's: an mmap object keeps a descriptor of the file open, which the
+        # script would see.
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            size = os.fstat(fd).st_size
+            if size < end:
+                raise ValueError("%s holds %d bytes: no slot for local rank %d" % (path, size, rank))
+            addr = libc.mmap(None, end, 3, 1, fd, 0)  # PROT_READ | PROT_WRITE, MAP_SHARED
+        finally:
+            os.close(fd)
+        if addr is None or addr == ctypes.c_void_p(-1).value:
+            raise OSError(ctypes.get_errno(), "cannot map %s: %s" % (path, os.strerror(ctypes.get_errno())))
+        mm = (ctypes.c_char * end).from_address(addr)
+        at = rank * _SLOT_BYTES
+        mutex = ctypes.c_void_p(addr + at + _MUTEX_OFFSET)
+        attr = ctypes.create_string_buffer(64)  # pthread_mutexattr_t: 4 bytes in glibc, 8 on some ports
+        libc.pthread_mutexattr_init(attr)
+        libc.pthread_mutexattr_setpshared(attr, 1)  # PTHREAD_PROCESS_SHARED
+        libc.pthread_mutexattr_setrobust(attr, 1)  # PTHREAD_MUTEX_ROBUST
+        rc = libc.pthread_mutex_init(mutex, attr) or libc.pthread_mutex_lock(mutex)
+        tid = _thread.get_native_id()
+        if rc != 0 or struct.unpack_from("I", mm, at + _MUTEX_OFFSET)[0] & 0x3FFFFFFF != tid:
+            raise OSError(rc, "cannot hold its mutex" if rc else "this C library's mutex is not the kernel's robust futex")
+        struct.pack_into("ii", mm, at + 4, os.getpid(), tid)
+        seq = (struct.unpack_from("I", mm, at)[0] + 1) & 0xFFFFFFFF
+        struct.pack_into("I", mm, at, seq)
+        sys_futex = _SYS_FUTEX.get(os.uname().machine)
+        if sys_futex is not None:  # FUTEX_WAKE, shared: launch maps the file too
+            libc.syscall(ctypes.c_long(sys_futex), ctypes.c_void_p(addr + at), 1, 0x7FFFFFFF, None, None, 0)
+        _NOTICE = mm  # mapped for the life of the process
+    except Exception as e:  # the worker runs on; launch sees its exit when it is reaped
+        print("launch: launch will see this worker's exit only once it is reaped: %s" % e, file=sys.stderr)
+
+
 def main():
     args = sys.argv[1:]
     module = len(args) >= 2 and args[0] == "-m"
@@ -315,6 +379,7 @@ def main():
     for fd, data in replay:
         _write_all(fd, data)
     del env, sock, args, flags, fds, replay
+    _hold_exit_notice()
 
     try:
         if module:
