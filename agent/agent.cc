@@ -313,7 +313,7 @@ int Agent::Run() {
     }
     // Without them a failure is seen once the dead worker's memory is freed (about 10 ms later
     // for a LibTorch worker): said once, and the run goes on.
-    const int more = files + ExitNotices::kFileCount;
+    const int more = (worker_memory_ ? files : 0) + ExitNotices::kFileCount;
     auto notices = room_for(more) ? ExitNotices::Create(n) : no_room(more);
     if (notices.ok()) {
       exit_notices_ = std::move(*notices);

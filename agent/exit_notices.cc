@@ -3,6 +3,7 @@
 #include <linux/futex.h>
 #include <pthread.h>
 #include <signal.h>
+#include <fcntl.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
@@ -16,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/numbers.h"
+#include "spdlog/spdlog.h"
 
 #ifndef SYS_futex_waitv
 #define SYS_futex_waitv 449
@@ -65,20 +67,24 @@ absl::StatusOr<std::unique_ptr<ExitNotices>> ExitNotices::Create(int local_world
   std::unique_ptr<ExitNotices> e(new ExitNotices());
   e->n_ = local_world_size;
   e->watched_.resize(static_cast<size_t>(local_world_size));
-  e->file_.Reset(::memfd_create("launch-exit-notice", MFD_CLOEXEC));
+  e->file_.Reset(::memfd_create("launch-exit-notice", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!e->file_.valid()) return absl::InternalError(absl::StrCat("memfd_create: ", std::strerror(errno)));
   e->mapped_ = static_cast<size_t>(local_world_size) * sizeof(launch_sdk::ExitNoticeSlot);
-  if (::ftruncate(e->file_.get(), static_cast<off_t>(e->mapped_)) != 0) {
-    return absl::InternalError(absl::StrCat("ftruncate: ", std::strerror(errno)));
+  // Sealed at its size: a worker opens it writable (/proc/<pid>/fd/<n>), and a file shrunk under
+  // the agent's mapping would kill launch with SIGBUS at its next look.
+  if (::ftruncate(e->file_.get(), static_cast<off_t>(e->mapped_)) != 0 ||
+      ::fcntl(e->file_.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    return absl::InternalError(absl::StrCat("sizing the exit notice file: ", std::strerror(errno)));
   }
   void* p = ::mmap(nullptr, e->mapped_, PROT_READ | PROT_WRITE, MAP_SHARED, e->file_.get(), 0);
   if (p == MAP_FAILED) return absl::InternalError(absl::StrCat("mmap: ", std::strerror(errno)));
   e->slots_ = static_cast<launch_sdk::ExitNoticeSlot*>(p);
   e->event_.Reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!e->event_.valid()) return absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno)));
-  // A kernel without futex_waitv (before 5.16) gives no notices: workers are seen as they are reaped.
-  if (::syscall(SYS_futex_waitv, nullptr, 0, 0, nullptr, 0) < 0 && errno == ENOSYS) {
-    return absl::UnimplementedError("this kernel has no futex_waitv (Linux 5.16)");
+  // futex_waitv refuses an empty list with EINVAL. Anything else (ENOSYS before Linux 5.16, EPERM
+  // from a container's seccomp filter): no notices, workers are seen as they are reaped.
+  if (::syscall(SYS_futex_waitv, nullptr, 0, 0, nullptr, 0) == 0 || errno != EINVAL) {
+    return absl::UnimplementedError(absl::StrCat("futex_waitv (Linux 5.16) is not allowed: ", std::strerror(errno)));
   }
   // With every signal blocked: launch's signals are for its signalfd (a SIGCHLD taken by this
   // thread would never be seen there).
@@ -161,8 +167,8 @@ void ExitNotices::Look(int r, std::vector<unsigned char>* waits) {
     }
     return;
   }
-  // Not armed yet. The worker sets pid and tid after it locks, and then bumps seq: a slot with
-  // the watched pid is this worker's.
+  // Not armed yet. The worker sets tid, then pid, after it locks, and then bumps seq: a slot with
+  // the watched pid is this worker's, and so is its tid.
   const uint32_t seq = __atomic_load_n(&s->seq, __ATOMIC_ACQUIRE);
   const int32_t pid = __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE);
   const int32_t tid = __atomic_load_n(&s->tid, __ATOMIC_ACQUIRE);
@@ -172,7 +178,11 @@ void ExitNotices::Look(int r, std::vector<unsigned char>* waits) {
     return;
   }
   if ((now & FUTEX_TID_MASK) != static_cast<uint32_t>(tid)) {
-    gone(now, tid);  // it exited (or let go) before it was armed
+    if (now & FUTEX_OWNER_DIED || now == 0) {
+      gone(now, tid);  // it exited (or let go) before it was armed
+    } else {
+      AddWait(waits, &s->seq, seq, true);  // another holder's word: not this worker's slot now
+    }
     return;
   }
   if (!ExitingThreadStatus(pid, tid)) {  // a thread id that is not the watched worker's
@@ -204,7 +214,12 @@ void ExitNotices::Run() {
       for (int r = 0; r < n_; ++r) Look(r, &waits);
     }
     // Any word that no longer holds its value, or a wake-up on one, ends the wait: then look again.
-    ::syscall(SYS_futex_waitv, waits.data(), static_cast<unsigned>(waits.size() / sizeof(WaitV)), 0u, nullptr, 0);
+    if (::syscall(SYS_futex_waitv, waits.data(), static_cast<unsigned>(waits.size() / sizeof(WaitV)), 0u, nullptr, 0) < 0 &&
+        errno != EAGAIN && errno != EINTR) {
+      // Never spin: from here on workers are seen as they are reaped.
+      spdlog::warn("exit notices stop: futex_waitv: {}", std::strerror(errno));
+      return;
+    }
   }
 }
 

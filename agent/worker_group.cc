@@ -673,6 +673,16 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
     }
   };
 
+  auto read_signals = [&] {
+    while (int sig = signals_->Read()) {
+      if (sig == SIGCHLD) {
+        reap();
+      } else {
+        apply(SupervisorEvent::Signal(sig));
+      }
+    }
+  };
+
   // A worker that reported steps and then none for its timeout is hung (the longest silent first).
   auto check_hangs = [&] {
     if (state.phase != SupervisorState::Phase::kRunning) return;
@@ -762,14 +772,11 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
     for (int e = 0; e < n; ++e) {
       uint64_t tag = events[e].data.u64;
       if (tag == kSignalTag) {
-        while (int sig = signals_->Read()) {
-          if (sig == SIGCHLD) {
-            reap();
-          } else {
-            apply(SupervisorEvent::Signal(sig));
-          }
-        }
+        read_signals();
       } else if (tag == kExitNoticeTag) {
+        // A signal launch got first is taken first (a scheduler's SIGTERM to every process of the
+        // job reaches the workers too: their notices must not make it a failure).
+        read_signals();
         for (const ExitNotices::Notice& notice : opts_.exit_notices->Take()) {
           for (size_t i = 0; i < slots.size(); ++i) {
             Slot& s = slots[i];
@@ -777,7 +784,10 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
             s.result.exit_noticed = true;
             set_status(s, WIFEXITED(notice.status) ? WEXITSTATUS(notice.status) : 0,
                        WIFSIGNALED(notice.status) ? WTERMSIG(notice.status) : 0);
-            if (s.result.failed()) apply(SupervisorEvent::Failing(static_cast<int>(i)));
+            if (!s.result.failed()) continue;
+            spdlog::debug("rank {} (pid {}) is exiting ({}), seen from its exit notice", s.result.rank, s.pid,
+                          s.result.StatusText());
+            apply(SupervisorEvent::Failing(static_cast<int>(i)));
           }
         }
       } else if (tag == kExitTag) {

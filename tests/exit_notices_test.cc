@@ -3,6 +3,7 @@
 // has torn the worker down.
 #include "agent/exit_notices.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -151,6 +152,27 @@ TEST_F(ExitNoticesTest, OnlyAWatchedWorkersFailingExitIsNoticed) {
     }
     EXPECT_EQ(w->Wait().exit_code, c.code);
   }
+}
+
+// A slot held by a live process is not taken (a child with its parent's environment), and a
+// worker cannot resize the file under the agent's mapping (which would kill launch with SIGBUS).
+TEST_F(ExitNoticesTest, AHeldSlotIsLeftToItsHolderAndTheFileKeepsItsSize) {
+  TempDir dir;
+  auto w = Start(dir, 0, {"--exit", "0"});
+  Go(dir, 0);
+  ASSERT_TRUE(Held(dir, 0));
+  std::string why;
+  EXPECT_FALSE(launch_sdk::HoldExitNotice(notices_->EnvValue(), 0, &why));
+  EXPECT_EQ(why, absl::StrCat("local rank 0's slot in ", notices_->EnvValue(), " is held by process ", w->pid()));
+  EXPECT_FALSE(launch_sdk::HoldsExitNotice());
+  const int fd = ::open(notices_->EnvValue().c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  EXPECT_NE(::ftruncate(fd, 0), 0);
+  EXPECT_EQ(errno, EPERM);
+  EXPECT_NE(::ftruncate(fd, 1 << 20), 0);
+  ::close(fd);
+  Go(dir, 0);
+  EXPECT_EQ(w->Wait().exit_code, 0);
 }
 
 TEST(ExitNotices, TooManyLocalRanksAreRefused) {

@@ -129,6 +129,21 @@ TEST(WarmStart, AModuleSeesWhatItSeesStartedCold) {
   EXPECT_THAT(w["0 0"].json, HasSubstr("warm_probe.py\", \"x y\"]"));  // sys.argv[0] is the module's file
 }
 
+// A forked worker holds its exit notice (the fork's code loaded ctypes), and its failure is seen
+// from it, before it is reaped (it has 512 MiB to free; up to three tries, as the notice could
+// lose to the reaping on a loaded machine).
+TEST(WarmStart, AWarmWorkersFailureIsSeenFromItsExitNotice) {
+  int seen = 0;
+  for (int attempt = 0; attempt < 3 && seen == 0; ++attempt) {
+    auto r = Launch({"--warm-start", kLightImport}, {kProbe, "exit-big"}, {"LAUNCH_LOG_LEVEL=debug"});
+    EXPECT_EQ(r.exit_code, 7) << r.err;
+    EXPECT_EQ(Tagged(r.out, "NOTICE ")["1 0"], "1 1") << r.out;
+    if (r.err.find("is exiting (exit 7), seen from its exit notice") != std::string::npos) ++seen;
+    EXPECT_THAT(r.err, ::testing::ContainsRegex("\n  1 +1 +[0-9]+ +exit 7 "));
+  }
+  EXPECT_EQ(seen, 1);
+}
+
 // An exception's traceback is the script's own (no frame of the standby), and the exit codes and
 // the failure table are the cold start's.
 TEST(WarmStart, FailuresAndTracebacksAreTheColdStarts) {

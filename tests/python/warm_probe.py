@@ -1,6 +1,7 @@
 # What a script sees of its interpreter, as one JSON line per rank, so that a warm start
 # (--warm-start) can be compared with a cold one. Run as a script or with -m warm_probe.
-# argv[1]: "" (print and exit 0), "raise" or "exit" (rank 1 fails so), "fail-first DIR" (rank 1
+# argv[1]: "" (print and exit 0), "raise" or "exit" (rank 1 fails so), "exit-big" (rank 1 exits 7
+# with 512 MiB to free), "fail-first DIR" (rank 1
 # exits 3 in attempt 0, once rank 0 has printed), "wait FILE" (wait until FILE exists), "exit-message"
 # (rank 1 exits with a message), "unclosed DIR" (each rank leaves DIR/unclosed.RANK open with a line
 # buffered, and a thread that prints last).
@@ -78,6 +79,13 @@ if mode == "raise" and rank == 1:
         raise ValueError("rank 1 found a bad batch")
     deeper()
 if mode == "exit" and rank == 1:
+    sys.exit(7)
+if mode == "exit-big" and rank == 1:  # 512 MiB in 4 KiB pages first: slow for the kernel to free
+    import mmap
+    big = mmap.mmap(-1, 512 << 20)
+    big.madvise(mmap.MADV_NOHUGEPAGE)
+    for at in range(0, len(big), 4096):
+        big[at] = 1
     sys.exit(7)
 if mode == "exit-message" and rank == 1:
     sys.exit("rank 1 gives up")

@@ -29,10 +29,11 @@
 //   --progress N          report steps 1..N (loss 1/step) through worker_sdk's ProgressReporter
 //   --hold-exit-notice    hold this rank's exit notice for launch (LAUNCH_EXIT_NOTICE; exit 98 if not)
 //   --hold-exit-notice-in-thread  the same from a thread that then ends (the process goes on)
-//   --touch MB            allocate MB MiB and write every page (a process slow to tear down)
+//   --touch MB            map MB MiB in 4 KiB pages and write every one (a process slow to tear down)
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -308,9 +309,12 @@ int main(int argc, char** argv) {
         return 98;
       }
     } else if (a == "--touch") {
+      // In 4 KiB pages even where transparent huge pages are always on: slow to free.
       const size_t bytes = static_cast<size_t>(std::atol(next())) << 20;
-      char* p = static_cast<char*>(std::malloc(bytes));
-      if (!p) return 96;
+      void* m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (m == MAP_FAILED) return 96;
+      madvise(m, bytes, MADV_NOHUGEPAGE);
+      char* p = static_cast<char*>(m);
       for (size_t i = 0; i < bytes; i += 4096) p[i] = 1;
     } else if (a == "--exit") {
       return std::atoi(next());

@@ -52,11 +52,22 @@ bool HoldExitNotice(const std::string& path, int local_rank, std::string* why) {
     return false;
   }
   auto* slot = static_cast<ExitNoticeSlot*>(base) + local_rank;
+  // A slot held by a live process (this one's parent, whose environment a child inherited) is
+  // left to it. A new slot's zeros, or a predecessor's mutex (its holder gone), are taken.
+  const int held = pthread_mutex_trylock(&slot->mutex);
+  if (held == EBUSY) {
+    *why = "local rank " + std::to_string(local_rank) + "'s slot in " + path + " is held by process " +
+           std::to_string(__atomic_load_n(&slot->pid, __ATOMIC_ACQUIRE));
+    ::munmap(base, end);
+    return false;
+  }
+  if (held == EOWNERDEAD) pthread_mutex_consistent(&slot->mutex);
+  if (held == 0 || held == EOWNERDEAD) pthread_mutex_unlock(&slot->mutex);
   pthread_mutexattr_t attr;
   pthread_mutexattr_init(&attr);
   pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
   pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
-  // A predecessor's mutex (its holder gone) is made anew: nobody else takes it.
+  // Made anew (the agent only reads the word and sets FUTEX_WAITERS in it).
   int rc = pthread_mutex_init(&slot->mutex, &attr);
   pthread_mutexattr_destroy(&attr);
   if (rc == 0) rc = pthread_mutex_lock(&slot->mutex);
@@ -70,8 +81,9 @@ bool HoldExitNotice(const std::string& path, int local_rank, std::string* why) {
                    : "this C library's mutex does not begin with the kernel's robust futex word";
     return false;
   }
-  __atomic_store_n(&slot->pid, static_cast<int32_t>(::getpid()), __ATOMIC_RELEASE);
+  // tid before pid: a slot that shows the watched pid shows its holder's tid too.
   __atomic_store_n(&slot->tid, static_cast<int32_t>(tid), __ATOMIC_RELEASE);
+  __atomic_store_n(&slot->pid, static_cast<int32_t>(::getpid()), __ATOMIC_RELEASE);
   __atomic_fetch_add(&slot->seq, 1u, __ATOMIC_RELEASE);
   ::syscall(SYS_futex, &slot->seq, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);  // shared: the agent maps it too
   g_held = slot;

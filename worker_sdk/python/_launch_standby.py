@@ -269,6 +269,7 @@ def _hold_exit_notice():
         return
     try:
         import _thread
+        import errno
 
         rank = int(local)
         if not 0 <= rank < 4096:
@@ -292,6 +293,16 @@ def _hold_exit_notice():
         mm = (ctypes.c_char * end).from_address(addr)
         at = rank * _SLOT_BYTES
         mutex = ctypes.c_void_p(addr + at + _MUTEX_OFFSET)
+        # A slot held by a live process is left to it; a new one's zeros or a predecessor's mutex
+        # are taken (as exit_notice.cc does).
+        held = libc.pthread_mutex_trylock(mutex)
+        if held == errno.EBUSY:
+            raise OSError(held, "local rank %d's slot in %s is held by process %d"
+                          % (rank, path, struct.unpack_from("i", mm, at + 4)[0]))
+        if held == errno.EOWNERDEAD:
+            libc.pthread_mutex_consistent(mutex)
+        if held in (0, errno.EOWNERDEAD):
+            libc.pthread_mutex_unlock(mutex)
         attr = ctypes.create_string_buffer(64)  # pthread_mutexattr_t: 4 bytes in glibc, 8 on some ports
         libc.pthread_mutexattr_init(attr)
         libc.pthread_mutexattr_setpshared(attr, 1)  # PTHREAD_PROCESS_SHARED
@@ -300,7 +311,8 @@ def _hold_exit_notice():
         tid = _thread.get_native_id()
         if rc != 0 or struct.unpack_from("I", mm, at + _MUTEX_OFFSET)[0] & 0x3FFFFFFF != tid:
             raise OSError(rc, "cannot hold its mutex" if rc else "this C library's mutex is not the kernel's robust futex")
-        struct.pack_into("ii", mm, at + 4, os.getpid(), tid)
+        struct.pack_into("i", mm, at + 8, tid)  # tid before pid, as exit_notice.cc
+        struct.pack_into("i", mm, at + 4, os.getpid())
         seq = (struct.unpack_from("I", mm, at)[0] + 1) & 0xFFFFFFFF
         struct.pack_into("I", mm, at, seq)
         sys_futex = _SYS_FUTEX.get(os.uname().machine)

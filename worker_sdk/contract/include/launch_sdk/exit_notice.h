@@ -12,6 +12,7 @@
 
 #include <pthread.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -22,13 +23,16 @@ inline constexpr char kExitNoticeEnv[] = "LAUNCH_EXIT_NOTICE";
 struct alignas(64) ExitNoticeSlot {
   // Bumped by the worker once it holds `mutex` (a futex word: the agent is woken to look).
   uint32_t seq;
-  int32_t pid;  // the holder's process and thread
+  int32_t pid;  // the holder's process and thread (tid is set first)
   int32_t tid;
   uint32_t reserved;
   // Robust and process-shared; held for the worker's life. glibc's begins with its futex word,
   // whose low 30 bits are the holder's thread id (the kernel's robust-futex protocol).
   pthread_mutex_t mutex;
 };
+// The layout launch's Python standby writes too (worker_sdk/python/_launch_standby.py).
+static_assert(sizeof(ExitNoticeSlot) == 64, "an exit notice slot is 64 bytes");
+static_assert(offsetof(ExitNoticeSlot, mutex) == 16, "an exit notice slot's mutex is at byte 16");
 
 // The slot of `local_rank` in the file at `path`, held by the calling thread for the life of the
 // process (it should be the thread that lives longest: the main one). Idempotent: a process holds
