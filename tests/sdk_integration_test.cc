@@ -75,7 +75,7 @@ TEST(Sdk, WithoutLaunchsFileForTheSegmentRankZeroMakesOneOfItsOwn) {
                     {}, std::chrono::seconds(120));
   ASSERT_EQ(ddp.exit_code, 0) << ddp.err;
   EXPECT_THAT(ddp.err, HasSubstr("checkpoints cannot be kept in memory, nor the all-reduce segment between attempts: the open-file limit (70) leaves no room for 5 more files"));
-  EXPECT_THAT(ddp.err, HasSubstr("workers give no exit notices: the open-file limit (70) leaves no room for 7 more files"));
+  EXPECT_THAT(ddp.err, HasSubstr("workers give no exit notices: the open-file limit (70) leaves no room for 2 more files"));
   EXPECT_THAT(ddp.out, HasSubstr("[0]:buckets=1 shm=1 shm_file=0 exit_notice=0"));
   EXPECT_LE(MaxAbsDiff(ReadFloats(dir / "single.bin"), ReadFloats(dir / "ddp.bin")), 1e-5);
 }
