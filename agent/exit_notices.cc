@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/numbers.h"
+#include "agent/worker_memory.h"
 #include "spdlog/spdlog.h"
 
 #ifndef SYS_futex_waitv
@@ -65,10 +66,10 @@ absl::StatusOr<std::unique_ptr<ExitNotices>> ExitNotices::Create(int local_world
         absl::StrCat(local_world_size, " local ranks: exit notices are kept for 1 to ", kMaxLocalRanks));
   }
   std::unique_ptr<ExitNotices> e(new ExitNotices());
-  e->n_ = local_world_size;
   e->watched_.resize(static_cast<size_t>(local_world_size));
-  e->file_.Reset(::memfd_create("launch-exit-notice", MFD_CLOEXEC | MFD_ALLOW_SEALING));
-  if (!e->file_.valid()) return absl::InternalError(absl::StrCat("memfd_create: ", std::strerror(errno)));
+  auto file = MemoryFile("launch-exit-notice", MFD_ALLOW_SEALING);
+  if (!file.ok()) return file.status();
+  e->file_ = std::move(*file);
   e->mapped_ = static_cast<size_t>(local_world_size) * sizeof(launch_sdk::ExitNoticeSlot);
   // Sealed at its size: a worker opens it writable (/proc/<pid>/fd/<n>), and a file shrunk under
   // the agent's mapping would kill launch with SIGBUS at its next look.
@@ -96,44 +97,42 @@ absl::StatusOr<std::unique_ptr<ExitNotices>> ExitNotices::Create(int local_world
   return e;
 }
 
-ExitNotices::~ExitNotices() {
+template <typename F>
+void ExitNotices::Change(F change) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
+    change();
     __atomic_fetch_add(&control_, 1u, __ATOMIC_RELEASE);
   }
   ::syscall(SYS_futex, &control_, FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+}
+
+ExitNotices::~ExitNotices() {
+  Change([this] { stop_ = true; });
   if (thread_.joinable()) thread_.join();
   if (slots_) ::munmap(slots_, mapped_);
 }
 
-std::string ExitNotices::EnvValue() const { return absl::StrCat("/proc/", ::getpid(), "/fd/", file_.get()); }
+std::string ExitNotices::EnvValue() const { return WorkerPath(file_); }
 
 void ExitNotices::Watch(int local_rank, pid_t pid) {
-  if (local_rank < 0 || local_rank >= n_) return;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    watched_[local_rank] = Watched{pid};
-    __atomic_fetch_add(&control_, 1u, __ATOMIC_RELEASE);
-  }
-  ::syscall(SYS_futex, &control_, FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+  if (local_rank < 0 || static_cast<size_t>(local_rank) >= watched_.size()) return;
+  Change([&] { watched_[local_rank] = Watched{pid}; });
 }
 
 void ExitNotices::Clear() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
+  Change([this] {
     for (Watched& w : watched_) w = Watched{};
-    notices_.clear();
-    uint64_t count;
-    while (::read(event_.get(), &count, sizeof count) > 0) {
-    }
-    __atomic_fetch_add(&control_, 1u, __ATOMIC_RELEASE);
-  }
-  ::syscall(SYS_futex, &control_, FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+    TakeLocked();
+  });
 }
 
 std::vector<ExitNotices::Notice> ExitNotices::Take() {
   std::lock_guard<std::mutex> lock(mu_);
+  return TakeLocked();
+}
+
+std::vector<ExitNotices::Notice> ExitNotices::TakeLocked() {
   uint64_t count;
   while (::read(event_.get(), &count, sizeof count) > 0) {
   }
@@ -211,7 +210,7 @@ void ExitNotices::Run() {
       std::lock_guard<std::mutex> lock(mu_);
       if (stop_) return;
       AddWait(&waits, &control_, __atomic_load_n(&control_, __ATOMIC_ACQUIRE), false);
-      for (int r = 0; r < n_; ++r) Look(r, &waits);
+      for (size_t r = 0; r < watched_.size(); ++r) Look(static_cast<int>(r), &waits);
     }
     // Any word that no longer holds its value, or a wake-up on one, ends the wait: then look again.
     if (::syscall(SYS_futex_waitv, waits.data(), static_cast<unsigned>(waits.size() / sizeof(WaitV)), 0u, nullptr, 0) < 0 &&

@@ -9,7 +9,6 @@
 
 #include <sys/types.h>
 
-#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -59,13 +58,17 @@ class ExitNotices {
     int32_t tid = 0;
   };
   ExitNotices() = default;
+  // Makes a change under mu_, then has the thread look again.
+  template <typename F>
+  void Change(F change);
+  // Under mu_: the notices queued, and the eventfd read empty.
+  std::vector<Notice> TakeLocked();
   void Run();
   // Under mu_: arms the slot when its holder is the watched worker's thread; queues a notice when
   // that holder is gone with a failing status. Adds what to wait on to `waits` (struct futex_waitv, as bytes).
   void Look(int local_rank, std::vector<unsigned char>* waits);
   launch_sdk::ExitNoticeSlot* slot(int local_rank) const { return slots_ + local_rank; }
 
-  int n_ = 0;
   UniqueFd file_, event_;
   launch_sdk::ExitNoticeSlot* slots_ = nullptr;
   size_t mapped_ = 0;

@@ -396,10 +396,7 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
       if (notices) notices->Clear();
     }
   } clear_notices{opts_.exit_notices};
-  if (opts_.exit_notices) {
-    opts_.exit_notices->Clear();
-    watch(opts_.exit_notices->fd(), kExitNoticeTag);
-  }
+  if (opts_.exit_notices) watch(opts_.exit_notices->fd(), kExitNoticeTag);
 
   // One datagram socket for every worker's progress reports (worker_sdk's ProgressReporter).
   int sv[2];

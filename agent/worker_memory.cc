@@ -9,17 +9,14 @@
 #include "absl/strings/str_cat.h"
 
 namespace launch {
-namespace {
 
-absl::StatusOr<UniqueFd> MemoryFile(const std::string& name) {
-  UniqueFd fd(::memfd_create(name.c_str(), MFD_CLOEXEC));
+absl::StatusOr<UniqueFd> MemoryFile(const std::string& name, unsigned flags) {
+  UniqueFd fd(::memfd_create(name.c_str(), MFD_CLOEXEC | flags));
   if (!fd.valid()) return absl::InternalError(absl::StrCat("memfd_create: ", std::strerror(errno)));
   return fd;
 }
 
-std::string ProcPath(const UniqueFd& fd) { return absl::StrCat("/proc/", ::getpid(), "/fd/", fd.get()); }
-
-}  // namespace
+std::string WorkerPath(const UniqueFd& fd) { return absl::StrCat("/proc/", ::getpid(), "/fd/", fd.get()); }
 
 absl::StatusOr<std::unique_ptr<WorkerMemory>> WorkerMemory::Create(int local_world_size) {
   std::unique_ptr<WorkerMemory> m(new WorkerMemory());
@@ -35,9 +32,10 @@ absl::StatusOr<std::unique_ptr<WorkerMemory>> WorkerMemory::Create(int local_wor
 }
 
 std::string WorkerMemory::CheckpointEnvValue(int local_rank) const {
-  return absl::StrCat(ProcPath(checkpoint_fds_.at(2 * local_rank)), ",", ProcPath(checkpoint_fds_.at(2 * local_rank + 1)));
+  return absl::StrCat(WorkerPath(checkpoint_fds_.at(2 * local_rank)), ",",
+                      WorkerPath(checkpoint_fds_.at(2 * local_rank + 1)));
 }
 
-std::string WorkerMemory::ShmAllreduceEnvValue() const { return ProcPath(allreduce_fd_); }
+std::string WorkerMemory::ShmAllreduceEnvValue() const { return WorkerPath(allreduce_fd_); }
 
 }  // namespace launch

@@ -20,6 +20,11 @@ namespace launch {
 inline constexpr char kCheckpointMemoryEnv[] = "LAUNCH_CHECKPOINT_MEMORY";
 inline constexpr char kShmAllreduceMemoryEnv[] = "LAUNCH_SHM_ALLREDUCE_MEMORY";
 
+// A memory file of the agent's (memfd_create, close-on-exec and `flags`), and the path its workers
+// open it by: /proc/<agent pid>/fd/<n>.
+absl::StatusOr<UniqueFd> MemoryFile(const std::string& name, unsigned flags = 0);
+std::string WorkerPath(const UniqueFd& fd);
+
 class WorkerMemory {
  public:
   // The files it holds open: two per local rank and one for the node.

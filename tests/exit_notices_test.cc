@@ -24,7 +24,6 @@
 namespace launch {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::Child;
 using testing::ReadPids;
 using testing::TempDir;
