@@ -752,6 +752,7 @@ Checkpointer::Checkpointer(std::string dir, const Context& ctx, CheckpointOption
   }
   owns_memory_ = true;
   writer_ = std::thread([this] { WriterLoop(); });
+  filer_ = std::thread([this] { FileLoop(); });
 }
 
 Checkpointer::~Checkpointer() {
@@ -762,6 +763,7 @@ Checkpointer::~Checkpointer() {
   }
   cv_.notify_all();
   if (writer_.joinable()) writer_.join();
+  if (filer_.joinable()) filer_.join();
   slots_.clear();
   if (owns_memory_) g_memory_taken = false;
 }
@@ -787,12 +789,12 @@ std::vector<std::string> Checkpointer::List() const {
 }
 
 void Checkpointer::WaitIdle(std::unique_lock<std::mutex>& lock) {
-  cv_.wait(lock, [this] { return jobs_.empty() && !busy_; });
+  cv_.wait(lock, [this] { return jobs_.empty() && !busy_ && files_.empty() && !filing_; });
 }
 
 void Checkpointer::WaitFor(Slot* slot, std::unique_lock<std::mutex>& lock) {
   cv_.wait(lock, [&] {
-    if (busy_ == slot) return false;
+    if (busy_ == slot || Filing(slot)) return false;
     for (const Job& j : jobs_)
       if (j.slot == slot) return false;
     return true;
@@ -841,7 +843,8 @@ void Checkpointer::Save(const TrainState& state, torch::nn::Module& model, torch
   last_stall_seconds_ = SecondsSince(t0);
   Job job{slot, rank == 0};
   if (!memory) {
-    Finish(job);
+    Complete(job);
+    if (job.write_file) WriteFile(*slot);
     last_stall_seconds_ = SecondsSince(t0);
     return;
   }
@@ -869,25 +872,56 @@ void Checkpointer::WriterLoop() {
     cv_.wait(lock, [this] { return stop_ || !jobs_.empty(); });
     if (jobs_.empty()) return;  // stopping with nothing left
     const Job job = jobs_.front();
+    // Growing a slot maps it anew: not while its file is still to be written from it.
+    if (job.reserve) cv_.wait(lock, [&] { return !Filing(job.slot); });
     jobs_.pop_front();
     busy_ = job.slot;
     lock.unlock();
+    bool complete = true;
     try {
-      Finish(job);
+      Complete(job);
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "launch_sdk: checkpoint of step %lld not written: %s\n",
-                   static_cast<long long>(job.slot->header().step), e.what());
-      lock.lock();
-      writer_error_ = std::current_exception();
-      lock.unlock();
+      complete = false;
+      NoteWriterError(*job.slot, e);
     }
     lock.lock();
     busy_ = nullptr;
+    if (complete && job.write_file) files_.push_back(job.slot);
     cv_.notify_all();
   }
 }
 
-void Checkpointer::Finish(const Job& job) {
+void Checkpointer::FileLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [this] { return (stop_ && !busy_ && jobs_.empty()) || !files_.empty(); });
+    if (files_.empty()) return;  // stopping with nothing left
+    filing_ = files_.front();
+    files_.pop_front();
+    lock.unlock();
+    try {
+      WriteFile(*filing_);
+    } catch (const std::exception& e) {
+      NoteWriterError(*filing_, e);
+    }
+    lock.lock();
+    filing_ = nullptr;
+    cv_.notify_all();
+  }
+}
+
+bool Checkpointer::Filing(const Slot* slot) const {
+  return filing_ == slot || std::find(files_.begin(), files_.end(), slot) != files_.end();
+}
+
+void Checkpointer::NoteWriterError(const Slot& slot, const std::exception& e) {
+  std::fprintf(stderr, "launch_sdk: checkpoint of step %lld not written: %s\n",
+               static_cast<long long>(slot.header().step), e.what());
+  std::lock_guard<std::mutex> lock(mu_);
+  writer_error_ = std::current_exception();
+}
+
+void Checkpointer::Complete(const Job& job) {
   if (job.reserve) {
     job.slot->Reserve(job.reserve);
     return;
@@ -895,7 +929,6 @@ void Checkpointer::Finish(const Job& job) {
   SlotHeader& h = job.slot->header();
   h.checksum = Checksum64(job.slot->payload(), h.payload_size);
   job.slot->SetState(kComplete);
-  if (job.write_file) WriteFile(*job.slot);
 }
 
 void Checkpointer::WriteFile(const Slot& slot) {

@@ -83,11 +83,14 @@ class Checkpointer {
     bool write_file = false;
     size_t reserve = 0;  // nonzero: only make room for a payload this large
   };
-  void Finish(const Job& job);  // checksum, then the file: on the writer thread, or inline
-  void WriterLoop();
+  void Complete(const Job& job);  // the checksum, and the slot marked complete (or the room made)
+  void WriterLoop();  // completes each job in order, then hands its file to the file thread
+  void FileLoop();    // writes the files: a slow disk never holds back the next save's completion
   void WaitIdle(std::unique_lock<std::mutex>& lock);
-  void WaitFor(Slot* slot, std::unique_lock<std::mutex>& lock);  // until the writer is done with it
+  void WaitFor(Slot* slot, std::unique_lock<std::mutex>& lock);  // until both threads are done with it
   void RethrowWriterError(std::unique_lock<std::mutex>& lock);
+  void NoteWriterError(const Slot& slot, const std::exception& e);  // from a catch, without mu_
+  bool Filing(const Slot* slot) const;  // under mu_: its file is queued or being written
   void WriteFile(const Slot& slot);
 
   std::string dir_;
@@ -103,10 +106,12 @@ class Checkpointer {
   std::condition_variable cv_;
   std::deque<Job> jobs_;    // handed to the writer, in order
   Slot* busy_ = nullptr;    // the slot the writer works on
+  std::deque<Slot*> files_;  // complete slots whose files are to be written, in order
+  Slot* filing_ = nullptr;   // the slot whose file is being written
   Slot* last_slot_ = nullptr;  // of the last save
   bool stop_ = false;
   std::exception_ptr writer_error_;
-  std::thread writer_;
+  std::thread writer_, filer_;
 };
 
 // In a standby, before its go (Context::Init calls it): maps this rank's slots of the agent's
