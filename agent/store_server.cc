@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/event_loop.h"
 #include "common/net.h"
 #include "common/status_macros.h"
 #include "spdlog/spdlog.h"
@@ -196,8 +197,7 @@ absl::Status StoreServer::Serve(StorePeers peers) {
   }
   wake_ = UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake_.valid()) return Errno("eventfd");
-  epoll_ = UniqueFd(::epoll_create1(EPOLL_CLOEXEC));
-  if (!epoll_.valid()) return Errno("epoll_create1");
+  ASSIGN_OR_RETURN(loop_, EventLoop::Create(&clock_));
   peers_ = std::move(peers);
   thread_ = std::thread([this] { Loop(); });
   return absl::OkStatus();
@@ -224,259 +224,280 @@ struct Connection {
   StoreRequestReader reader;
   std::string out;
   size_t out_sent = 0;
-  uint32_t events = 0;    // what epoll watches for it now
+  uint32_t events = 0;    // what the loop watches for it now
   size_t counted_in = 0;  // its unparsed bytes as counted in the total
   size_t counted_out = 0; // its unsent replies as counted in the total
-  bool closing = false;   // closed at the end of this round of events: nothing more is done for it
+  bool closing = false;   // closed at the end of this turn: nothing more is done for it
   size_t pending() const { return out.size() - out_sent; }
 };
 
 }  // namespace
 
-void StoreServer::Loop() {
-  UniqueFd ep = std::move(epoll_);
-  auto watch = [&](int fd, uint32_t events, int op) {
-    epoll_event e{};
-    e.events = events;
-    e.data.fd = fd;
-    ::epoll_ctl(ep.get(), op, fd, &e);
-  };
-  watch(wake_.get(), EPOLLIN, EPOLL_CTL_ADD);
-  watch(listener_.get(), EPOLLIN, EPOLL_CTL_ADD);
-
-  StoreState state(options_.limits);
-  std::map<int, std::unique_ptr<Connection>> conns;  // by fd, which is also the store's connection id
-  std::set<std::string> local = [] {
-    auto v = LocalInterfaceAddresses();
-    return std::set<std::string>(v.begin(), v.end());
-  }();
-  const uid_t uid = peers_.uid;
-  size_t buffered = 0, unsent = 0;  // every connection's unparsed requests and unsent replies
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stats_ = StoreServerStats();
+// One serving, on the server's thread: the store's state, its connections and the bounds on what
+// they hold together, each descriptor handled by its own handler in an event loop.
+class StoreServer::Serving {
+ public:
+  Serving(StoreServer* server, std::unique_ptr<EventLoop> loop)
+      : server_(*server), loop_(std::move(loop)), state_(server->options_.limits), uid_(server->peers_.uid) {
+    const std::vector<std::string> local = LocalInterfaceAddresses();
+    local_.insert(local.begin(), local.end());
   }
-  // Counted as it happens (before the connection closes), so a client that saw it sees the count.
-  auto count = [&](int64_t StoreServerStats::*field) {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++(stats_.*field);
-    stats_.connections = conns.size();
-  };
-  std::set<std::string> warned;  // peers already told of, so a scan does not flood the log
+  void Run();
 
-  auto close_conn = [&](int fd) {
-    auto it = conns.find(fd);
-    if (it == conns.end()) return;
-    buffered -= it->second->counted_in;
-    unsent -= it->second->counted_out;
-    state.Disconnect(fd);
-    ::epoll_ctl(ep.get(), EPOLL_CTL_DEL, fd, nullptr);
-    conns.erase(it);
-    std::lock_guard<std::mutex> lock(mu_);
-    stats_.connections = conns.size();
-  };
-  // Sends what it can; false: the connection is gone.
-  auto flush = [&](Connection& c) {
-    while (c.pending() > 0) {
-      ssize_t n = ::send(c.fd.get(), c.out.data() + c.out_sent, c.pending(), MSG_NOSIGNAL);
-      if (n > 0) {
-        c.out_sent += static_cast<size_t>(n);
-        continue;
-      }
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-      return false;
-    }
-    if (c.out_sent == c.out.size()) {
-      c.out.clear();
-      if (c.out.capacity() > (1 << 20)) std::string().swap(c.out);  // a big reply's room goes
-      c.out_sent = 0;
-    } else if (c.out_sent > (1 << 20)) {
-      c.out.erase(0, c.out_sent);
-      c.out_sent = 0;
-    }
-    unsent = unsent - c.counted_out + c.pending();
-    c.counted_out = c.pending();
-    return true;
-  };
-  std::vector<int> dead;
-  auto drop = [&](Connection& c, const std::string& why) {
-    if (c.closing) return;
-    if (!why.empty()) {
-      spdlog::warn("workers' store: a connection closed: {}", why);
-      count(&StoreServerStats::dropped);
-    }
-    c.closing = true;
-    dead.push_back(c.fd.get());
-  };
-  // Over a bound on every connection together, the connection holding most goes (not the one that
-  // happened to cross it: one peer's hoard must not cost the others their connections).
-  auto drop_largest = [&](size_t Connection::*field, const char* what) {
-    Connection* largest = nullptr;
-    for (auto& [fd, c] : conns) {
-      if (!c->closing && (!largest || (*c).*field > (*largest).*field)) largest = c.get();
-    }
-    if (largest) {
-      drop(*largest, absl::StrCat("the connections' ", what, " passed ", options_.max_buffered,
-                                  " bytes; this one held the most (", (*largest).*field, ")"));
-    }
-  };
-  auto rewatch = [&](Connection& c) {
-    uint32_t want = (c.pending() < kMaxPendingReplies ? EPOLLIN : 0) | (c.pending() ? EPOLLOUT : 0) | EPOLLRDHUP;
-    if (want != c.events) {
-      c.events = want;
-      watch(c.fd.get(), want, EPOLL_CTL_MOD);
-    }
-  };
-  std::set<int> again;  // connections whose replies drained while requests of theirs wait
-  // Serves the connection's whole requests while its replies are under the bound.
-  auto process = [&](int fd) {
-    Connection& c = *conns.at(fd);
-    if (c.closing) return;
-    std::vector<StoreReply> replies;
-    while (c.pending() < kMaxPendingReplies) {
-      auto next = c.reader.Next();
-      if (!next.ok()) {
-        drop(c, absl::StrCat("its request: ", next.status().message()));
-        break;
-      }
-      if (!*next) break;
-      replies.clear();
-      if (auto st = state.Apply(fd, **next, &replies); !st.ok()) {
-        drop(c, absl::StrCat("its ", StoreOpName((*next)->op), ": ", st.message()));
-        break;
-      }
-      for (auto& r : replies) {
-        auto to = conns.find(r.connection);
-        if (to == conns.end() || to->second->closing) continue;
-        Connection& t = *to->second;
-        t.out += r.bytes;
-        if (!flush(t)) {
-          drop(t, "");
-        } else if (r.connection != fd) {
-          if (t.pending() > options_.limits.max_request + kMaxPendingReplies) {
-            // A 1.13 watcher (or a waiter) that never reads what it is sent.
-            drop(t, absl::StrCat("it does not read its replies (", t.pending(), " bytes wait)"));
-            continue;
-          }
-          if (t.pending() < kMaxPendingReplies && t.reader.buffered() > 0) again.insert(r.connection);
-          rewatch(t);
-        }
-      }
-      if (unsent > options_.max_buffered) drop_largest(&Connection::counted_out, "unsent replies");
-    }
-    const size_t now = c.reader.buffered();
-    buffered = buffered - c.counted_in + now;
-    c.counted_in = now;
-    if (!c.closing) rewatch(c);
-  };
-  auto accept_all = [&] {
-    while (true) {
-      sockaddr_storage ss{};
-      socklen_t len = sizeof ss;
-      UniqueFd fd(::accept4(listener_.get(), reinterpret_cast<sockaddr*>(&ss), &len, SOCK_NONBLOCK | SOCK_CLOEXEC));
-      if (!fd.valid()) {
-        if (errno == EINTR || errno == ECONNABORTED) continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK) {
-          spdlog::warn("workers' store: accept: {}", std::strerror(errno));
-        }
-        return;
-      }
-      const auto [ip, port] = AddressOf(ss);
-      std::string why;
-      if (conns.size() >= options_.max_connections) {
-        why = absl::StrCat("the store has its ", options_.max_connections, " connections");
-      } else if (IsLoopbackIp(ip) || local.count(ip)) {
-        sockaddr_storage me{};
-        socklen_t mlen = sizeof me;
-        ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&me), &mlen);
-        const auto [my_ip, my_port] = AddressOf(me);
-        auto owner = LocalTcpPeerUid(ip, port, my_ip, my_port);
-        if (!owner.ok()) {
-          why = absl::StrCat("its user is unknown (", owner.status().message(), ")");
-        } else if (*owner != uid) {
-          why = absl::StrCat("it belongs to uid ", *owner, ", not the job's ", uid);
-        }
-      } else if (!peers_.remote.count(ip)) {
-        why = "it is no node of the job";
-      }
-      if (!why.empty()) {
-        count(&StoreServerStats::refused);
-        if (warned.size() < 64 && warned.insert(ip).second) {
-          spdlog::warn("workers' store: refused a connection from {}:{}: {}", ip, port, why);
-        }
-        continue;
-      }
-      int one = 1;
-      ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-      const int id = fd.get();
-      auto c = std::make_unique<Connection>(std::move(fd), options_.limits);
-      c->events = EPOLLIN | EPOLLRDHUP;
-      watch(id, c->events, EPOLL_CTL_ADD);
-      conns[id] = std::move(c);
-      count(&StoreServerStats::accepted);
-    }
-  };
+ private:
+  void Accept();
+  std::string Refusal(const UniqueFd& fd, const std::string& ip, int port);
+  void OnConnection(int fd, uint32_t events);
+  void Process(int fd);
+  void Deliver(int from, const StoreReply& r);
+  bool Flush(Connection& c);
+  void Drop(Connection& c, const std::string& why);
+  void DropLargest(size_t Connection::*field, const char* what);
+  void Rewatch(Connection& c);
+  void EndTurn();
+  void Count(int64_t StoreServerStats::*field);
 
-  std::vector<epoll_event> events(256);
-  char chunk[kReadChunk];
-  bool running = true;
-  while (running) {
-    int n = ::epoll_wait(ep.get(), events.data(), static_cast<int>(events.size()), -1);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      spdlog::error("the workers' store stopped: {}", std::string(Errno("epoll_wait").message()));
+  StoreServer& server_;
+  std::unique_ptr<EventLoop> loop_;
+  StoreState state_;
+  std::map<int, std::unique_ptr<Connection>> conns_;  // by fd, which is also the store's connection id
+  std::set<std::string> local_;  // this host's addresses: connections from them are local
+  const uid_t uid_;
+  size_t buffered_ = 0, unsent_ = 0;  // every connection's unparsed requests and unsent replies
+  std::set<std::string> warned_;  // peers already told of, so a scan does not flood the log
+  std::vector<int> dead_;         // closed at the end of the turn
+  std::set<int> again_;  // connections whose replies drained while requests of theirs wait
+  bool running_ = true;
+  char chunk_[kReadChunk];
+};
+
+void StoreServer::Loop() {
+  Serving serving(this, std::move(loop_));
+  serving.Run();
+}
+
+void StoreServer::Serving::Run() {
+  {
+    std::lock_guard<std::mutex> lock(server_.mu_);
+    server_.stats_ = StoreServerStats();
+  }
+  loop_->Watch(server_.wake_.get(), EPOLLIN, [this](uint32_t) { running_ = false; });
+  loop_->Watch(server_.listener_.get(), EPOLLIN, [this](uint32_t) { Accept(); });
+  while (running_) {
+    if (absl::Status st = loop_->RunOnce(); !st.ok()) {
+      spdlog::error("the workers' store stopped: {}", std::string(st.message()));
       break;
     }
-    for (int i = 0; i < n; ++i) {
-      const int fd = events[i].data.fd;
-      const uint32_t ev = events[i].events;
-      if (fd == wake_.get()) {
-        running = false;
-        continue;
-      }
-      if (fd == listener_.get()) {
-        accept_all();
-        continue;
-      }
-      auto it = conns.find(fd);
-      if (it == conns.end() || it->second->closing) continue;
-      Connection& c = *it->second;
-      if (ev & EPOLLOUT) {
-        if (!flush(c)) {
-          drop(c, "");
-          continue;
-        }
-        process(fd);  // replies drained: its waiting requests go on
-      }
-      if (!c.closing && (ev & (EPOLLIN | EPOLLHUP | EPOLLERR | EPOLLRDHUP))) {
-        // One chunk at a time, then the others' turn.
-        ssize_t r = ::recv(fd, chunk, sizeof chunk, 0);
-        if (r > 0) {
-          c.reader.Append(absl::string_view(chunk, static_cast<size_t>(r)));
-          buffered += static_cast<size_t>(r);
-          c.counted_in += static_cast<size_t>(r);
-          process(fd);
-          if (buffered > options_.max_buffered) drop_largest(&Connection::counted_in, "unread requests");
-        } else if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-          drop(c, "");
-        }
-      }
-    }
-    // Connections whose replies another's request drained, with requests of their own waiting.
-    while (!again.empty()) {
-      const int fd = *again.begin();
-      again.erase(again.begin());
-      if (conns.count(fd)) process(fd);
-    }
-    for (int fd : dead) close_conn(fd);
-    dead.clear();
-    std::lock_guard<std::mutex> lock(mu_);
-    stats_.store = state.Stats();
+    EndTurn();
   }
   // Every connection closes with the serving (the next attempt's workers connect anew).
-  std::lock_guard<std::mutex> lock(mu_);
-  stats_.connections = 0;
+  std::lock_guard<std::mutex> lock(server_.mu_);
+  server_.stats_.connections = 0;
+}
+
+// Counted as it happens (before the connection closes), so a client that saw it sees the count.
+void StoreServer::Serving::Count(int64_t StoreServerStats::*field) {
+  std::lock_guard<std::mutex> lock(server_.mu_);
+  ++(server_.stats_.*field);
+  server_.stats_.connections = conns_.size();
+}
+
+void StoreServer::Serving::Accept() {
+  const Options& opts = server_.options_;
+  while (true) {
+    sockaddr_storage ss{};
+    socklen_t len = sizeof ss;
+    UniqueFd fd(::accept4(server_.listener_.get(), reinterpret_cast<sockaddr*>(&ss), &len, SOCK_NONBLOCK | SOCK_CLOEXEC));
+    if (!fd.valid()) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) spdlog::warn("workers' store: accept: {}", std::strerror(errno));
+      return;
+    }
+    const auto [ip, port] = AddressOf(ss);
+    const std::string why = conns_.size() >= opts.max_connections
+                                ? absl::StrCat("the store has its ", opts.max_connections, " connections")
+                                : Refusal(fd, ip, port);
+    if (!why.empty()) {
+      Count(&StoreServerStats::refused);
+      if (warned_.size() < 64 && warned_.insert(ip).second) {
+        spdlog::warn("workers' store: refused a connection from {}:{}: {}", ip, port, why);
+      }
+      continue;
+    }
+    int one = 1;
+    ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    const int id = fd.get();
+    auto c = std::make_unique<Connection>(std::move(fd), opts.limits);
+    c->events = EPOLLIN | EPOLLRDHUP;
+    loop_->Watch(id, c->events, [this, id](uint32_t events) { OnConnection(id, events); });
+    conns_[id] = std::move(c);
+    Count(&StoreServerStats::accepted);
+  }
+}
+
+// Why a connection from `ip`:`port` is refused (empty: it is not): a local one must come from a
+// socket of the job's user, a remote one from a node of the job.
+std::string StoreServer::Serving::Refusal(const UniqueFd& fd, const std::string& ip, int port) {
+  if (IsLoopbackIp(ip) || local_.count(ip)) {
+    sockaddr_storage me{};
+    socklen_t mlen = sizeof me;
+    ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&me), &mlen);
+    const auto [my_ip, my_port] = AddressOf(me);
+    auto owner = LocalTcpPeerUid(ip, port, my_ip, my_port);
+    if (!owner.ok()) return absl::StrCat("its user is unknown (", owner.status().message(), ")");
+    if (*owner != uid_) return absl::StrCat("it belongs to uid ", *owner, ", not the job's ", uid_);
+    return "";
+  }
+  return server_.peers_.remote.count(ip) ? "" : "it is no node of the job";
+}
+
+void StoreServer::Serving::OnConnection(int fd, uint32_t events) {
+  auto it = conns_.find(fd);
+  if (it == conns_.end() || it->second->closing) return;
+  Connection& c = *it->second;
+  if (events & EPOLLOUT) {
+    if (!Flush(c)) {
+      Drop(c, "");
+      return;
+    }
+    Process(fd);  // replies drained: its waiting requests go on
+  }
+  if (c.closing || !(events & (EPOLLIN | EPOLLHUP | EPOLLERR | EPOLLRDHUP))) return;
+  // One chunk at a time, then the others' turn.
+  ssize_t r = ::recv(fd, chunk_, sizeof chunk_, 0);
+  if (r > 0) {
+    c.reader.Append(absl::string_view(chunk_, static_cast<size_t>(r)));
+    buffered_ += static_cast<size_t>(r);
+    c.counted_in += static_cast<size_t>(r);
+    Process(fd);
+    if (buffered_ > server_.options_.max_buffered) DropLargest(&Connection::counted_in, "unread requests");
+  } else if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+    Drop(c, "");
+  }
+}
+
+// Serves the connection's whole requests while its replies are under the bound.
+void StoreServer::Serving::Process(int fd) {
+  Connection& c = *conns_.at(fd);
+  if (c.closing) return;
+  std::vector<StoreReply> replies;
+  while (c.pending() < kMaxPendingReplies) {
+    auto next = c.reader.Next();
+    if (!next.ok()) {
+      Drop(c, absl::StrCat("its request: ", next.status().message()));
+      break;
+    }
+    if (!*next) break;
+    replies.clear();
+    if (auto st = state_.Apply(fd, **next, &replies); !st.ok()) {
+      Drop(c, absl::StrCat("its ", StoreOpName((*next)->op), ": ", st.message()));
+      break;
+    }
+    for (const StoreReply& r : replies) Deliver(fd, r);
+    if (unsent_ > server_.options_.max_buffered) DropLargest(&Connection::counted_out, "unsent replies");
+  }
+  const size_t now = c.reader.buffered();
+  buffered_ = buffered_ - c.counted_in + now;
+  c.counted_in = now;
+  if (!c.closing) Rewatch(c);
+}
+
+// A reply of connection `from`'s request, to whichever connection it is for.
+void StoreServer::Serving::Deliver(int from, const StoreReply& r) {
+  auto to = conns_.find(r.connection);
+  if (to == conns_.end() || to->second->closing) return;
+  Connection& t = *to->second;
+  t.out += r.bytes;
+  if (!Flush(t)) {
+    Drop(t, "");
+    return;
+  }
+  if (r.connection == from) return;
+  if (t.pending() > server_.options_.limits.max_request + kMaxPendingReplies) {
+    // A 1.13 watcher (or a waiter) that never reads what it is sent.
+    Drop(t, absl::StrCat("it does not read its replies (", t.pending(), " bytes wait)"));
+    return;
+  }
+  if (t.pending() < kMaxPendingReplies && t.reader.buffered() > 0) again_.insert(r.connection);
+  Rewatch(t);
+}
+
+// Sends what it can; false: the connection is gone.
+bool StoreServer::Serving::Flush(Connection& c) {
+  while (c.pending() > 0) {
+    ssize_t n = ::send(c.fd.get(), c.out.data() + c.out_sent, c.pending(), MSG_NOSIGNAL);
+    if (n > 0) {
+      c.out_sent += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    return false;
+  }
+  if (c.out_sent == c.out.size()) {
+    c.out.clear();
+    if (c.out.capacity() > (1 << 20)) std::string().swap(c.out);  // a big reply's room goes
+    c.out_sent = 0;
+  } else if (c.out_sent > (1 << 20)) {
+    c.out.erase(0, c.out_sent);
+    c.out_sent = 0;
+  }
+  unsent_ = unsent_ - c.counted_out + c.pending();
+  c.counted_out = c.pending();
+  return true;
+}
+
+void StoreServer::Serving::Drop(Connection& c, const std::string& why) {
+  if (c.closing) return;
+  if (!why.empty()) {
+    spdlog::warn("workers' store: a connection closed: {}", why);
+    Count(&StoreServerStats::dropped);
+  }
+  c.closing = true;
+  dead_.push_back(c.fd.get());
+}
+
+// Over a bound on every connection together, the connection holding most goes (not the one that
+// happened to cross it: one peer's hoard must not cost the others their connections).
+void StoreServer::Serving::DropLargest(size_t Connection::*field, const char* what) {
+  Connection* largest = nullptr;
+  for (auto& [fd, c] : conns_) {
+    if (!c->closing && (!largest || (*c).*field > (*largest).*field)) largest = c.get();
+  }
+  if (largest) {
+    Drop(*largest, absl::StrCat("the connections' ", what, " passed ", server_.options_.max_buffered,
+                                " bytes; this one held the most (", (*largest).*field, ")"));
+  }
+}
+
+void StoreServer::Serving::Rewatch(Connection& c) {
+  const uint32_t want = (c.pending() < kMaxPendingReplies ? EPOLLIN : 0) | (c.pending() ? EPOLLOUT : 0) | EPOLLRDHUP;
+  if (want == c.events) return;
+  c.events = want;
+  loop_->Modify(c.fd.get(), want);
+}
+
+// After each turn: connections whose replies another's request drained, with requests of their
+// own waiting, go on; the dropped ones close.
+void StoreServer::Serving::EndTurn() {
+  while (!again_.empty()) {
+    const int fd = *again_.begin();
+    again_.erase(again_.begin());
+    if (conns_.count(fd)) Process(fd);
+  }
+  for (int fd : dead_) {
+    auto it = conns_.find(fd);
+    if (it == conns_.end()) continue;
+    buffered_ -= it->second->counted_in;
+    unsent_ -= it->second->counted_out;
+    state_.Disconnect(fd);
+    loop_->Unwatch(fd);
+    conns_.erase(it);
+  }
+  dead_.clear();
+  std::lock_guard<std::mutex> lock(server_.mu_);
+  server_.stats_.connections = conns_.size();
+  server_.stats_.store = state_.Stats();
 }
 
 }  // namespace launch

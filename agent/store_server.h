@@ -22,6 +22,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "agent/tcp_store.h"
+#include "common/clock.h"
+#include "common/event_loop.h"
 #include "common/unique_fd.h"
 
 namespace launch {
@@ -67,6 +69,7 @@ class StoreServer {
   StoreServerStats Stats() const;
 
  private:
+  class Serving;  // one Serve to Stop, on the thread
   StoreServer(UniqueFd listener, int port, Options options);
   void Loop();
 
@@ -75,7 +78,8 @@ class StoreServer {
   Options options_;
   bool listening_ = false;
   UniqueFd wake_;   // eventfd: Stop
-  UniqueFd epoll_;  // made by Serve, taken by the thread
+  SystemClock clock_;  // the loop's (it arms no timers)
+  std::unique_ptr<EventLoop> loop_;  // made by Serve, taken by the thread
   std::thread thread_;
   StorePeers peers_;  // read by the thread only while it runs
   mutable std::mutex mu_;

@@ -3,11 +3,9 @@
 #include <fcntl.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
-#include <sys/timerfd.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <sys/stat.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -18,16 +16,13 @@
 #include <memory>
 #include <sstream>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
-#include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "agent/error_file.h"
 #include "agent/log_relay.h"
 #include "agent/worker_env.h"
+#include "common/event_loop.h"
 #include "common/status_macros.h"
 #include "launch_sdk/progress.h"
 #include "spdlog/spdlog.h"
@@ -36,6 +31,44 @@ namespace launch {
 
 namespace {
 
+using Phase = SupervisorState::Phase;
+
+constexpr size_t kStepTimesKept = 101;
+// How often the file of a worker that writes its own stacks is looked at: done once it stops growing.
+constexpr std::chrono::milliseconds kStackFilePoll{100};
+// The terminal's input held for the worker at most; past it the terminal is not read.
+constexpr size_t kStdinHeld = 65536;
+
+double Median(std::deque<double> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+// Clears an eventfd (a read returns and resets its count).
+void ClearCounter(int fd) {
+  uint64_t count;
+  ssize_t n = ::read(fd, &count, sizeof count);
+  (void)n;
+}
+
+absl::StatusOr<UniqueFd> OpenLog(const std::string& path) {
+  if (path.empty()) return UniqueFd();
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoStatus(absl::StrCat("cannot open log file ", path));
+  return UniqueFd(fd);
+}
+
+// One of a worker's output pipes, read into its line relay. Workers shown on a backlogged console
+// are not read (they wait in their writes) until it drains: supervision goes on whatever the
+// console does.
+struct OutputPipe {
+  UniqueFd fd;
+  std::unique_ptr<LineRelay> relay;
+  ConsoleStream* console = nullptr;  // where its lines are shown (nullptr: not shown)
+  bool reading = true;               // watched for reading
+};
+
 struct Slot {
   const WorkerLaunch* launch = nullptr;
   pid_t pid = -1;
@@ -43,25 +76,14 @@ struct Slot {
   bool group_gone = false;
   bool unregistered = false;  // removed from the orphan guard
   Clock::TimePoint start{};
-  UniqueFd out_read, err_read, out_file, err_file;
-  std::unique_ptr<LineRelay> out, err;
-  ConsoleStream* out_console = nullptr;  // where each stream is shown (nullptr: not shown)
-  ConsoleStream* err_console = nullptr;
-  bool out_reading = true, err_reading = true;  // in the epoll set for reading
+  UniqueFd out_file, err_file;  // before the pipes: their relays write to these
+  OutputPipe out, err;
   WorkerResult result;
   // Progress: when the last report came, and the latest step times (for the median).
   std::optional<Clock::TimePoint> last_progress;
   std::deque<double> step_seconds;
   int stack_signal = 0;  // the worker dumps its own stacks on this signal (StackDumpRecord)
 };
-
-constexpr size_t kStepTimesKept = 101;
-
-double Median(std::deque<double> v) {
-  if (v.empty()) return 0;
-  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-  return v[v.size() / 2];
-}
 
 // Owns the started workers for the whole of Run: on any early return (an error) each started
 // worker's group is SIGKILLed, the worker reaped and its group removed from the orphan guard, so
@@ -171,100 +193,6 @@ class StackCaptures {
   std::map<size_t, Dump> dumping_;     // slot -> its own dump
 };
 
-}  // namespace
-
-std::vector<std::string> MainThreadFrames(const std::string& text) {
-  std::vector<std::string> frames;
-  const std::vector<std::string> lines = absl::StrSplit(text, '\n');
-  if (absl::StrContains(text, "(most recent call first)")) {
-    // faulthandler: "Current thread 0x... (most recent call first):" (the one that took the
-    // signal), else the first thread; frames are '  File "/path/x.py", line 12 in func'.
-    const bool has_current = absl::StrContains(text, "\nCurrent thread ") || absl::StartsWith(text, "Current thread ");
-    bool in = false, seen = false;
-    for (const std::string& line : lines) {
-      if (absl::StartsWith(line, "Current thread ") || (!has_current && absl::StartsWith(line, "Thread "))) {
-        if (seen) break;
-        in = seen = true;
-        continue;
-      }
-      if (!in) continue;
-      if (!absl::StartsWith(line, "  File \"")) {
-        if (!frames.empty()) break;
-        continue;
-      }
-      const size_t q = line.find('"', 8);
-      const size_t at = q == std::string::npos ? q : line.find(", line ", q);
-      const size_t fn = at == std::string::npos ? at : line.find(" in ", at);
-      if (fn == std::string::npos) continue;
-      std::string file = line.substr(8, q - 8);
-      file = file.substr(file.rfind('/') + 1);
-      frames.push_back(absl::StrCat(line.substr(fn + 4), " (", file, ":", line.substr(at + 7, fn - at - 7), ")"));
-    }
-    return frames;
-  }
-  // gdb: the main thread is "Thread 1 "; frames are
-  // "#2  0x00007f... in std::this_thread::sleep_for<...> (__rtime=...) at /usr/include/...:371".
-  bool in = false;
-  for (const std::string& line : lines) {
-    if (absl::StartsWith(line, "Thread 1 ")) {
-      in = true;
-      continue;
-    }
-    if (!in) continue;
-    if (!absl::StartsWith(line, "#")) {
-      if (!frames.empty()) break;
-      continue;
-    }
-    const size_t space = line.find(' ');
-    if (space == std::string::npos) continue;
-    std::string f(absl::StripLeadingAsciiWhitespace(line.substr(space)));
-    if (absl::StartsWith(f, "0x")) {
-      const size_t in_pos = f.find(" in ");
-      if (in_pos != std::string::npos) f = f.substr(in_pos + 4);
-    }
-    std::string name = f.substr(0, f.find(" ("));
-    const size_t at = f.rfind(" at ");
-    const size_t from = f.rfind(" from ");
-    if (at != std::string::npos) {
-      std::string where = f.substr(at + 4);
-      name = absl::StrCat(name, " (", where.substr(where.rfind('/') + 1), ")");
-    } else if (from != std::string::npos) {
-      std::string lib = f.substr(from + 6);
-      name = absl::StrCat(name, " (", lib.substr(lib.rfind('/') + 1), ")");
-    }
-    frames.push_back(name);
-  }
-  return frames;
-}
-
-bool WaitsInCollective(const std::vector<std::string>& frames) {
-  // Collectives, process groups and data-parallel wrappers (whose Finish or backward hook waits
-  // for the bucket allreduces).
-  static const char* kMarks[] = {"allreduce", "all_reduce", "broadcast", "barrier", "allgather", "all_gather",
-                                 "reduce_scatter", "alltoall", "processgroup", "c10d", "gloo", "nccl",
-                                 "distributeddataparallel", "(ddp.cc:", "reducer", "(distributed.py:"};
-  for (const std::string& f : frames) {
-    const std::string lower = absl::AsciiStrToLower(f);
-    for (const char* m : kMarks)
-      if (absl::StrContains(lower, m)) return true;
-  }
-  return false;
-}
-
-std::vector<std::string> TopFrames(const std::vector<std::string>& frames, size_t n) {
-  std::vector<std::string> top;
-  for (size_t i = 0; i < frames.size() && top.size() < n; ++i) {
-    const std::string& f = frames[i];
-    // Program sources, not library templates in headers.
-    const bool located = absl::StrContains(f, ".cc:") || absl::StrContains(f, ".cpp:") ||
-                         absl::StrContains(f, ".cxx:") || absl::StrContains(f, ".cu:") || absl::StrContains(f, ".py:");
-    if (i == 0 || located) top.push_back(f);
-  }
-  return top;
-}
-
-namespace {
-
 // A worker's stack file as frames: its own Python dump when it made one, else the debugger's.
 std::vector<std::string> WorkerFrames(const WorkerLaunch& l) {
   for (const std::string* path : {&l.python_stack_file, &l.native_stack_file}) {
@@ -278,283 +206,292 @@ std::vector<std::string> WorkerFrames(const WorkerLaunch& l) {
   return {};
 }
 
-// What an epoll event is for: encoded in data.u64.
-constexpr uint64_t kSignalTag = 1ull << 40;
-constexpr uint64_t kStopTimerTag = 2ull << 40;
-constexpr uint64_t kCoordinatorTag = 3ull << 40;
-constexpr uint64_t kProgressTag = 4ull << 40;
-constexpr uint64_t kConsoleTag = 5ull << 40;
-constexpr uint64_t kStdinTag = 6ull << 40;
-constexpr uint64_t kStdinPipeTag = 7ull << 40;
-constexpr uint64_t kExitTag = 8ull << 40;
-constexpr uint64_t kHangTimerTag = 9ull << 40;
-constexpr uint64_t kSteppingTimerTag = 10ull << 40;
-constexpr uint64_t kExitNoticeTag = 11ull << 40;
-constexpr uint64_t kStderrBit = 1ull << 32;
-
-absl::StatusOr<UniqueFd> OpenLog(const std::string& path) {
-  if (path.empty()) return UniqueFd();
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoStatus(absl::StrCat("cannot open log file ", path));
-  return UniqueFd(fd);
-}
-
-void ArmTimer(int fd, std::chrono::milliseconds after, bool periodic) {
-  itimerspec spec{};
-  auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(after).count();
-  if (ns <= 0) ns = 1;  // 0 would disarm
-  spec.it_value.tv_sec = ns / 1000000000;
-  spec.it_value.tv_nsec = ns % 1000000000;
-  if (periodic) spec.it_interval = spec.it_value;
-  ::timerfd_settime(fd, 0, &spec, nullptr);
-}
-
-void DrainTimer(int fd) {
-  uint64_t expirations;
-  ssize_t n = ::read(fd, &expirations, sizeof expirations);
-  (void)n;
-}
-
 // A terminal on launch's stdin, relayed to the worker that reads stdin through a pipe: launch is
-// in the terminal's foreground group, the workers are not (each leads its own group).
-struct StdinRelay {
-  UniqueFd tty;        // a description of our own (non-blocking without touching the shell's)
-  UniqueFd to_worker;  // the pipe's write end, non-blocking
-  std::string pending;  // read from the terminal, not yet taken by the worker
-  bool reading = false;  // the terminal is in the epoll set
-  bool writing = false;  // the pipe is in the epoll set (the worker has not taken everything)
-  bool done = false;     // EOF, or the worker closed its end
+// in the terminal's foreground group, the workers are not (each leads its own group). The terminal
+// is read while the worker's pipe is open and not backed up; the pipe is watched while it holds
+// back what the worker has not read.
+class StdinRelay {
+ public:
+  StdinRelay(EventLoop* loop, ConsoleStream* out, ConsoleStream* err) : loop_(loop), out_(out), err_(err) {}
+  ~StdinRelay() { Close(); }
+
+  // Opens the terminal on `stdin_fd` with a description of its own (non-blocking without touching
+  // the shell's), when it is one.
+  void Open(int stdin_fd) {
+    if (!::isatty(stdin_fd)) return;
+    const std::string self = absl::StrCat("/proc/self/fd/", stdin_fd);
+    tty_.Reset(::open(self.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
+    if (!tty_.valid()) spdlog::warn("cannot reopen the terminal on stdin: workers read /dev/null");
+  }
+  bool active() const { return tty_.valid(); }
+  // The write end of the pipe the worker reads as its stdin.
+  void SetWorker(UniqueFd pipe) {
+    ::fcntl(pipe.get(), F_SETFL, O_NONBLOCK);
+    to_worker_ = std::move(pipe);
+  }
+  // Before each wait: what to watch for.
+  void Update() {
+    if (!tty_.valid()) return;
+    Want(tty_.get(), EPOLLIN, to_worker_.valid() && !done_ && pending_.size() < kStdinHeld, &reading_,
+         [this](uint32_t) { OnTerminal(); });
+    if (to_worker_.valid()) {
+      Want(to_worker_.get(), EPOLLOUT, !pending_.empty(), &writing_, [this](uint32_t) { Flush(); });
+    }
+  }
+
+ private:
+  void Want(int fd, uint32_t events, bool want, bool* in_set, EventLoop::Handler handler) {
+    if (want == *in_set) return;
+    if (want) {
+      loop_->Watch(fd, events, std::move(handler));
+    } else {
+      loop_->Unwatch(fd);
+    }
+    *in_set = want;
+  }
+  void OnTerminal() {
+    char in[4096];
+    ssize_t got = ::read(tty_.get(), in, sizeof in);
+    if (got > 0) {
+      pending_.append(in, static_cast<size_t>(got));
+      // The terminal echoed the line: the prompt's line is over on the screen.
+      out_->LineEndedElsewhere();
+      err_->LineEndedElsewhere();
+    } else if (got == 0 || (errno != EAGAIN && errno != EINTR)) {
+      // EOF (Ctrl-D) reaches the worker as EOF; EIO: launch was put in the background.
+      done_ = true;
+    }
+    Flush();
+  }
+  // Hands the worker what the terminal gave, as far as its pipe takes it.
+  void Flush() {
+    while (to_worker_.valid() && !pending_.empty()) {
+      ssize_t w = ::write(to_worker_.get(), pending_.data(), pending_.size());
+      if (w > 0) {
+        pending_.erase(0, static_cast<size_t>(w));
+        continue;
+      }
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0 && errno == EAGAIN) return;  // the worker reads later: wait for EPOLLOUT
+      pending_.clear();  // EPIPE: the worker closed its stdin or is gone
+      done_ = true;
+    }
+    if (done_ && pending_.empty() && to_worker_.valid()) {
+      if (writing_) loop_->Unwatch(to_worker_.get());
+      writing_ = false;
+      to_worker_.Reset();  // the worker reads EOF
+    }
+  }
+  void Close() {
+    if (reading_) loop_->Unwatch(tty_.get());
+    if (writing_) loop_->Unwatch(to_worker_.get());
+  }
+
+  EventLoop* loop_;
+  ConsoleStream* out_;
+  ConsoleStream* err_;
+  UniqueFd tty_;
+  UniqueFd to_worker_;   // the pipe's write end, non-blocking
+  std::string pending_;  // read from the terminal, not yet taken by the worker
+  bool reading_ = false;  // the terminal is watched
+  bool writing_ = false;  // the pipe is watched (the worker has not taken everything)
+  bool done_ = false;     // EOF, or the worker closed its end
 };
 
-// Hands the worker what the terminal gave, as far as its pipe takes it.
-void FlushStdinRelay(StdinRelay* r) {
-  while (r->to_worker.valid() && !r->pending.empty()) {
-    ssize_t w = ::write(r->to_worker.get(), r->pending.data(), r->pending.size());
-    if (w > 0) {
-      r->pending.erase(0, static_cast<size_t>(w));
-      continue;
-    }
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0 && errno == EAGAIN) return;  // the worker reads later: wait for EPOLLOUT
-    r->pending.clear();  // EPIPE: the worker closed its stdin or is gone
-    r->done = true;
+// Removes the group's workers from the exit notices however Run ends.
+struct NoticesCleared {
+  ExitNotices* notices;
+  ~NoticesCleared() {
+    if (notices) notices->Clear();
   }
-  if (r->done && r->pending.empty()) r->to_worker.Reset();  // the worker reads EOF
-}
+};
 
-// The terminal is read while the worker's pipe is open and not backed up; the pipe is watched
-// while it holds back what the worker has not read.
-void UpdateStdinRelay(int ep, StdinRelay* r) {
-  if (!r->tty.valid()) return;
-  auto set = [ep](int fd, uint32_t events, uint64_t tag, bool want, bool* in_set) {
-    if (want == *in_set) return;
-    epoll_event ev{};
-    ev.events = events;
-    ev.data.u64 = tag;
-    ::epoll_ctl(ep, want ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, fd, &ev);
-    *in_set = want;
-  };
-  if (!r->to_worker.valid()) r->writing = false;  // closing it took it out of the set
-  set(r->tty.get(), EPOLLIN, kStdinTag, r->to_worker.valid() && !r->done && r->pending.size() < 65536,
-      &r->reading);
-  if (r->to_worker.valid()) {
-    set(r->to_worker.get(), EPOLLOUT, kStdinPipeTag, !r->pending.empty(), &r->writing);
-  }
-}
+// One Run of the group: its loop, its workers and each descriptor's handler, the supervisor's
+// state and the shell that carries out the supervisor's actions. Every decision is the
+// supervisor's (group_supervisor.h) or a pure check's (hang_check.h); this runs them.
+class GroupRun {
+ public:
+  GroupRun(const WorkerGroup::Options& opts, ProcessLauncher* launcher, OrphanGuard* guard, SignalFd* signals,
+           const Clock* clock, const std::vector<WorkerLaunch>& launches)
+      : opts_(opts),
+        launcher_(launcher),
+        guard_(guard),
+        signals_(signals),
+        clock_(clock),
+        launches_(launches),
+        notices_cleared_{opts.exit_notices},
+        console_out_(opts.console_out ? opts.console_out : &ConsoleOut()),
+        console_err_(opts.console_err ? opts.console_err : &ConsoleErr()),
+        slots_(launches.size()),
+        started_(&slots_, launcher, guard) {}
 
-}  // namespace
+  absl::Status Open();
+  absl::Status StartWorkers();
+  // One turn of the loop; done() once every worker is reaped and their groups are empty.
+  absl::Status Turn();
+  bool done() const { return state_.phase == Phase::kDone; }
+  GroupOutcome Finish();
 
-absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& launches) {
-  UniqueFd ep(::epoll_create1(EPOLL_CLOEXEC));
-  if (!ep.valid()) return ErrnoStatus("epoll_create1");
-  UniqueFd stop_timer(::timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
-  if (!stop_timer.valid()) return ErrnoStatus("timerfd_create");
-  auto watch = [&](int fd, uint64_t tag) {
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.u64 = tag;
-    ::epoll_ctl(ep.get(), EPOLL_CTL_ADD, fd, &ev);
-  };
-  watch(signals_->fd(), kSignalTag);
-  watch(stop_timer.get(), kStopTimerTag);
-  // Hang checks: every second, or a quarter of an explicit timeout under 4 s.
-  const bool hang_checks = !opts_.hang.timeout || opts_.hang.timeout->count() > 0;
-  UniqueFd hang_timer;
-  if (hang_checks) {
-    hang_timer.Reset(::timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
-    if (!hang_timer.valid()) return ErrnoStatus("timerfd_create");
-    std::chrono::milliseconds period(1000);
-    if (opts_.hang.timeout) period = std::clamp(*opts_.hang.timeout / 4, std::chrono::milliseconds(10), period);
-    ArmTimer(hang_timer.get(), period, true);
-    watch(hang_timer.get(), kHangTimerTag);
-  }
-  if (opts_.stop_fd >= 0) watch(opts_.stop_fd, kCoordinatorTag);
-  // Watched from each worker's start, until the group ends however it ends.
-  struct ClearNotices {
-    ExitNotices* notices;
-    ~ClearNotices() {
-      if (notices) notices->Clear();
-    }
-  } clear_notices{opts_.exit_notices};
-  if (opts_.exit_notices) watch(opts_.exit_notices->fd(), kExitNoticeTag);
-
-  // One datagram socket for every worker's progress reports (worker_sdk's ProgressReporter).
-  int sv[2];
-  if (::socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) != 0) {
-    return ErrnoStatus("socketpair");
-  }
-  UniqueFd progress_read(sv[0]), progress_write(sv[1]);
-  watch(progress_read.get(), kProgressTag);
-
-  ConsoleStream* console_out = opts_.console_out ? opts_.console_out : &ConsoleOut();
-  ConsoleStream* console_err = opts_.console_err ? opts_.console_err : &ConsoleErr();
-  watch(console_out->ready_fd(), kConsoleTag);
-  if (console_err != console_out) watch(console_err->ready_fd(), kConsoleTag);
-
-  UniqueFd dev_null(::open("/dev/null", O_RDONLY | O_CLOEXEC));
-  if (!dev_null.valid()) return ErrnoStatus("cannot open /dev/null");
-  StdinRelay stdin_relay;
-  if (::isatty(opts_.stdin_fd)) {
-    const std::string self = absl::StrCat("/proc/self/fd/", opts_.stdin_fd);
-    stdin_relay.tty.Reset(::open(self.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
-    if (!stdin_relay.tty.valid()) spdlog::warn("cannot reopen the terminal on stdin: workers read /dev/null");
-  }
-
-  // Before the slots: their relays write to these until they are gone.
-  UniqueFd filtered_out, filtered_err;
-  std::vector<Slot> slots(launches.size());
-  StartedWorkers started(&slots, launcher_, guard_);
-  if (launcher_->exit_fd() >= 0) watch(launcher_->exit_fd(), kExitTag);
-
-  // Every decision is the supervisor's; this runs what it decides. An action can lead to an
-  // event (captures that need no process are done at once): events queue, and are taken in order.
-  SupervisorState state;
-  StackCaptures captures;
-  bool stacks_captured = false;
-  // The captures are done: the hung worker is the one the stacks show outside a collective when
-  // the one first silent waits in one (a rank that waits for a hung peer stops reporting too).
-  auto CapturesDone = [&] {
-    int hung = state.hung;
-    std::vector<std::vector<std::string>> frames(slots.size());
-    for (size_t i = 0; i < slots.size(); ++i) {
-      if (slots[i].launch && slots[i].last_progress) frames[i] = WorkerFrames(*slots[i].launch);
-    }
-    if (hung >= 0 && WaitsInCollective(frames[hung])) {
-      for (size_t i = 0; i < slots.size(); ++i) {
-        if (static_cast<int>(i) == hung || frames[i].empty() || WaitsInCollective(frames[i])) continue;
-        spdlog::warn("rank {} waits in a collective, rank {} does not: rank {} is the hung one", slots[hung].result.rank,
-                     slots[i].result.rank, slots[i].result.rank);
-        slots[i].result.hung_after_seconds = slots[hung].result.hung_after_seconds;
-        slots[hung].result.hung = false;
-        slots[i].result.hung = true;
-        hung = static_cast<int>(i);
-        break;
-      }
-    }
-    if (hung >= 0) {
-      slots[hung].result.stack_top = TopFrames(frames[hung], 3);
-      slots[hung].result.in_collective = WaitsInCollective(frames[hung]);
-    }
-    return SupervisorEvent::CapturesDone(hung);
-  };
-  std::deque<SupervisorEvent> events_due;
-  bool applying = false;
-  auto apply = [&](const SupervisorEvent& first) {
-    events_due.push_back(first);
-    if (applying) return;
-    applying = true;
-    while (!events_due.empty()) {
-      const SupervisorEvent event = events_due.front();
-      events_due.pop_front();
-      const SupervisorStep step = Supervise(opts_.stop, state, event);
-      state = step.state;
-      const SupervisorActions& a = step.actions;
-      if (!a.warning.empty()) spdlog::warn("{}", a.warning);
-      if (a.capture_stacks) {
-        stacks_captured = true;
-        captures.Start(slots, launcher_, opts_.hang.debugger);
-        if (captures.done()) events_due.push_back(CapturesDone());
-      }
-      if (a.signal_groups) {
-        for (auto& s : slots)
-          if (s.pid > 0 && !s.group_gone) launcher_->SignalGroup(s.pid, a.signal_groups);
-      }
-      if (a.arm_grace) ArmTimer(stop_timer.get(), *a.arm_grace, false);
-      if (a.report_failure >= 0 && opts_.on_failure) opts_.on_failure(slots[a.report_failure].result);
-    }
-    applying = false;
-  };
-
-  if (!opts_.stdout_filters.empty()) {
-    ASSIGN_OR_RETURN(filtered_out, OpenLog(opts_.filtered_stdout_file));
-  }
-  if (!opts_.stderr_filters.empty()) {
-    ASSIGN_OR_RETURN(filtered_err, OpenLog(opts_.filtered_stderr_file));
-  }
-  // Spawn every worker; a worker that cannot start stops those already started. Warm workers are
-  // sent their go first and taken after, so that their standbys fork side by side.
-  if (opts_.live) opts_.live->StartAttempt(launches);
-  struct Pending {
+ private:
+  struct Pending {  // a worker's descriptors while it starts
     Pipe in, out, err;
     int stdin_fd = -1;
     bool sent = false;  // its standby has its go
   };
-  std::vector<Pending> pending(launches.size());
-  for (size_t i = 0; i < launches.size(); ++i) {
-    const WorkerLaunch& l = launches[i];
-    Slot& s = slots[i];
-    Pending& p = pending[i];
-    s.launch = &l;
-    s.result.local_rank = l.local_rank;
-    s.result.rank = l.rank;
-    auto out_file = OpenLog(l.stdout_file);
-    auto err_file = OpenLog(l.stderr_file);
-    if (!out_file.ok() || !err_file.ok()) return out_file.ok() ? err_file.status() : out_file.status();
-    s.out_file = std::move(*out_file);
-    s.err_file = std::move(*err_file);
-    std::string prefix = !l.console_prefix.empty()
-                             ? l.console_prefix
-                             : absl::StrReplaceAll(opts_.console_prefix_format, {{"{rank}", std::to_string(l.rank)}});
-    s.out_console = l.stdout_console ? console_out : nullptr;
-    s.err_console = l.stderr_console ? console_err : nullptr;
-    s.out = std::make_unique<LineRelay>(LineRelay::Options{prefix, s.out_console, s.out_file.get(), 0,
-                                                           &opts_.stdout_filters, filtered_out.get()});
-    s.err = std::make_unique<LineRelay>(LineRelay::Options{prefix, s.err_console, s.err_file.get(),
-                                                           opts_.stderr_tail_lines, &opts_.stderr_filters,
-                                                           filtered_err.get()});
-    p.stdin_fd = dev_null.get();
-    if (l.reads_stdin && stdin_relay.tty.valid()) {
-      if (!MakePipe(&p.in)) return ErrnoStatus("pipe");
-      p.stdin_fd = p.in.read.get();
-    } else if (l.reads_stdin) {
-      p.stdin_fd = opts_.stdin_fd;
-    }
+  absl::Status PrepareSlot(size_t i, Pending* p);
+  absl::Status SendWarm(std::vector<Pending>* pending);
+  void TakeSent(std::vector<Pending>* pending);
+  absl::Status SpawnCold(size_t i, Pending* p);
+  void Adopt(size_t i, Pending* p);
+  void WatchOutput(OutputPipe* pipe);
+
+  void Apply(const SupervisorEvent& first);
+  void RunActions(const SupervisorActions& a);
+  SupervisorEvent CapturesDone();
+  void CheckGroups();
+  void BeforeWait();
+
+  void OnSignals();
+  void OnExitNotices();
+  void OnProgress();
+  void OnProgressRecord(const launch_sdk::ProgressRecord& rec);
+  void OnCoordinatorStop();
+  void Drain(OutputPipe* pipe, bool final);
+  void Reap();
+  void SetStatus(Slot* s, int exit_code, int signal);
+  void CheckHangs();
+  void TellStepping();
+  void PollStackFiles();
+  void ShowDuePartials();
+
+  const WorkerGroup::Options& opts_;
+  ProcessLauncher* launcher_;
+  OrphanGuard* guard_;
+  SignalFd* signals_;
+  const Clock* clock_;
+  const std::vector<WorkerLaunch>& launches_;
+  NoticesCleared notices_cleared_;  // first made, last gone: after the workers are
+  std::unique_ptr<EventLoop> loop_;
+  std::unique_ptr<EventLoop::Timer> grace_timer_, hang_timer_, stepping_timer_, stack_poll_timer_, partial_timer_;
+  UniqueFd progress_read_, progress_write_;  // every worker's progress reports (one datagram socket)
+  UniqueFd dev_null_;
+  ConsoleStream* console_out_;
+  ConsoleStream* console_err_;
+  std::unique_ptr<StdinRelay> stdin_relay_;
+  UniqueFd filtered_out_, filtered_err_;  // before the slots: their relays write to these
+  std::vector<Slot> slots_;
+  StartedWorkers started_;
+  SupervisorState state_;
+  StackCaptures captures_;
+  bool stacks_captured_ = false;
+  std::deque<SupervisorEvent> events_due_;
+  bool applying_ = false;
+  bool stepping_told_ = false;  // on_stepping was called
+  char buf_[65536];
+};
+
+absl::Status GroupRun::Open() {
+  ASSIGN_OR_RETURN(loop_, EventLoop::Create(clock_));
+  grace_timer_ = loop_->MakeTimer([this] { Apply(SupervisorEvent::GraceOver()); });
+  hang_timer_ = loop_->MakeTimer([this] { CheckHangs(); });
+  stepping_timer_ = loop_->MakeTimer([this] { TellStepping(); });
+  stack_poll_timer_ = loop_->MakeTimer([this] { PollStackFiles(); });
+  partial_timer_ = loop_->MakeTimer([this] { ShowDuePartials(); });
+  loop_->Watch(signals_->fd(), EPOLLIN, [this](uint32_t) { OnSignals(); });
+  if (opts_.hang.enabled()) hang_timer_->Arm(opts_.hang.CheckPeriod());
+  if (opts_.stop_fd >= 0) loop_->Watch(opts_.stop_fd, EPOLLIN, [this](uint32_t) { OnCoordinatorStop(); });
+  // Watched from each worker's start, until the group ends however it ends.
+  if (opts_.exit_notices) loop_->Watch(opts_.exit_notices->fd(), EPOLLIN, [this](uint32_t) { OnExitNotices(); });
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) != 0) return ErrnoStatus("socketpair");
+  progress_read_.Reset(sv[0]);
+  progress_write_.Reset(sv[1]);
+  loop_->Watch(progress_read_.get(), EPOLLIN, [this](uint32_t) { OnProgress(); });
+  for (ConsoleStream* c : {console_out_, console_err_}) {
+    loop_->Watch(c->ready_fd(), EPOLLIN, [this](uint32_t) {
+      ClearCounter(console_out_->ready_fd());
+      ClearCounter(console_err_->ready_fd());
+    });
   }
-  // Every go sent is taken, even when a later worker's pipes cannot be made: a worker forked and
-  // not taken would be nobody's. A warm worker's write ends are closed once its standby has them,
-  // so that launch holds no more descriptors at once than one worker's spawn needs.
-  auto take_sent = [&] {
-    for (size_t i = 0; i < launches.size(); ++i) {
-      Pending& p = pending[i];
-      if (!p.sent) continue;
-      p.sent = false;
-      if (std::optional<pid_t> pid = opts_.warm->Take(launches[i])) {
-        slots[i].pid = *pid;
-      } else {
-        p.out.read.Reset();  // cold, below, through new pipes
-        p.err.read.Reset();
-      }
-    }
-  };
-  for (size_t i = 0; i < launches.size() && opts_.warm; ++i) {
-    Pending& p = pending[i];
+  dev_null_.Reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  if (!dev_null_.valid()) return ErrnoStatus("cannot open /dev/null");
+  stdin_relay_ = std::make_unique<StdinRelay>(loop_.get(), console_out_, console_err_);
+  stdin_relay_->Open(opts_.stdin_fd);
+  if (launcher_->exit_fd() >= 0) {
+    loop_->Watch(launcher_->exit_fd(), EPOLLIN, [this](uint32_t) {
+      ClearCounter(launcher_->exit_fd());
+      Reap();
+    });
+  }
+  if (!opts_.stdout_filters.empty()) {
+    ASSIGN_OR_RETURN(filtered_out_, OpenLog(opts_.filtered_stdout_file));
+  }
+  if (!opts_.stderr_filters.empty()) {
+    ASSIGN_OR_RETURN(filtered_err_, OpenLog(opts_.filtered_stderr_file));
+  }
+  return absl::OkStatus();
+}
+
+// Spawns every worker; a worker that cannot start stops those already started (StartedWorkers).
+// Warm workers are sent their go first and taken after, so that their standbys fork side by side.
+absl::Status GroupRun::StartWorkers() {
+  if (opts_.live) opts_.live->StartAttempt(launches_);
+  std::vector<Pending> pending(launches_.size());
+  for (size_t i = 0; i < launches_.size(); ++i) RETURN_IF_ERROR(PrepareSlot(i, &pending[i]));
+  if (opts_.warm) RETURN_IF_ERROR(SendWarm(&pending));
+  for (size_t i = 0; i < launches_.size(); ++i) {
+    if (slots_[i].pid < 0) RETURN_IF_ERROR(SpawnCold(i, &pending[i]));
+    Adopt(i, &pending[i]);
+  }
+  if (opts_.on_started) opts_.on_started();
+  // Workers that report no steps: on_stepping once they have run for stepping_wait.
+  if (opts_.on_stepping) stepping_timer_->Arm(opts_.stepping_wait);
+  return absl::OkStatus();
+}
+
+// A worker's logs, line relays and stdin.
+absl::Status GroupRun::PrepareSlot(size_t i, Pending* p) {
+  const WorkerLaunch& l = launches_[i];
+  Slot& s = slots_[i];
+  s.launch = &l;
+  s.result.local_rank = l.local_rank;
+  s.result.rank = l.rank;
+  ASSIGN_OR_RETURN(s.out_file, OpenLog(l.stdout_file));
+  ASSIGN_OR_RETURN(s.err_file, OpenLog(l.stderr_file));
+  const std::string prefix =
+      !l.console_prefix.empty() ? l.console_prefix
+                                : absl::StrReplaceAll(opts_.console_prefix_format, {{"{rank}", std::to_string(l.rank)}});
+  s.out.console = l.stdout_console ? console_out_ : nullptr;
+  s.err.console = l.stderr_console ? console_err_ : nullptr;
+  s.out.relay = std::make_unique<LineRelay>(
+      LineRelay::Options{prefix, s.out.console, s.out_file.get(), 0, &opts_.stdout_filters, filtered_out_.get()});
+  s.err.relay = std::make_unique<LineRelay>(LineRelay::Options{prefix, s.err.console, s.err_file.get(),
+                                                               opts_.stderr_tail_lines, &opts_.stderr_filters,
+                                                               filtered_err_.get()});
+  p->stdin_fd = dev_null_.get();
+  if (l.reads_stdin && stdin_relay_->active()) {
+    if (!MakePipe(&p->in)) return ErrnoStatus("pipe");
+    p->stdin_fd = p->in.read.get();
+  } else if (l.reads_stdin) {
+    p->stdin_fd = opts_.stdin_fd;
+  }
+  return absl::OkStatus();
+}
+
+// Sends each warm standby its go. Every go sent is taken, even when a later worker's pipes cannot
+// be made: a worker forked and not taken would be nobody's. A warm worker's write ends are closed
+// once its standby has them, so that launch holds no more descriptors at once than one worker's
+// spawn needs.
+absl::Status GroupRun::SendWarm(std::vector<Pending>* pending) {
+  for (size_t i = 0; i < launches_.size(); ++i) {
+    Pending& p = (*pending)[i];
     if (!MakePipe(&p.out) || !MakePipe(&p.err)) {
       const absl::Status st = ErrnoStatus("pipe");
-      take_sent();
+      TakeSent(pending);
       return st;
     }
-    slots[i].start = clock_->Now();
-    p.sent = opts_.warm->Send(launches[i], {progress_write.get(), p.stdin_fd, p.out.write.get(), p.err.write.get()});
+    slots_[i].start = clock_->Now();
+    p.sent = opts_.warm->Send(launches_[i], {progress_write_.get(), p.stdin_fd, p.out.write.get(), p.err.write.get()});
     p.out.write.Reset();
     p.err.write.Reset();
     if (!p.sent) {
@@ -562,329 +499,369 @@ absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& l
       p.err.read.Reset();
     }
   }
-  take_sent();
-  for (size_t i = 0; i < launches.size(); ++i) {
-    const WorkerLaunch& l = launches[i];
-    Slot& s = slots[i];
-    Pending& p = pending[i];
-    if (s.pid < 0) {
-      if (!MakePipe(&p.out) || !MakePipe(&p.err)) return ErrnoStatus("pipe");
-      s.start = clock_->Now();
-      SpawnOptions so;
-      so.cpus = l.cpus;
-      so.preferred_memory_node = l.memory_node;
-      so.stdin_fd = p.stdin_fd;
-      so.argv = l.argv;
-      so.env = l.env;
-      so.stdout_fd = p.out.write.get();
-      so.stderr_fd = p.err.write.get();
-      so.extra_fd = progress_write.get();
-      so.extra_fd_target = kProgressFd;
-      // Registered by the child itself before exec: a launch killed right after a worker started
-      // (before it could register the group here) left that worker's children running.
-      so.guard_fd = guard_ ? guard_->fd() : -1;
-      auto pid = launcher_->Spawn(so);
-      if (!pid.ok()) return pid.status();
-      s.pid = *pid;
+  TakeSent(pending);
+  return absl::OkStatus();
+}
+
+void GroupRun::TakeSent(std::vector<Pending>* pending) {
+  for (size_t i = 0; i < launches_.size(); ++i) {
+    Pending& p = (*pending)[i];
+    if (!p.sent) continue;
+    p.sent = false;
+    if (std::optional<pid_t> pid = opts_.warm->Take(launches_[i])) {
+      slots_[i].pid = *pid;
+    } else {
+      p.out.read.Reset();  // cold, through new pipes
+      p.err.read.Reset();
     }
-    p.out.write.Reset();
-    p.err.write.Reset();
-    s.out_read = std::move(p.out.read);
-    s.err_read = std::move(p.err.read);
-    s.result.pid = s.pid;
-    if (opts_.live) opts_.live->Spawned(i, s.pid);
-    if (opts_.on_spawned) opts_.on_spawned(s.result);
-    if (opts_.exit_notices) opts_.exit_notices->Watch(l.local_rank, s.pid);
-    ++state.running;
-    if (p.in.write.valid()) {
-      ::fcntl(p.in.write.get(), F_SETFL, O_NONBLOCK);
-      stdin_relay.to_worker = std::move(p.in.write);
-    }
-    p.in.read.Reset();
-    for (int fd : {s.out_read.get(), s.err_read.get()}) ::fcntl(fd, F_SETFL, O_NONBLOCK);
-    watch(s.out_read.get(), i);
-    watch(s.err_read.get(), i | kStderrBit);
   }
-  if (opts_.on_started) opts_.on_started();
-  bool stepping_told = false;  // on_stepping was called
-  auto tell_stepping = [&] {
-    if (stepping_told || !opts_.on_stepping) return;
-    stepping_told = true;
-    opts_.on_stepping();
-  };
-  // Workers that report no steps: on_stepping once they have run for stepping_wait.
-  UniqueFd stepping_timer;
-  if (opts_.on_stepping) {
-    stepping_timer.Reset(::timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
-    if (!stepping_timer.valid()) return ErrnoStatus("timerfd_create");
-    ArmTimer(stepping_timer.get(), opts_.stepping_wait, false);
-    watch(stepping_timer.get(), kSteppingTimerTag);
+}
+
+absl::Status GroupRun::SpawnCold(size_t i, Pending* p) {
+  const WorkerLaunch& l = launches_[i];
+  if (!MakePipe(&p->out) || !MakePipe(&p->err)) return ErrnoStatus("pipe");
+  slots_[i].start = clock_->Now();
+  SpawnOptions so;
+  so.cpus = l.cpus;
+  so.preferred_memory_node = l.memory_node;
+  so.stdin_fd = p->stdin_fd;
+  so.argv = l.argv;
+  so.env = l.env;
+  so.stdout_fd = p->out.write.get();
+  so.stderr_fd = p->err.write.get();
+  so.extra_fd = progress_write_.get();
+  so.extra_fd_target = kProgressFd;
+  // Registered by the child itself before exec: a launch killed right after a worker started
+  // (before it could register the group here) left that worker's children running.
+  so.guard_fd = guard_ ? guard_->fd() : -1;
+  ASSIGN_OR_RETURN(slots_[i].pid, launcher_->Spawn(so));
+  return absl::OkStatus();
+}
+
+// A started worker, warm or cold: its pipes read from now on, its exit notice watched, and the
+// ones who want to know told.
+void GroupRun::Adopt(size_t i, Pending* p) {
+  Slot& s = slots_[i];
+  p->out.write.Reset();
+  p->err.write.Reset();
+  s.out.fd = std::move(p->out.read);
+  s.err.fd = std::move(p->err.read);
+  s.result.pid = s.pid;
+  if (opts_.live) opts_.live->Spawned(i, s.pid);
+  if (opts_.on_spawned) opts_.on_spawned(s.result);
+  if (opts_.exit_notices) opts_.exit_notices->Watch(launches_[i].local_rank, s.pid);
+  ++state_.running;
+  if (p->in.write.valid()) stdin_relay_->SetWorker(std::move(p->in.write));
+  p->in.read.Reset();
+  WatchOutput(&s.out);
+  WatchOutput(&s.err);
+}
+
+void GroupRun::WatchOutput(OutputPipe* pipe) {
+  ::fcntl(pipe->fd.get(), F_SETFL, O_NONBLOCK);
+  loop_->Watch(pipe->fd.get(), EPOLLIN, [this, pipe](uint32_t) { Drain(pipe, false); });
+}
+
+absl::Status GroupRun::Turn() {
+  CheckGroups();
+  if (done()) return absl::OkStatus();
+  BeforeWait();
+  return loop_->RunOnce();
+}
+
+// Events queue, and are taken in order: an action can lead to an event (captures that need no
+// process are done at once).
+void GroupRun::Apply(const SupervisorEvent& first) {
+  events_due_.push_back(first);
+  if (applying_) return;
+  applying_ = true;
+  while (!events_due_.empty()) {
+    const SupervisorEvent event = events_due_.front();
+    events_due_.pop_front();
+    const SupervisorStep step = Supervise(opts_.stop, state_, event);
+    state_ = step.state;
+    RunActions(step.actions);
   }
+  applying_ = false;
+}
 
-  char buf[65536];
-  auto drain = [&](Slot& s, bool is_err, bool final) {
-    UniqueFd& fd = is_err ? s.err_read : s.out_read;
-    LineRelay& relay = is_err ? *s.err : *s.out;
-    while (fd.valid()) {
-      ssize_t n = ::read(fd.get(), buf, sizeof buf);
-      if (n > 0) {
-        relay.Feed(buf, static_cast<size_t>(n), clock_->Now());
-        if (!final) return;  // level-triggered: come back for more, let others speak too
-        continue;
-      }
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && errno == EAGAIN && !final) return;
-      relay.Flush();  // EOF (or nothing more to expect)
-      ::epoll_ctl(ep.get(), EPOLL_CTL_DEL, fd.get(), nullptr);
-      fd.Reset();
-    }
-  };
+void GroupRun::RunActions(const SupervisorActions& a) {
+  if (!a.warning.empty()) spdlog::warn("{}", a.warning);
+  if (a.capture_stacks) {
+    stacks_captured_ = true;
+    captures_.Start(slots_, launcher_, opts_.hang.debugger);
+    captures_.Poll();  // the sizes the files start at
+    if (captures_.polling()) stack_poll_timer_->Arm(kStackFilePoll);
+    if (captures_.done()) events_due_.push_back(CapturesDone());
+  }
+  if (a.signal_groups) {
+    for (Slot& s : slots_)
+      if (s.pid > 0 && !s.group_gone) launcher_->SignalGroup(s.pid, a.signal_groups);
+  }
+  if (a.arm_grace) grace_timer_->Arm(*a.arm_grace);
+  if (a.report_failure >= 0 && opts_.on_failure) opts_.on_failure(slots_[a.report_failure].result);
+}
 
-  // How a worker ended (or, from its exit notice, is ending), and its error file's message.
-  auto set_status = [&](Slot& s, int exit_code, int signal) {
-    s.result.exit_code = exit_code;
-    s.result.signal = signal;
-    if (s.result.failed()) {
-      if (auto info = ReadErrorFile(s.launch->error_file); info.ok()) s.result.error_message = info->message;
-    }
-  };
+// The captures are done: the hung worker is the one the stacks show outside a collective when the
+// one first silent waits in one.
+SupervisorEvent GroupRun::CapturesDone() {
+  std::vector<std::vector<std::string>> frames(slots_.size());
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].launch && slots_[i].last_progress) frames[i] = WorkerFrames(*slots_[i].launch);
+  }
+  const int first = state_.hung;
+  const int hung = BlameFromStacks(first, frames);
+  if (hung != first) {
+    WorkerResult& was = slots_[first].result;
+    WorkerResult& is = slots_[hung].result;
+    spdlog::warn("rank {} waits in a collective, rank {} does not: rank {} is the hung one", was.rank, is.rank,
+                 is.rank);
+    is.hung_after_seconds = was.hung_after_seconds;
+    was.hung = false;
+    is.hung = true;
+  }
+  if (hung >= 0) {
+    slots_[hung].result.stack_top = TopFrames(frames[hung], 3);
+    slots_[hung].result.in_collective = WaitsInCollective(frames[hung]);
+  }
+  return SupervisorEvent::CapturesDone(hung);
+}
 
-  auto reap = [&] {
-    while (std::optional<ChildExit> exit = launcher_->ReapAny()) {
-      if (captures.Reaped(exit->pid)) {
-        if (captures.done() && state.phase == SupervisorState::Phase::kCapturing) apply(CapturesDone());
-        continue;
-      }
-      for (size_t i = 0; i < slots.size(); ++i) {
-        Slot& s = slots[i];
-        if (s.pid != exit->pid || s.reaped) continue;
-        s.reaped = true;
-        if (opts_.live) opts_.live->Exited(i);
-        Clock::TimePoint now = clock_->Now();
-        s.result.ended = now;
-        s.result.run_seconds = SecondsBetween(s.start, now);
-        set_status(s, exit->exit_code, exit->signal);
-        apply(SupervisorEvent::Exited(static_cast<int>(i), s.result.failed()));
-      }
-      // Anything else is a worker's orphaned child, reparented to us (a subreaper): just reaped.
+// Once every worker is reaped: done when nothing is left in their process groups.
+void GroupRun::CheckGroups() {
+  if (state_.running != 0) return;
+  bool any_alive = false;
+  for (Slot& s : slots_) {
+    if (!s.group_gone && !launcher_->GroupAlive(s.pid)) s.group_gone = true;
+    if (s.group_gone) continue;
+    any_alive = true;
+    if (state_.phase == Phase::kRunning) {
+      spdlog::warn("rank {} exited but left processes in its group {}; stopping them", s.result.rank, s.pid);
     }
-  };
+  }
+  Apply(SupervisorEvent::GroupsChecked(!any_alive));
+}
 
-  auto read_signals = [&] {
-    while (int sig = signals_->Read()) {
-      if (sig == SIGCHLD) {
-        reap();
-      } else {
-        apply(SupervisorEvent::Signal(sig));
-      }
+void GroupRun::BeforeWait() {
+  for (Slot& s : slots_) {
+    for (OutputPipe* pipe : {&s.out, &s.err}) {
+      const bool want = !(pipe->console && pipe->console->backlogged());
+      if (!pipe->fd.valid() || pipe->reading == want) continue;
+      loop_->Modify(pipe->fd.get(), want ? static_cast<uint32_t>(EPOLLIN) : 0u);
+      pipe->reading = want;
     }
-  };
+  }
+  stdin_relay_->Update();
+  ShowDuePartials();
+}
 
-  // A worker that reported steps and then none for its timeout is hung (the longest silent first).
-  auto check_hangs = [&] {
-    if (state.phase != SupervisorState::Phase::kRunning) return;
-    const Clock::TimePoint now = clock_->Now();
-    int hung = -1;
-    std::chrono::milliseconds hung_timeout{0};
-    for (size_t i = 0; i < slots.size(); ++i) {
-      const Slot& s = slots[i];
-      if (s.reaped || !s.last_progress) continue;
-      std::chrono::milliseconds timeout = opts_.hang.timeout.value_or(std::max(
-          opts_.hang.floor, std::chrono::milliseconds(static_cast<int64_t>(opts_.hang.factor * Median(s.step_seconds) * 1000))));
-      if (now - *s.last_progress <= timeout) continue;
-      if (hung < 0 || *s.last_progress < *slots[hung].last_progress) {
-        hung = static_cast<int>(i);
-        hung_timeout = timeout;
-      }
-    }
-    if (hung < 0) return;
-    Slot& s = slots[hung];
-    s.result.hung = true;
-    s.result.hung_after_seconds = SecondsBetween(*s.last_progress, now);
-    spdlog::warn("rank {} (pid {}) reported no step for {:.1f} s (last step {}, hang timeout {:.1f} s): hung; "
-                 "capturing every worker's stacks, then stopping them",
-                 s.result.rank, s.pid, s.result.hung_after_seconds, s.result.last_step, hung_timeout.count() / 1000.0);
-    apply(SupervisorEvent::Hung(hung));
-  };
-
-  for (;;) {
-    // Done when every worker is reaped and nothing is left in their process groups.
-    if (state.running == 0) {
-      bool any_alive = false;
-      for (auto& s : slots) {
-        if (!s.group_gone && !launcher_->GroupAlive(s.pid)) s.group_gone = true;
-        if (s.group_gone) continue;
-        any_alive = true;
-        if (state.phase == SupervisorState::Phase::kRunning) {
-          spdlog::warn("rank {} exited but left processes in its group {}; stopping them", s.result.rank, s.pid);
-        }
-      }
-      apply(SupervisorEvent::GroupsChecked(!any_alive));
-      if (state.phase == SupervisorState::Phase::kDone) break;
-    }
-
-    // Workers shown on a backlogged console are not read (they wait in their writes) until it
-    // drains: supervision goes on whatever the console does.
-    auto set_reading = [&](UniqueFd& fd, bool* reading, uint64_t tag, bool want) {
-      if (!fd.valid() || *reading == want) return;
-      epoll_event ev{};
-      ev.events = want ? static_cast<uint32_t>(EPOLLIN) : 0u;
-      ev.data.u64 = tag;
-      ::epoll_ctl(ep.get(), EPOLL_CTL_MOD, fd.get(), &ev);
-      *reading = want;
-    };
-    for (size_t i = 0; i < slots.size(); ++i) {
-      Slot& s = slots[i];
-      set_reading(s.out_read, &s.out_reading, i, !(s.out_console && s.out_console->backlogged()));
-      set_reading(s.err_read, &s.err_reading, i | kStderrBit, !(s.err_console && s.err_console->backlogged()));
-    }
-    UpdateStdinRelay(ep.get(), &stdin_relay);
-    // A line left unfinished for a moment (a prompt) is shown as far as it goes.
-    int timeout_ms = -1;
-    if (captures.polling()) {  // a worker writes its own stacks: look at its file every 100 ms
-      captures.Poll();
-      if (captures.done() && state.phase == SupervisorState::Phase::kCapturing) apply(CapturesDone());
-      if (captures.polling()) timeout_ms = 100;
-    }
-    const Clock::TimePoint now = clock_->Now();
-    for (auto& s : slots) {
-      for (LineRelay* r : {s.out.get(), s.err.get()}) {
-        auto due = r ? r->partial_due() : std::nullopt;
-        if (!due) continue;
-        if (*due <= now) {
-          r->ShowPartial();
-          continue;
-        }
-        const int ms = static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(*due - now).count());
-        timeout_ms = timeout_ms < 0 ? ms : std::min(timeout_ms, ms);
-      }
-    }
-
-    epoll_event events[32];
-    int n = ::epoll_wait(ep.get(), events, 32, timeout_ms);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoStatus("epoll_wait");
-    }
-    for (int e = 0; e < n; ++e) {
-      uint64_t tag = events[e].data.u64;
-      if (tag == kSignalTag) {
-        read_signals();
-      } else if (tag == kExitNoticeTag) {
-        // A signal launch got first is taken first (a scheduler's SIGTERM to every process of the
-        // job reaches the workers too: their notices must not make it a failure).
-        read_signals();
-        for (const ExitNotices::Notice& notice : opts_.exit_notices->Take()) {
-          for (size_t i = 0; i < slots.size(); ++i) {
-            Slot& s = slots[i];
-            if (s.pid != notice.pid || s.reaped || s.result.exit_noticed) continue;
-            s.result.exit_noticed = true;
-            set_status(s, WIFEXITED(notice.status) ? WEXITSTATUS(notice.status) : 0,
-                       WIFSIGNALED(notice.status) ? WTERMSIG(notice.status) : 0);
-            if (!s.result.failed()) continue;
-            spdlog::debug("rank {} (pid {}) is exiting ({}), seen from its exit notice", s.result.rank, s.pid,
-                          s.result.StatusText());
-            apply(SupervisorEvent::Failing(static_cast<int>(i)));
-          }
-        }
-      } else if (tag == kExitTag) {
-        DrainTimer(launcher_->exit_fd());
-        reap();
-      } else if (tag == kStopTimerTag) {
-        DrainTimer(stop_timer.get());
-        apply(SupervisorEvent::GraceOver());
-      } else if (tag == kSteppingTimerTag) {
-        DrainTimer(stepping_timer.get());
-        tell_stepping();
-      } else if (tag == kHangTimerTag) {
-        DrainTimer(hang_timer.get());
-        check_hangs();
-      } else if (tag == kProgressTag) {
-        // Progress records and stack-dump offers share the socket; size and magic tell them apart.
-        alignas(8) char datagram[64];
-        ssize_t got;
-        while ((got = ::recv(progress_read.get(), datagram, sizeof datagram, 0)) >= 0) {
-          launch_sdk::ProgressRecord rec;
-          launch_sdk::StackDumpRecord offer;
-          if (got == static_cast<ssize_t>(sizeof rec) || got == static_cast<ssize_t>(launch_sdk::kProgressRecordV1Bytes)) {
-            std::memcpy(&rec, datagram, static_cast<size_t>(got));  // a first-version record: no wait time
-            if (rec.magic != launch_sdk::ProgressRecord{}.magic) continue;
-            const Clock::TimePoint now = clock_->Now();
-            for (size_t i = 0; i < slots.size(); ++i) {
-              Slot& s = slots[i];
-              if (s.result.rank != rec.rank) continue;
-              s.result.last_step = rec.step;
-              s.result.last_loss = rec.loss;
-              s.result.last_step_seconds = rec.step_seconds;
-              s.last_progress = now;
-              if (rec.step_seconds > 0 && std::isfinite(rec.step_seconds)) {
-                s.step_seconds.push_back(rec.step_seconds);
-                if (s.step_seconds.size() > kStepTimesKept) s.step_seconds.pop_front();
-              }
-              if (opts_.live) opts_.live->Progress(i, rec.step, rec.step_seconds, rec.wait_seconds, now);
-            }
-          } else if (got == static_cast<ssize_t>(sizeof offer)) {
-            std::memcpy(&offer, datagram, sizeof offer);
-            if (offer.magic != launch_sdk::StackDumpRecord{}.magic || offer.signal <= 0 || offer.signal >= 65) continue;
-            for (auto& s : slots)
-              if (s.result.rank == offer.rank) s.stack_signal = offer.signal;
-          }
-        }
-        if (std::all_of(slots.begin(), slots.end(), [](const Slot& s) { return s.last_progress.has_value(); })) {
-          tell_stepping();
-        } else if (stepping_timer.valid() && std::any_of(slots.begin(), slots.end(), [](const Slot& s) {
-                     return s.last_progress.has_value();
-                   })) {
-          // The workers report steps: on_stepping waits for every one of them, however long.
-          ::epoll_ctl(ep.get(), EPOLL_CTL_DEL, stepping_timer.get(), nullptr);
-          stepping_timer.Reset();
-        }
-      } else if (tag == kConsoleTag) {
-        DrainTimer(console_out->ready_fd());  // eventfds: a read clears them
-        DrainTimer(console_err->ready_fd());
-      } else if (tag == kStdinTag) {
-        char in[4096];
-        ssize_t got = ::read(stdin_relay.tty.get(), in, sizeof in);
-        if (got > 0) {
-          stdin_relay.pending.append(in, static_cast<size_t>(got));
-          // The terminal echoed the line: the prompt's line is over on the screen.
-          console_out->LineEndedElsewhere();
-          console_err->LineEndedElsewhere();
-        } else if (got == 0 || (errno != EAGAIN && errno != EINTR)) {
-          // EOF (Ctrl-D) reaches the worker as EOF; EIO: launch was put in the background.
-          stdin_relay.done = true;
-        }
-        FlushStdinRelay(&stdin_relay);
-      } else if (tag == kStdinPipeTag) {
-        FlushStdinRelay(&stdin_relay);
-      } else if (tag == kCoordinatorTag) {
-        // Level-triggered and never drained: seen once, then out of the set.
-        ::epoll_ctl(ep.get(), EPOLL_CTL_DEL, opts_.stop_fd, nullptr);
-        apply(SupervisorEvent::CoordinatorStop(opts_.stop_wants_stacks && opts_.stop_wants_stacks()));
-      } else {
-        drain(slots[tag & 0xffffffff], (tag & kStderrBit) != 0, false);
+// A line left unfinished for a moment (a prompt) is shown as far as it goes.
+void GroupRun::ShowDuePartials() {
+  const Clock::TimePoint now = clock_->Now();
+  std::optional<Clock::TimePoint> next;
+  for (Slot& s : slots_) {
+    for (OutputPipe* pipe : {&s.out, &s.err}) {
+      const std::optional<Clock::TimePoint> due = pipe->relay ? pipe->relay->partial_due() : std::nullopt;
+      if (!due) continue;
+      if (*due <= now) {
+        pipe->relay->ShowPartial();
+      } else if (!next || *due < *next) {
+        next = due;
       }
     }
   }
+  if (next) {
+    partial_timer_->Arm(*next - now);
+  } else {
+    partial_timer_->Disarm();
+  }
+}
 
-  captures.KillLeft(launcher_);
+void GroupRun::OnSignals() {
+  while (int sig = signals_->Read()) {
+    if (sig == SIGCHLD) {
+      Reap();
+    } else {
+      Apply(SupervisorEvent::Signal(sig));
+    }
+  }
+}
+
+void GroupRun::OnExitNotices() {
+  // A signal launch got first is taken first (a scheduler's SIGTERM to every process of the job
+  // reaches the workers too: their notices must not make it a failure).
+  OnSignals();
+  for (const ExitNotices::Notice& notice : opts_.exit_notices->Take()) {
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      Slot& s = slots_[i];
+      if (s.pid != notice.pid || s.reaped || s.result.exit_noticed) continue;
+      s.result.exit_noticed = true;
+      SetStatus(&s, WIFEXITED(notice.status) ? WEXITSTATUS(notice.status) : 0,
+                WIFSIGNALED(notice.status) ? WTERMSIG(notice.status) : 0);
+      if (!s.result.failed()) continue;
+      spdlog::debug("rank {} (pid {}) is exiting ({}), seen from its exit notice", s.result.rank, s.pid,
+                    s.result.StatusText());
+      Apply(SupervisorEvent::Failing(static_cast<int>(i)));
+    }
+  }
+}
+
+// Progress records and stack-dump offers share the socket; size and magic tell them apart.
+void GroupRun::OnProgress() {
+  alignas(8) char datagram[64];
+  ssize_t got;
+  while ((got = ::recv(progress_read_.get(), datagram, sizeof datagram, 0)) >= 0) {
+    launch_sdk::ProgressRecord rec;
+    launch_sdk::StackDumpRecord offer;
+    if (got == static_cast<ssize_t>(sizeof rec) || got == static_cast<ssize_t>(launch_sdk::kProgressRecordV1Bytes)) {
+      std::memcpy(&rec, datagram, static_cast<size_t>(got));  // a first-version record: no wait time
+      if (rec.magic == launch_sdk::ProgressRecord{}.magic) OnProgressRecord(rec);
+    } else if (got == static_cast<ssize_t>(sizeof offer)) {
+      std::memcpy(&offer, datagram, sizeof offer);
+      if (offer.magic != launch_sdk::StackDumpRecord{}.magic || offer.signal <= 0 || offer.signal >= 65) continue;
+      for (Slot& s : slots_)
+        if (s.result.rank == offer.rank) s.stack_signal = offer.signal;
+    }
+  }
+  const auto reported = [](const Slot& s) { return s.last_progress.has_value(); };
+  if (std::all_of(slots_.begin(), slots_.end(), reported)) {
+    TellStepping();
+  } else if (std::any_of(slots_.begin(), slots_.end(), reported)) {
+    stepping_timer_->Disarm();  // the workers report steps: on_stepping waits for every one of them
+  }
+}
+
+void GroupRun::OnProgressRecord(const launch_sdk::ProgressRecord& rec) {
+  const Clock::TimePoint now = clock_->Now();
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    Slot& s = slots_[i];
+    if (s.result.rank != rec.rank) continue;
+    s.result.last_step = rec.step;
+    s.result.last_loss = rec.loss;
+    s.result.last_step_seconds = rec.step_seconds;
+    s.last_progress = now;
+    if (rec.step_seconds > 0 && std::isfinite(rec.step_seconds)) {
+      s.step_seconds.push_back(rec.step_seconds);
+      if (s.step_seconds.size() > kStepTimesKept) s.step_seconds.pop_front();
+    }
+    if (opts_.live) opts_.live->Progress(i, rec.step, rec.step_seconds, rec.wait_seconds, now);
+  }
+}
+
+// Level-triggered and never drained: seen once, then out of the set.
+void GroupRun::OnCoordinatorStop() {
+  loop_->Unwatch(opts_.stop_fd);
+  Apply(SupervisorEvent::CoordinatorStop(opts_.stop_wants_stacks && opts_.stop_wants_stacks()));
+}
+
+// Reads what a worker wrote: one read per turn while it runs (level-triggered: others speak too),
+// everything once the group is over.
+void GroupRun::Drain(OutputPipe* pipe, bool final) {
+  while (pipe->fd.valid()) {
+    ssize_t n = ::read(pipe->fd.get(), buf_, sizeof buf_);
+    if (n > 0) {
+      pipe->relay->Feed(buf_, static_cast<size_t>(n), clock_->Now());
+      if (!final) return;
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN && !final) return;
+    pipe->relay->Flush();  // EOF (or nothing more to expect)
+    loop_->Unwatch(pipe->fd.get());
+    pipe->fd.Reset();
+  }
+}
+
+// How a worker ended (or, from its exit notice, is ending), and its error file's message.
+void GroupRun::SetStatus(Slot* s, int exit_code, int signal) {
+  s->result.exit_code = exit_code;
+  s->result.signal = signal;
+  if (s->result.failed()) {
+    if (auto info = ReadErrorFile(s->launch->error_file); info.ok()) s->result.error_message = info->message;
+  }
+}
+
+void GroupRun::Reap() {
+  while (std::optional<ChildExit> exit = launcher_->ReapAny()) {
+    if (captures_.Reaped(exit->pid)) {
+      if (captures_.done() && state_.phase == Phase::kCapturing) Apply(CapturesDone());
+      continue;
+    }
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      Slot& s = slots_[i];
+      if (s.pid != exit->pid || s.reaped) continue;
+      s.reaped = true;
+      if (opts_.live) opts_.live->Exited(i);
+      const Clock::TimePoint now = clock_->Now();
+      s.result.ended = now;
+      s.result.run_seconds = SecondsBetween(s.start, now);
+      SetStatus(&s, exit->exit_code, exit->signal);
+      Apply(SupervisorEvent::Exited(static_cast<int>(i), s.result.failed()));
+    }
+    // Anything else is a worker's orphaned child, reparented to us (a subreaper): just reaped.
+  }
+}
+
+void GroupRun::CheckHangs() {
+  hang_timer_->Arm(opts_.hang.CheckPeriod());
+  if (state_.phase != Phase::kRunning) return;
+  std::vector<ProgressSeen> seen(slots_.size());
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    seen[i] = {!slots_[i].reaped, slots_[i].last_progress, Median(slots_[i].step_seconds)};
+  }
+  const std::optional<HungWorker> hung = FindHung(opts_.hang, seen, clock_->Now());
+  if (!hung) return;
+  Slot& s = slots_[hung->worker];
+  s.result.hung = true;
+  s.result.hung_after_seconds = hung->silent_seconds;
+  spdlog::warn("rank {} (pid {}) reported no step for {:.1f} s (last step {}, hang timeout {:.1f} s): hung; "
+               "capturing every worker's stacks, then stopping them",
+               s.result.rank, s.pid, s.result.hung_after_seconds, s.result.last_step, hung->timeout.count() / 1000.0);
+  Apply(SupervisorEvent::Hung(hung->worker));
+}
+
+void GroupRun::TellStepping() {
+  stepping_timer_->Disarm();
+  if (stepping_told_ || !opts_.on_stepping) return;
+  stepping_told_ = true;
+  opts_.on_stepping();
+}
+
+void GroupRun::PollStackFiles() {
+  captures_.Poll();
+  if (captures_.done() && state_.phase == Phase::kCapturing) Apply(CapturesDone());
+  if (captures_.polling()) stack_poll_timer_->Arm(kStackFilePoll);
+}
+
+GroupOutcome GroupRun::Finish() {
+  captures_.KillLeft(launcher_);
   // A hung worker whose stacks came too late for the capture still gets the frames that came.
-  if (state.hung >= 0 && slots[state.hung].result.stack_top.empty() && slots[state.hung].launch) {
-    slots[state.hung].result.stack_top = TopFrames(WorkerFrames(*slots[state.hung].launch), 3);
+  if (state_.hung >= 0 && slots_[state_.hung].result.stack_top.empty() && slots_[state_.hung].launch) {
+    slots_[state_.hung].result.stack_top = TopFrames(WorkerFrames(*slots_[state_.hung].launch), 3);
   }
   GroupOutcome outcome;
-  outcome.stacks_captured = stacks_captured;
-  outcome.kind = state.end;
-  outcome.signal = state.end == GroupEnd::kInterrupted ? state.signal : 0;
-  outcome.root_cause = state.end == GroupEnd::kFailed ? state.root_cause : -1;
-  for (auto& s : slots) {
-    drain(s, false, true);
-    drain(s, true, true);
-    s.result.stderr_tail = s.err->tail();
-    started.Unregister(s);
+  outcome.stacks_captured = stacks_captured_;
+  outcome.kind = state_.end;
+  outcome.signal = state_.end == GroupEnd::kInterrupted ? state_.signal : 0;
+  outcome.root_cause = state_.end == GroupEnd::kFailed ? state_.root_cause : -1;
+  for (Slot& s : slots_) {
+    Drain(&s.out, true);
+    Drain(&s.err, true);
+    s.result.stderr_tail = s.err.relay->tail();
+    started_.Unregister(s);
     outcome.workers.push_back(s.result);
   }
   return outcome;
+}
+
+}  // namespace
+
+absl::StatusOr<GroupOutcome> WorkerGroup::Run(const std::vector<WorkerLaunch>& launches) {
+  GroupRun run(opts_, launcher_, guard_, signals_, clock_, launches);
+  RETURN_IF_ERROR(run.Open());
+  RETURN_IF_ERROR(run.StartWorkers());
+  while (!run.done()) RETURN_IF_ERROR(run.Turn());
+  return run.Finish();
 }
 
 std::string WorkerResult::StatusText() const {

@@ -1,7 +1,8 @@
 // One attempt of the local worker group: spawn every worker, relay its output, see exits as they
 // happen (signalfd, no polling), stop the whole group on the first failure or on a signal
 // (SIGTERM to each worker's process group, SIGKILL after the grace), and say how it ended. What to
-// do on each event is decided by the pure GroupSupervisor; this is its shell of descriptors.
+// do on each event is decided by the pure GroupSupervisor and hang checks (hang_check.h); this is
+// their shell: an event loop (common/event_loop.h) where each descriptor's owner handles its events.
 #pragma once
 
 #include <sys/types.h>
@@ -18,6 +19,7 @@
 #include "agent/console.h"
 #include "agent/exit_notices.h"
 #include "agent/group_supervisor.h"
+#include "agent/hang_check.h"
 #include "agent/live_ranks.h"
 #include "agent/process.h"
 #include "agent/signals.h"
@@ -141,16 +143,9 @@ class WorkerGroup {
     ConsoleStream* console_err = nullptr;
     // Hang detection from the workers' progress reports: a worker that has reported at least one
     // step and then none for its timeout is hung: every worker's stacks are captured, then the
-    // group is stopped as for a failure, with that worker as the root cause.
-    struct Hang {
-      // --hang-timeout: nullopt: the larger of `factor` × the worker's median step time and
-      // `floor`; zero: off.
-      std::optional<std::chrono::milliseconds> timeout;
-      std::chrono::milliseconds floor{300000};
-      int factor = 10;
-      // The debugger that captures native stacks (gdb); empty: only workers that dump their own.
-      std::string debugger;
-    } hang;
+    // group is stopped as for a failure, with that worker (or the one its stacks blame) as the
+    // root cause.
+    HangOptions hang;
     // Where the workers' pids, steps and exits are kept for the monitor (nullptr: nowhere).
     LiveRanks* live = nullptr;
     // launch's stdin. A terminal is relayed to the worker that reads it through a pipe, while
@@ -172,14 +167,6 @@ class WorkerGroup {
   SignalFd* signals_;
   const Clock* clock_;
 };
-
-// A stack file's frames of the thread that matters, each "function (file:line)" where known:
-// gdb's "thread apply all bt" output (its Thread 1) or faulthandler's (the current thread).
-std::vector<std::string> MainThreadFrames(const std::string& text);
-// Whether frames show a wait in a collective (then the worker more likely waits for a hung rank).
-bool WaitsInCollective(const std::vector<std::string>& frames);
-// The first frame, then frames in program sources (.cc, .cpp, .cu, .py), at most `n`.
-std::vector<std::string> TopFrames(const std::vector<std::string>& frames, size_t n);
 
 // "rank 1 (local 1, pid 42): exit 3"-style table of every failed worker, with error-file
 // messages and stderr tails; `headline` is the first line.

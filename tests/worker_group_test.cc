@@ -240,17 +240,16 @@ TEST(StackFrames, FaulthandlersCurrentThreadAndACollectiveWait) {
 
 // ---- WorkerGroup through the fake launcher ----
 
-// The system's time, with a hook run at each reading (to act after so many loop turns).
-class HookClock : public Clock {
+// Simulated time (the group's loop moves it to its next timer whenever nothing is ready), with a
+// hook run at each reading.
+class HookClock : public SimulatedClock {
  public:
   TimePoint Now() const override {
-    if (hook) hook();
-    return system_.Now();
+    const TimePoint now = SimulatedClock::Now();
+    if (hook) hook(now);
+    return now;
   }
-  std::function<void()> hook;
-
- private:
-  SystemClock system_;
+  std::function<void(TimePoint)> hook;
 };
 
 class FakeGroupTest : public ::testing::Test {
@@ -279,7 +278,7 @@ class FakeGroupTest : public ::testing::Test {
   }
   WorkerGroup::Options Opts() {
     WorkerGroup::Options o;
-    o.stop = StopEscalation::TermThenKill(std::chrono::hours(1));  // a test that needs it hangs
+    o.stop = StopEscalation::TermThenKill(std::chrono::hours(1));  // on simulated time: SIGKILL at 1 h
     o.console_out = console_.get();
     o.console_err = console_.get();
     o.stdin_fd = -1;
@@ -385,11 +384,13 @@ TEST_F(FakeGroupTest, AWorkerThatIgnoresSigtermIsKilledWhenTheGraceRunsOut) {
     return s;
   };
   WorkerGroup::Options o = Opts();
-  o.stop = StopEscalation::TermThenKill(milliseconds(1));
+  o.stop = StopEscalation::TermThenKill(std::chrono::seconds(30));
   auto out = RunGroup(o, 2);
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ(out->workers[0].signal, SIGKILL);
   EXPECT_EQ(launcher_.SignalsTo(out->workers[0].pid), (std::vector<int>{SIGTERM, SIGKILL}));
+  // On simulated time the grace ran out exactly 30 s after the failure.
+  EXPECT_EQ(out->workers[0].ended - out->workers[1].ended, std::chrono::seconds(30));
 }
 
 TEST_F(FakeGroupTest, ASecondSignalKillsWithoutWaitingForTheGrace) {
@@ -524,10 +525,11 @@ TEST_F(FakeGroupTest, AWorkerThatNeverReportedIsNeverHung) {
   o.hang.timeout = milliseconds(1);
   o.hang.debugger = "/fake/gdb";
   o.stop_fd = stop.get();
-  // Stopped from outside once many hang checks have passed without a finding.
-  int checks = 0;
-  clock_.hook = [&] {
-    if (++checks == 200) {
+  // Stopped from outside once an hour of hang checks (every 10 ms) has passed without a finding.
+  bool stopped = false;
+  clock_.hook = [&](Clock::TimePoint now) {
+    if (!stopped && now >= Clock::TimePoint(std::chrono::hours(1))) {
+      stopped = true;
       const uint64_t one = 1;
       EXPECT_EQ(::write(stop.get(), &one, sizeof one), 8);
     }
@@ -565,17 +567,18 @@ TEST_F(FakeGroupTest, OnSteppingComesAfterItsWaitForWorkersThatReportNothing) {
   o.stop_fd = stop.get();
   o.stepping_wait = milliseconds(30);
   int calls = 0;
-  std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now(), called;
+  const Clock::TimePoint started = clock_.Now();
+  Clock::TimePoint called;
   o.on_stepping = [&] {
     ++calls;
-    called = std::chrono::steady_clock::now();
+    called = clock_.Now();
     const uint64_t one = 1;
     EXPECT_EQ(::write(stop.get(), &one, sizeof one), 8);
   };
   auto out = RunGroup(o, 2);
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ(calls, 1);
-  EXPECT_GE(called - started, milliseconds(30));
+  EXPECT_EQ(called - started, milliseconds(30));  // simulated time: exactly when it was due
 }
 
 TEST_F(FakeGroupTest, EveryWorkerGetsTheProgressSocketAndOnlyRankZeroReadsStdin) {
