@@ -1,5 +1,5 @@
-# Makes launch's man page and bash completion from the built binary's own help, so neither can
-# drift from the flags (cmake/packaging.cmake runs it at build time):
+# Makes launch's man page, bash completion and CLI reference from the built binary's own help, so
+# none of them can drift from the flags (cmake/packaging.cmake runs it at build time):
 #   cmake -DLAUNCH=bin/launch -DSUBCOMMANDS=coordinator,status,doctor -DMODE=completion
 #         -DTEMPLATE=packaging/launch.bash-completion.in -DOUTPUT=launch.bash -P gen_docs.cmake
 #   cmake ... -DMODE=man -DHELP2MAN=/usr/bin/help2man -DGZIP=/bin/gzip -DVERSION=0.1.0 -DOUTPUT=launch.1.gz
