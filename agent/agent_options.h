@@ -63,7 +63,10 @@ struct AgentOptions {
   std::optional<StaticTopology> static_topology;
   // What this node offers as MASTER_ADDR/MASTER_PORT if it becomes group rank 0.
   std::string master_addr = "127.0.0.1";
-  std::optional<int> master_port;  // --master-port; else a free port per attempt
+  // --master-port; else the port the workers' store binds at this node's first join, kept for
+  // every attempt while the store is this node's (a fresh free port per join where worker rank 0
+  // hosts the store: Agent::Join).
+  std::optional<int> master_port;
   v1::NodeIdentity node;
 };
 

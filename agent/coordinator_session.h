@@ -59,9 +59,10 @@ class CoordinatorSession {
   CoordinatorSession(Options opts, CoordinatorClient* client, const Clock* clock, Waiter wait)
       : opts_(std::move(opts)), client_(client), clock_(clock), wait_(std::move(wait)) {}
 
-  // Joins a round with the request `make_request` builds for each try (a fresh MASTER_PORT each
-  // time), riding out a coordinator that restarts until the join timeout. *signal: the signal
-  // that cut it short (then the status is Cancelled).
+  // Joins a round with the request `make_request` builds for each try (the agent's proposes the
+  // same MASTER_PORT every try: its store's port, held since the first), riding out a coordinator
+  // that restarts until the join timeout. *signal: the signal that cut it short (then the status
+  // is Cancelled).
   absl::StatusOr<v1::Assignment> Join(const std::function<absl::StatusOr<v1::JoinRequest>()>& make_request,
                                       int* signal);
   // Reports this node's exits for `a`'s round and returns the coordinator's verdict; a coordinator

@@ -1,7 +1,8 @@
 # What `cmake --install` puts beside the targets' own rules, and the Debian packages CPack makes
 # of it all (scripts/test_package.sh installs them with apt-get in a fresh Debian 12 root):
 #   launch          (component launch) bin/launch, its man page and bash completion, the Python
-#                   module launch_progress, the README
+#                   module launch_progress, the README with docs/ and bench/README.md beside it
+#                   (the README links to them)
 #   launch-sdk-dev  (component sdk) worker_sdk: headers, static libraries, the CMake package
 #                   config for find_package(LaunchSDK)
 # Install rules without a COMPONENT belong to launch, those of worker_sdk/ to sdk
@@ -15,16 +16,22 @@ if(LAUNCH_SANITIZE OR LAUNCH_FUZZ)
 else()
   set(_launch_docs_default ON)
 endif()
-option(LAUNCH_BUILD_DOCS "Make launch's man page (help2man) and bash completion from launch --help"
-  ${_launch_docs_default})
+option(LAUNCH_BUILD_DOCS
+  "Make launch's man page (help2man), bash completion and docs/cli.md from launch --help" ${_launch_docs_default})
 # Where the Python module goes: Debian's python3 reads /usr/lib/python3/dist-packages (the
 # package's prefix); under /usr/local it reads lib/python3.<minor>/dist-packages instead.
 set(LAUNCH_INSTALL_PYTHONDIR "lib/python3/dist-packages" CACHE STRING
   "Directory under the prefix for the Python module launch_progress")
-# The subcommands, which `launch --help` does not list (gen_docs.cmake checks each one's help).
+# The subcommands, which `launch --help` does not list (gen_docs.cmake checks each one's help;
+# tests/docs reads this list too).
 set(LAUNCH_SUBCOMMANDS coordinator status doctor)
 
 install(FILES ${PROJECT_SOURCE_DIR}/README.md DESTINATION ${CMAKE_INSTALL_DOCDIR} COMPONENT launch)
+# The committed docs (docs/cli.md equals the generated one: tests/docs), where the README's links
+# lead.
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/docs/ DESTINATION ${CMAKE_INSTALL_DOCDIR}/docs COMPONENT launch
+  FILES_MATCHING PATTERN "*.md")
+install(FILES ${PROJECT_SOURCE_DIR}/bench/README.md DESTINATION ${CMAKE_INSTALL_DOCDIR}/bench COMPONENT launch)
 # Also where launch itself looks (share/launch/python, launcher/CMakeLists.txt): that copy goes on
 # the workers' PYTHONPATH; this one makes `import launch_progress` work outside launch too.
 install(FILES ${PROJECT_SOURCE_DIR}/worker_sdk/python/launch_progress.py
@@ -41,6 +48,14 @@ if(LAUNCH_BUILD_DOCS)
     DEPENDS launch ${_launch_gen} ${PROJECT_SOURCE_DIR}/packaging/launch.bash-completion.in
     COMMENT "Making launch's bash completion from launch --help" VERBATIM)
   set(_launch_doc_outputs ${_launch_completion})
+  # The CLI reference: build/docs/cli.md, which docs/cli.md must equal (tests/docs says how to copy it).
+  set(_launch_cli_md ${CMAKE_BINARY_DIR}/docs/cli.md)
+  add_custom_command(OUTPUT ${_launch_cli_md}
+    COMMAND ${CMAKE_COMMAND} -DLAUNCH=$<TARGET_FILE:launch> -DSUBCOMMANDS=${_launch_subcommands}
+      -DMODE=markdown -DOUTPUT=${_launch_cli_md} -P ${_launch_gen}
+    DEPENDS launch ${_launch_gen}
+    COMMENT "Making docs/cli.md from launch --help" VERBATIM)
+  list(APPEND _launch_doc_outputs ${_launch_cli_md})
   install(FILES ${_launch_completion} DESTINATION ${CMAKE_INSTALL_DATADIR}/bash-completion/completions
     COMPONENT launch)
 

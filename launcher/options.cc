@@ -104,7 +104,7 @@ const OptionDef kOptions[] = {
     {"master_addr", "--master-addr,--master_addr", Kind::kValue,
      "MASTER_ADDR (default 127.0.0.1 on a single node)"},
     {"master_port", "--master-port,--master_port", Kind::kValue,
-     "MASTER_PORT (default: a free port, new for every attempt)"},
+     "MASTER_PORT (default: a free port, bound when this node joins and kept for every attempt)"},
     {"local_addr", "--local-addr,--local_addr", Kind::kValue,
      "This node's address as other nodes reach it"},
     {"config", "--config", Kind::kValue, "YAML file with any of these settings; flags override it"},

@@ -1,9 +1,11 @@
-# Makes launch's man page and bash completion from the built binary's own help, so neither can
-# drift from the flags (cmake/packaging.cmake runs it at build time):
+# Makes launch's man page, bash completion and CLI reference from the built binary's own help, so
+# none of them can drift from the flags (cmake/packaging.cmake runs it at build time):
 #   cmake -DLAUNCH=bin/launch -DSUBCOMMANDS=coordinator,status,doctor -DMODE=completion
 #         -DTEMPLATE=packaging/launch.bash-completion.in -DOUTPUT=launch.bash -P gen_docs.cmake
 #   cmake ... -DMODE=man -DHELP2MAN=/usr/bin/help2man -DGZIP=/bin/gzip -DVERSION=0.1.0 -DOUTPUT=launch.1.gz
 #         [-DWORK_DIR=dir] -P ...
+#   cmake ... -DMODE=markdown -DOUTPUT=cli.md -P ...   (docs/cli.md, the CLI reference; tests/docs
+#         checks that the committed one equals it)
 # `launch --help` does not list the subcommands, so SUBCOMMANDS names them; each must answer
 # `launch SUB --help` with its usage, or the build fails (a renamed or removed one is noticed).
 cmake_minimum_required(VERSION 3.20)
@@ -29,7 +31,8 @@ endfunction()
 # that head is 30 characters or more, the description alone on the next line (indented 30).
 # Sets <prefix>_LONG (each option's first long name: what completion offers), <prefix>_NAMES
 # (every name, aliases and short ones too), <prefix>_VALUED (the names that take a value),
-# <prefix>_ROFF (the table as man page .TP paragraphs) and <prefix>_TITLE (the help's first line).
+# <prefix>_ROFF (the table as man page .TP paragraphs), <prefix>_MD (the table as Markdown rows),
+# <prefix>_USAGE (the lines that start with "Usage:") and <prefix>_TITLE (the help's first line).
 function(parse_help text prefix)
   # Lines as a list: ';' and brackets would split or join list items.
   string(REPLACE ";" "<semicolon>" text "${text}")
@@ -41,6 +44,8 @@ function(parse_help text prefix)
   set(names "")
   set(valued "")
   set(roff "")
+  set(md "")
+  set(usage "")
   set(title "")
   set(i 0)
   while(i LESS count)
@@ -51,6 +56,9 @@ function(parse_help text prefix)
     string(REPLACE "<rbracket>" "]" line "${line}")
     if(title STREQUAL "" AND NOT line STREQUAL "")
       set(title "${line}")
+    endif()
+    if(line MATCHES "^Usage: ")
+      string(APPEND usage "    ${line}\n")
     endif()
     if(NOT line MATCHES "^  -")
       continue()
@@ -106,6 +114,15 @@ function(parse_help text prefix)
     roff_escape("${head}" head_roff)
     roff_escape("${desc}" desc_roff)
     string(APPEND roff ".TP\n\\fB${head_roff}\\fR\n${desc_roff}\n")
+    list(TRANSFORM option_names PREPEND "`")
+    list(TRANSFORM option_names APPEND "`")
+    list(JOIN option_names ", " names_md)
+    set(type_md "")
+    if(NOT type STREQUAL "")
+      set(type_md "`${type}`")
+    endif()
+    md_escape("${desc}" desc_md)
+    string(APPEND md "| ${names_md} | ${type_md} | ${desc_md} |\n")
   endwhile()
   foreach(var long names valued)
     list(REMOVE_DUPLICATES ${var})
@@ -115,7 +132,18 @@ function(parse_help text prefix)
   set(${prefix}_NAMES "${names}" PARENT_SCOPE)
   set(${prefix}_VALUED "${valued}" PARENT_SCOPE)
   set(${prefix}_ROFF "${roff}" PARENT_SCOPE)
+  set(${prefix}_MD "${md}" PARENT_SCOPE)
+  set(${prefix}_USAGE "${usage}" PARENT_SCOPE)
   set(${prefix}_TITLE "${title}" PARENT_SCOPE)
+endfunction()
+
+# Text for a Markdown table cell: no character of it may end the cell, start HTML or emphasis.
+function(md_escape text out)
+  string(REPLACE "\\" "\\\\" text "${text}")
+  foreach(c "|" "<" "*" "`")
+    string(REPLACE "${c}" "\\${c}" text "${text}")
+  endforeach()
+  set(${out} "${text}" PARENT_SCOPE)
 endfunction()
 
 function(roff_escape text out)
@@ -178,8 +206,9 @@ elseif(MODE STREQUAL "man")
     roff_escape("${SUB_${sub}_TITLE}" title)
     string(APPEND include_text ".SS \"launch ${sub}\"\n${title}\n${SUB_${sub}_ROFF}")
   endforeach()
-  string(APPEND include_text "\n[SEE ALSO]\n/usr/share/doc/launch/README.md: the worker environment, exit codes, log layout, "
-    "multi-node runs and the worker SDK.\n.PP\n\\fBtorchrun\\fR(1)\n")
+  string(APPEND include_text "\n[SEE ALSO]\n/usr/share/doc/launch/README.md: install, a quick start, the differences from "
+    "torchrun, exit codes and troubleshooting; /usr/share/doc/launch/docs/: the worker environment, multi-node runs, "
+    "fault tolerance, warm starts, observability, the doctor and the worker SDK.\n.PP\n\\fBtorchrun\\fR(1)\n")
   # The include and the uncompressed page: in WORK_DIR (default: next to OUTPUT).
   if(NOT DEFINED WORK_DIR)
     get_filename_component(WORK_DIR "${OUTPUT}" DIRECTORY)
@@ -198,6 +227,31 @@ elseif(MODE STREQUAL "man")
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "gen_docs.cmake: gzip failed (${rc})")
   endif()
+elseif(MODE STREQUAL "markdown")
+  string(JOIN "`, `launch " subcommand_list ${SUBCOMMANDS})
+  string(CONCAT md "# Command-line reference\n\n"
+    "<!-- Generated from the built launch's help by packaging/gen_docs.cmake (MODE=markdown): do not edit.\n"
+    "     Remake it with: cmake --build build --target launch_docs && cp build/docs/cli.md docs/cli.md -->\n\n"
+    "Every option of `launch` and of its subcommands (`launch ${subcommand_list}`), as their `--help` "
+    "prints it. Durations are in seconds. Flags take dashes or underscores alike, and each may also "
+    "come from torchrun's `PET_<FLAG>` variable or a YAML file: see [configuration.md](configuration.md), "
+    "which says more about each flag.\n")
+  foreach(key run ${SUBCOMMANDS})
+    if(key STREQUAL "run")
+      set(prefix RUN)
+      set(command "launch")
+    else()
+      set(prefix "SUB_${key}")
+      set(command "launch ${key}")
+    endif()
+    md_escape("${${prefix}_TITLE}" title)
+    string(APPEND md "\n## `${command}`\n\n${title}\n\n${${prefix}_USAGE}\n"
+      "| option | value | description |\n|---|---|---|\n${${prefix}_MD}")
+    if(key STREQUAL "run" AND RUN_NAMES MATCHES "--version")
+      string(APPEND md "| `--version` |  | Print `launch VERSION` and exit (the only argument) |\n")
+    endif()
+  endforeach()
+  file(WRITE "${OUTPUT}" "${md}")
 else()
-  message(FATAL_ERROR "gen_docs.cmake: MODE must be completion or man, not '${MODE}'")
+  message(FATAL_ERROR "gen_docs.cmake: MODE must be completion, man or markdown, not '${MODE}'")
 endif()

@@ -137,9 +137,17 @@ EOF
     expect "python worker" "$out" '^\[1\]:rank 1 of 2 reported from '
     echo "launch --nproc-per-node=2 progress_worker.py: 2 ranks reported progress"
   }
+  # The README and every file of the tree it links to (docs/*.md, bench/README.md), beside it.
   docs() {
-    [ -s /usr/share/doc/launch/README.md ] || { echo "no /usr/share/doc/launch/README.md"; return 1; }
-    echo "/usr/share/doc/launch/README.md"
+    local dir=/usr/share/doc/launch link missing=() n=0
+    [ -s $dir/README.md ] || { echo "no $dir/README.md"; return 1; }
+    [ -s $dir/docs/cli.md ] || { echo "no $dir/docs/cli.md"; return 1; }
+    for link in $(grep -oE '\]\([^)#: ]+' $dir/README.md | cut -c3- | sort -u); do
+      n=$((n + 1))
+      [ -s "$dir/$link" ] || missing+=("$link")
+    done
+    [ ${#missing[@]} -eq 0 ] || { echo "$dir/README.md links to files not installed: ${missing[*]}"; return 1; }
+    echo "$dir/README.md and the $n files it links to"
   }
   # examples/external_project: find_package(LaunchSDK) finds the package's config under /usr.
   sdk_project() {
