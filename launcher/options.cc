@@ -398,10 +398,23 @@ absl::Status ParseTrain(RawMap& raw, LaunchConfig* c) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<LaunchConfig> Validate(RawMap& raw, std::vector<std::string> remaining) {
-  LaunchConfig c;
-  // torchrun's default backend is static: several nodes with a master address and no endpoint (a
-  // non-elastic PyTorchJob, Trainer v2) mean static ranks, not a missing --rdzv-endpoint.
+// Whether a setting was given (a flag, a PET_ variable, the config file or Slurm).
+bool IsSet(RawMap& raw, const char* key) { return raw[key].set; }
+
+// An on/off setting: on when given bare or as true, 1, yes or on.
+bool IsOn(RawMap& raw, const char* key) {
+  const RawValue& v = raw[key];
+  if (!v.set) return false;
+  std::string s = absl::AsciiStrToLower(v.value);
+  return s.empty() || s == "true" || s == "1" || s == "yes" || s == "on";
+}
+
+// Validate's checks, one per concern, in the order Validate runs them: each reads its settings from
+// `raw` and fills its part of `c`, and the first bad value it finds is the error.
+
+// torchrun's default backend is static: several nodes with a master address and no endpoint (a
+// non-elastic PyTorchJob, Trainer v2) mean static ranks, not a missing --rdzv-endpoint.
+void DefaultToStaticBackend(RawMap& raw) {
   if (!raw["rdzv_backend"].set && raw["master_addr"].set && raw["nnodes"].set &&
       (!raw["rdzv_endpoint"].set || raw["rdzv_endpoint"].value.empty())) {
     const std::string n(absl::StripAsciiWhitespace(raw["nnodes"].value));
@@ -409,15 +422,11 @@ absl::StatusOr<LaunchConfig> Validate(RawMap& raw, std::vector<std::string> rema
       raw["rdzv_backend"] = RawValue{"static", {}, true, "torchrun's default (a master address, no endpoint)"};
     }
   }
-  auto is = [&](const char* k) { return raw[k].set; };
-  auto flag = [&](const char* k) {
-    const RawValue& v = raw[k];
-    if (!v.set) return false;
-    std::string s = absl::AsciiStrToLower(v.value);
-    return s.empty() || s == "true" || s == "1" || s == "yes" || s == "on";
-  };
+}
 
-  if (is("nproc_per_node")) {
+// --nproc-per-node, --nnodes, --node-rank.
+absl::Status ParseWorkersAndNodes(RawMap& raw, LaunchConfig& c) {
+  if (IsSet(raw, "nproc_per_node")) {
     RawValue& v = raw["nproc_per_node"];
     std::string s = absl::AsciiStrToLower(v.value);
     if (s == "cpu") c.nproc_kind = LaunchConfig::Nproc::kCpu;
@@ -430,7 +439,7 @@ absl::StatusOr<LaunchConfig> Validate(RawMap& raw, std::vector<std::string> rema
       }
     }
   }
-  if (is("nnodes")) {
+  if (IsSet(raw, "nnodes")) {
     RawValue& v = raw["nnodes"];
     std::vector<std::string> parts = absl::StrSplit(v.value, ':');
     int lo, hi;
@@ -445,22 +454,27 @@ absl::StatusOr<LaunchConfig> Validate(RawMap& raw, std::vector<std::string> rema
     }
     if (c.max_nodes > kMaxNodes) return Bad(v, absl::StrCat("at most ", kMaxNodes, " nodes"));
   }
-  if (is("node_rank")) {
+  if (IsSet(raw, "node_rank")) {
     ASSIGN_OR_RETURN(c.node_rank, ParseInt(raw["node_rank"], 0, "an integer >= 0"));
   }
-  if (is("rdzv_backend")) {
+  return absl::OkStatus();
+}
+
+// --rdzv-backend, --rdzv-endpoint, --rdzv-id, --rdzv-conf, --standalone.
+absl::Status ParseRendezvous(RawMap& raw, LaunchConfig& c) {
+  if (IsSet(raw, "rdzv_backend")) {
     c.rdzv_backend = raw["rdzv_backend"].value;
     if (c.rdzv_backend != "c10d" && c.rdzv_backend != "static") {
       return Bad(raw["rdzv_backend"], "c10d or static");
     }
   }
-  if (is("rdzv_endpoint") && !raw["rdzv_endpoint"].value.empty()) {
+  if (IsSet(raw, "rdzv_endpoint") && !raw["rdzv_endpoint"].value.empty()) {
     RawValue& v = raw["rdzv_endpoint"];
     auto hp = ParseHostPort(v.value, v.origin);
     if (!hp.ok()) return hp.status();
     c.rdzv_endpoint = v.value;
   }
-  if (is("rdzv_id")) c.rdzv_id = raw["rdzv_id"].value;
+  if (IsSet(raw, "rdzv_id")) c.rdzv_id = raw["rdzv_id"].value;
   if (c.rdzv_id == "none") c.rdzv_id.clear();  // torchrun's default spelling
   if (c.rdzv_id.size() > kMaxRunIdLength) {
     return Bad(raw["rdzv_id"], absl::StrCat("at most ", kMaxRunIdLength, " characters (got ", c.rdzv_id.size(), ")"));
@@ -473,15 +487,20 @@ absl::StatusOr<LaunchConfig> Validate(RawMap& raw, std::vector<std::string> rema
   if (c.rdzv_id == "." || c.rdzv_id == "..") {
     return Bad(raw["rdzv_id"], "a name, not '.' or '..' (it names a log directory under --log-dir)");
   }
-  if (is("rdzv_conf")) RETURN_IF_ERROR(ParseRdzvConf(raw["rdzv_conf"], &c));
-  c.standalone = flag("standalone");
-  if (is("max_restarts")) {
+  if (IsSet(raw, "rdzv_conf")) RETURN_IF_ERROR(ParseRdzvConf(raw["rdzv_conf"], &c));
+  c.standalone = IsOn(raw, "standalone");
+  return absl::OkStatus();
+}
+
+// --max-restarts, and what watches the workers: --monitor-interval, --straggler-factor, --metrics-port.
+absl::Status ParseRestartsAndMonitoring(RawMap& raw, LaunchConfig& c) {
+  if (IsSet(raw, "max_restarts")) {
     ASSIGN_OR_RETURN(c.max_restarts, ParseInt(raw["max_restarts"], 0, "an integer >= 0"));
   }
-  if (is("monitor_interval")) {
+  if (IsSet(raw, "monitor_interval")) {
     ASSIGN_OR_RETURN(c.monitor_interval, ParseSeconds(raw["monitor_interval"]));
   }
-  if (is("straggler_factor")) {
+  if (IsSet(raw, "straggler_factor")) {
     const RawValue& v = raw["straggler_factor"];
     double f;
     if (!absl::SimpleAtod(absl::StripAsciiWhitespace(v.value), &f) || !std::isfinite(f) ||
@@ -490,21 +509,26 @@ absl::StatusOr<LaunchConfig> Validate(RawMap& raw, std::vector<std::string> rema
     }
     c.straggler_factor = f;
   }
-  if (is("metrics_port")) {
+  if (IsSet(raw, "metrics_port")) {
     ASSIGN_OR_RETURN(int port, ParseInt(raw["metrics_port"], 1, "a port in 1..65535"));
     if (port > 65535) return Bad(raw["metrics_port"], "a port in 1..65535");
     c.metrics_port = port;
   }
-  if (is("role")) {
+  return absl::OkStatus();
+}
+
+// --role, how the program runs (-m, --no-python, --no-flight-recorder), --warm-start, --warm-import.
+absl::Status ParseRoleAndWarmStart(RawMap& raw, LaunchConfig& c) {
+  if (IsSet(raw, "role")) {
     c.role = raw["role"].value;
     if (c.role.empty()) return Bad(raw["role"], "a non-empty role name");
   }
-  c.module = flag("module");
-  c.no_python = flag("no_python");
-  c.no_flight_recorder = flag("no_flight_recorder");
+  c.module = IsOn(raw, "module");
+  c.no_python = IsOn(raw, "no_python");
+  c.no_flight_recorder = IsOn(raw, "no_flight_recorder");
   c.warm_start_given = raw["warm_start"].set;
-  c.warm_start = !c.warm_start_given || flag("warm_start");  // on unless --warm-start=false
-  if (is("warm_import")) {
+  c.warm_start = !c.warm_start_given || IsOn(raw, "warm_start");  // on unless --warm-start=false
+  if (IsSet(raw, "warm_import")) {
     c.warm_imports.clear();
     for (absl::string_view m : absl::StrSplit(raw["warm_import"].value, ',', absl::SkipWhitespace())) {
       m = absl::StripAsciiWhitespace(m);
@@ -516,17 +540,22 @@ absl::StatusOr<LaunchConfig> Validate(RawMap& raw, std::vector<std::string> rema
     }
     if (c.warm_imports.empty()) return Bad(raw["warm_import"], "one or more Python module names");
   }
-  if (is("start_method")) {
+  return absl::OkStatus();
+}
+
+// torchrun's flags that launch accepts without a use (--start-method) or refuses with a reason.
+absl::Status CheckUnsupportedFlags(RawMap& raw, const LaunchConfig& c) {
+  if (IsSet(raw, "start_method")) {
     const std::string m = raw["start_method"].value;
     if (m != "spawn" && m != "fork" && m != "forkserver") return Bad(raw["start_method"], "spawn, fork or forkserver");
   }
-  if (is("logs_specs")) {
+  if (IsSet(raw, "logs_specs")) {
     return absl::InvalidArgumentError(absl::StrCat(
         raw["logs_specs"].origin, "=", raw["logs_specs"].value,
         ": not supported (torchrun's Python plugin for log layouts); launch writes torchrun's default layout "
         "(--log-dir, --redirects, --tee)"));
   }
-  if (flag("run_path")) {
+  if (IsOn(raw, "run_path")) {
     return absl::InvalidArgumentError(
         "--run-path is not supported: launch starts every worker as its own process; run the "
         "script by path or with -m MODULE");
@@ -534,14 +563,19 @@ absl::StatusOr<LaunchConfig> Validate(RawMap& raw, std::vector<std::string> rema
   if (c.module && c.no_python) {
     return absl::InvalidArgumentError("--module and --no-python cannot be used together");
   }
-  if (is("log_dir")) c.log_dir = raw["log_dir"].value;
-  if (is("redirects")) {
+  return absl::OkStatus();
+}
+
+// --log-dir, --redirects, --tee, --local-ranks-filter, the line prefix and the duplicate filters.
+absl::Status ParseLogs(RawMap& raw, LaunchConfig& c) {
+  if (IsSet(raw, "log_dir")) c.log_dir = raw["log_dir"].value;
+  if (IsSet(raw, "redirects")) {
     ASSIGN_OR_RETURN(c.redirects, ParseStdSpec(raw["redirects"].value, raw["redirects"].origin));
   }
-  if (is("tee")) {
+  if (IsSet(raw, "tee")) {
     ASSIGN_OR_RETURN(c.tee, ParseStdSpec(raw["tee"].value, raw["tee"].origin));
   }
-  if (is("local_ranks_filter") && !raw["local_ranks_filter"].value.empty()) {
+  if (IsSet(raw, "local_ranks_filter") && !raw["local_ranks_filter"].value.empty()) {
     std::set<int> ranks;
     for (const auto& r : SplitCommaList(raw["local_ranks_filter"].value)) {
       int n;
@@ -550,7 +584,7 @@ absl::StatusOr<LaunchConfig> Validate(RawMap& raw, std::vector<std::string> rema
     }
     c.local_ranks_filter = ranks;
   }
-  if (is("log_line_prefix_template")) {
+  if (IsSet(raw, "log_line_prefix_template")) {
     const RawValue& v = raw["log_line_prefix_template"];
     auto checked = FormatLinePrefix(v.value, LinePrefixFields{});
     if (!checked.ok()) {
@@ -559,33 +593,49 @@ absl::StatusOr<LaunchConfig> Validate(RawMap& raw, std::vector<std::string> rema
     c.log_line_prefix_template = v.value;
   }
   for (const char* key : {"duplicate_stdout_filters", "duplicate_stderr_filters"}) {
-    if (!is(key)) continue;
+    if (!IsSet(raw, key)) continue;
     const RawValue& v = raw[key];
     ASSIGN_OR_RETURN(std::vector<std::string> filters, ParseFilterList(v));
     (std::string(key) == "duplicate_stdout_filters" ? c.duplicate_stdout_filters : c.duplicate_stderr_filters) =
         std::move(filters);
   }
-  c.virtual_local_rank = flag("virtual_local_rank");
-  if (is("numa_binding")) {
+  return absl::OkStatus();
+}
+
+// --virtual-local-rank, --numa-binding.
+absl::Status ParseVirtualRankAndNuma(RawMap& raw, LaunchConfig& c) {
+  c.virtual_local_rank = IsOn(raw, "virtual_local_rank");
+  if (IsSet(raw, "numa_binding")) {
     auto b = ParseNumaBinding(raw["numa_binding"].value);
     if (!b.ok()) return Bad(raw["numa_binding"], "node, socket, exclusive or core-complex");
     c.numa_binding = *b;
   }
-  if (is("master_addr")) {
+  return absl::OkStatus();
+}
+
+// --master-addr, --master-port, --local-addr (checked with the other settings).
+absl::Status ParseMasterAndLocalAddr(RawMap& raw, LaunchConfig& c) {
+  if (IsSet(raw, "master_addr")) {
     RawValue& v = raw["master_addr"];
     auto hp = ParseHostPort(v.value, v.origin);
     if (!hp.ok() || hp->port) return Bad(v, "a host name or IP address");
     c.master_addr = hp->host;
   }
-  if (is("master_port")) {
+  if (IsSet(raw, "master_port")) {
     ASSIGN_OR_RETURN(c.master_port, ParseInt(raw["master_port"], 1, "a port 1-65535"));
   }
   if (c.master_port && *c.master_port > 65535) return Bad(raw["master_port"], "a port 1-65535");
-  if (is("local_addr")) c.local_addr = raw["local_addr"].value;
-  if (is("stop_timeout")) {
+  if (IsSet(raw, "local_addr")) c.local_addr = raw["local_addr"].value;
+  return absl::OkStatus();
+}
+
+// How the workers are stopped and restarted: --stop-timeout, --signals-to-handle,
+// --restart-backoff, --hang-timeout.
+absl::Status ParseStopAndRestart(RawMap& raw, LaunchConfig& c) {
+  if (IsSet(raw, "stop_timeout")) {
     ASSIGN_OR_RETURN(c.stop_timeout, ParseSeconds(raw["stop_timeout"]));
   }
-  if (is("signals_to_handle")) {
+  if (IsSet(raw, "signals_to_handle")) {
     auto sigs = ParseSignalList(raw["signals_to_handle"].value);
     if (!sigs.ok()) {
       const RawValue& v = raw["signals_to_handle"];
@@ -593,40 +643,54 @@ absl::StatusOr<LaunchConfig> Validate(RawMap& raw, std::vector<std::string> rema
     }
     c.signals_to_handle = *sigs;
   }
-  if (is("restart_backoff")) {
+  if (IsSet(raw, "restart_backoff")) {
     ASSIGN_OR_RETURN(c.restart_backoff, ParseSeconds(raw["restart_backoff"]));
   }
-  if (is("hang_timeout")) {
+  if (IsSet(raw, "hang_timeout")) {
     ASSIGN_OR_RETURN(double hang, ParseSeconds(raw["hang_timeout"]));
     c.hang_timeout = hang;
   }
-  if (is("gpus")) c.gpus = SplitCommaList(raw["gpus"].value);
-  if (is("exclude_gpus")) c.exclude_gpus = SplitCommaList(raw["exclude_gpus"].value);
-  if (is("gpu_binding")) {
+  return absl::OkStatus();
+}
+
+// --gpus, --exclude-gpus, --gpu-binding, --cuda-alloc-conf, --threads-per-worker.
+absl::Status ParseDevices(RawMap& raw, LaunchConfig& c) {
+  if (IsSet(raw, "gpus")) c.gpus = SplitCommaList(raw["gpus"].value);
+  if (IsSet(raw, "exclude_gpus")) c.exclude_gpus = SplitCommaList(raw["exclude_gpus"].value);
+  if (IsSet(raw, "gpu_binding")) {
     RawValue& v = raw["gpu_binding"];
     if (v.value == "shared") c.gpu_binding = GpuBinding::kShared;
     else if (v.value == "isolate") c.gpu_binding = GpuBinding::kIsolate;
     else return Bad(v, "shared or isolate");
   }
-  if (is("cuda_alloc_conf")) c.cuda_alloc_conf = raw["cuda_alloc_conf"].value;
-  if (is("threads_per_worker")) {
+  if (IsSet(raw, "cuda_alloc_conf")) c.cuda_alloc_conf = raw["cuda_alloc_conf"].value;
+  if (IsSet(raw, "threads_per_worker")) {
     ASSIGN_OR_RETURN(int t, ParseInt(raw["threads_per_worker"], 1, "a positive integer"));
     c.threads_per_worker = t;
   }
-  c.dry_run = flag("dry_run");
-  c.preflight = flag("preflight");
-  if (is("rdzv_token_file")) c.rdzv_token_file = raw["rdzv_token_file"].value;
-  if (is("tls_cert")) c.tls_cert = raw["tls_cert"].value;
-  if (is("tls_key")) c.tls_key = raw["tls_key"].value;
-  if (is("tls_ca")) c.tls_ca = raw["tls_ca"].value;
-  c.insecure = flag("insecure");
-  if (is("local_addr") && !c.local_addr.empty()) {
+  return absl::OkStatus();
+}
+
+// --dry-run, --preflight, and the rendezvous's token and TLS files.
+void ParseModeAndCredentials(RawMap& raw, LaunchConfig& c) {
+  c.dry_run = IsOn(raw, "dry_run");
+  c.preflight = IsOn(raw, "preflight");
+  if (IsSet(raw, "rdzv_token_file")) c.rdzv_token_file = raw["rdzv_token_file"].value;
+  if (IsSet(raw, "tls_cert")) c.tls_cert = raw["tls_cert"].value;
+  if (IsSet(raw, "tls_key")) c.tls_key = raw["tls_key"].value;
+  if (IsSet(raw, "tls_ca")) c.tls_ca = raw["tls_ca"].value;
+  c.insecure = IsOn(raw, "insecure");
+}
+
+// What one setting cannot say alone: --local-addr's form, and settings that exclude each other.
+absl::Status CheckCombinations(RawMap& raw, LaunchConfig& c) {
+  if (IsSet(raw, "local_addr") && !c.local_addr.empty()) {
     auto hp = ParseHostPort(c.local_addr, raw["local_addr"].origin);
     if (!hp.ok() || hp->port) return Bad(raw["local_addr"], "a host name or IP address (no port)");
     c.local_addr = hp->host;
   }
   if (c.virtual_local_rank) {
-    if (is("gpu_binding") && c.gpu_binding == GpuBinding::kShared) {
+    if (IsSet(raw, "gpu_binding") && c.gpu_binding == GpuBinding::kShared) {
       return Bad(raw["gpu_binding"], "isolate (or no --gpu-binding) with --virtual-local-rank, whose workers each see "
                                      "only their own GPU(s)");
     }
@@ -641,9 +705,11 @@ absl::StatusOr<LaunchConfig> Validate(RawMap& raw, std::vector<std::string> rema
   if (c.standalone && c.max_nodes > 1) {
     return Bad(raw["nnodes"], "1 with --standalone (a single-node run)");
   }
-  RETURN_IF_ERROR(ParseTrain(raw, &c));
+  return absl::OkStatus();
+}
 
-  // The program: the command line's, else the config file's.
+// The program: the command line's, else the config file's.
+absl::Status ParseProgram(RawMap& raw, std::vector<std::string> remaining, LaunchConfig& c) {
   if (!remaining.empty() && remaining[0] == "--") remaining.erase(remaining.begin());
   if (!remaining.empty()) {
     if (remaining[0].size() > 1 && remaining[0][0] == '-') {
@@ -652,13 +718,33 @@ absl::StatusOr<LaunchConfig> Validate(RawMap& raw, std::vector<std::string> rema
     }
     c.program = remaining[0];
     c.args.assign(remaining.begin() + 1, remaining.end());
-  } else if (is("program")) {
+  } else if (IsSet(raw, "program")) {
     c.program = raw["program"].value;
     c.args = raw["args"].list;
   }
   if (c.program.empty()) {
     return absl::InvalidArgumentError("no program given; usage: launch [flags] PROGRAM [ARGS...]");
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LaunchConfig> Validate(RawMap& raw, std::vector<std::string> remaining) {
+  LaunchConfig c;
+  DefaultToStaticBackend(raw);
+  RETURN_IF_ERROR(ParseWorkersAndNodes(raw, c));
+  RETURN_IF_ERROR(ParseRendezvous(raw, c));
+  RETURN_IF_ERROR(ParseRestartsAndMonitoring(raw, c));
+  RETURN_IF_ERROR(ParseRoleAndWarmStart(raw, c));
+  RETURN_IF_ERROR(CheckUnsupportedFlags(raw, c));
+  RETURN_IF_ERROR(ParseLogs(raw, c));
+  RETURN_IF_ERROR(ParseVirtualRankAndNuma(raw, c));
+  RETURN_IF_ERROR(ParseMasterAndLocalAddr(raw, c));
+  RETURN_IF_ERROR(ParseStopAndRestart(raw, c));
+  RETURN_IF_ERROR(ParseDevices(raw, c));
+  ParseModeAndCredentials(raw, c);
+  RETURN_IF_ERROR(CheckCombinations(raw, c));
+  RETURN_IF_ERROR(ParseTrain(raw, &c));
+  RETURN_IF_ERROR(ParseProgram(raw, std::move(remaining), c));
   return c;
 }
 

@@ -150,12 +150,16 @@ RendezvousConfig RendezvousSettings(const LaunchConfig& c, bool multi) {
   return r;
 }
 
-absl::StatusOr<LaunchPlan> Plan(const LaunchConfig& c, const HostFacts& host) {
-  HostQueries& q = *host.queries;
-  LaunchPlan plan;
-  AgentOptions& opts = plan.agent;
+// How this node meets the others: Plan's first decision, which its later steps follow.
+struct Shape {
+  bool is_static = false;  // --rdzv-backend=static on several nodes: the ranks are given
+  bool multi = false;      // a rendezvous through the coordinator at --rdzv-endpoint
+  bool dry_multi = false;  // a multi-node --dry-run, which meets no other node
+};
 
-  // GPUs.
+// The GPUs the workers may use (--gpus, --exclude-gpus, an inherited CUDA_VISIBLE_DEVICES).
+absl::StatusOr<GpuPool> ChooseGpus(const LaunchConfig& c, const HostFacts& host,
+                                   LaunchPlan& plan) {
   const std::vector<GpuInfo>& gpus = host.gpus;
   GpuSelection sel;
   if (host.env.count("CUDA_VISIBLE_DEVICES"))
@@ -169,10 +173,19 @@ absl::StatusOr<LaunchPlan> Plan(const LaunchConfig& c, const HostFacts& host) {
   ASSIGN_OR_RETURN(GpuPool pool, SelectGpuPool(gpus, sel));
   plan.warnings = pool.warnings;
   for (const GpuInfo& g : pool.gpus) plan.gpu_pool_indices.push_back(g.index);
+  return pool;
+}
 
-  // Workers on this node. Inside a Slurm job step, the CPUs the job has here bound those usable.
-  const int cpus = c.slurm_cpus_on_node ? std::max(1, std::min(host.usable_cpus, *c.slurm_cpus_on_node))
-                                        : host.usable_cpus;
+// Inside a Slurm job step, the CPUs the job has here bound those usable.
+int UsableCpus(const LaunchConfig& c, const HostFacts& host) {
+  return c.slurm_cpus_on_node ? std::max(1, std::min(host.usable_cpus, *c.slurm_cpus_on_node))
+                              : host.usable_cpus;
+}
+
+// Workers on this node: --nproc-per-node's number, or the CPUs or GPUs it names.
+absl::StatusOr<int> CountWorkers(const LaunchConfig& c, const HostFacts& host, const GpuPool& pool,
+                                 int cpus) {
+  const std::vector<GpuInfo>& gpus = host.gpus;
   int nproc = c.nproc;
   switch (c.nproc_kind) {
     case LaunchConfig::Nproc::kCount:
@@ -198,24 +211,39 @@ absl::StatusOr<LaunchPlan> Plan(const LaunchConfig& c, const HostFacts& host) {
         absl::StrCat("--gpu-binding=isolate: ", nproc, " workers but ", pool.gpus.size(),
                      " GPU(s) in the pool; expected at least one GPU per worker"));
   }
+  return nproc;
+}
 
+// Slurm's CPUs for this task, when they are fewer than its workers.
+void WarnOfFewSlurmCpus(const LaunchConfig& c, int nproc, LaunchPlan& plan) {
   if (c.slurm_cpus_on_node && *c.slurm_cpus_on_node < nproc) {
     // A plain srun gives every task one CPU: the workers would share it.
     plan.warnings.push_back(absl::StrCat("Slurm gave this task ", *c.slurm_cpus_on_node,
                                          " CPU(s) on this node (SLURM_CPUS_ON_NODE) for ", nproc,
                                          " workers: ask srun for more (srun -c ", nproc, " or more)"));
   }
-  ASSIGN_OR_RETURN(opts.argv, WorkerArgv(c, host));
-  if (RunsThroughPython(c)) plan.python = opts.argv.front();
-  // Redirected output and filtered copies need files somewhere that outlives the run.
-  const bool redirecting = c.redirects.Any() || c.tee.Any() || !c.duplicate_stdout_filters.empty() ||
-                           !c.duplicate_stderr_filters.empty();
+}
+
+// Redirected output and filtered copies need files somewhere that outlives the run.
+bool Redirecting(const LaunchConfig& c) {
+  return c.redirects.Any() || c.tee.Any() || !c.duplicate_stdout_filters.empty() ||
+         !c.duplicate_stderr_filters.empty();
+}
+
+// The descriptors the workers need, refused now when the limit is too low (not under --dry-run).
+absl::Status CountDescriptors(const LaunchConfig& c, const HostFacts& host, int nproc,
+                              LaunchPlan& plan) {
+  const bool redirecting = Redirecting(c);
   if (!c.dry_run) {
     const bool log_files = !c.log_dir.empty() || redirecting;
     RETURN_IF_ERROR(CheckDescriptorBudget(nproc, log_files, host));
     plan.descriptors_needed = DescriptorsNeeded(nproc, log_files);
   }
+  return absl::OkStatus();
+}
 
+// plan.topology and the Shape the later steps follow; a multi-node run needs an endpoint.
+absl::StatusOr<Shape> ChooseTopology(const LaunchConfig& c, LaunchPlan& plan) {
   // Topology: one node with its coordinator in-process, a multi-node rendezvous, or static ranks.
   const bool is_static = c.rdzv_backend == "static" && c.max_nodes > 1;
   const bool multi = !is_static && !c.standalone && (c.max_nodes > 1 || !c.rdzv_endpoint.empty());
@@ -232,10 +260,17 @@ absl::StatusOr<LaunchPlan> Plan(const LaunchConfig& c, const HostFacts& host) {
                                                 : absl::StrCat(c.min_nodes, ":", c.max_nodes),
                      ": a multi-node run needs --rdzv-endpoint=HOST[:PORT] (the coordinator)"));
   }
+  return Shape{is_static, multi, dry_multi};
+}
+
+// The address the other nodes reach this one at; a dry run goes on without one, with a warning.
+absl::StatusOr<std::string> ThisNodeAddress(const LaunchConfig& c, const HostFacts& host,
+                                            const Shape& shape, LaunchPlan& plan) {
+  HostQueries& q = *host.queries;
   std::string node_addr = "127.0.0.1";
-  if (multi || is_static) {
+  if (shape.multi || shape.is_static) {
     auto addr = NodeAddress(c, q);
-    if (!addr.ok() && !dry_multi) return addr.status();
+    if (!addr.ok() && !shape.dry_multi) return addr.status();
     if (addr.ok()) {
       node_addr = *addr;
     } else {
@@ -243,7 +278,13 @@ absl::StatusOr<LaunchPlan> Plan(const LaunchConfig& c, const HostFacts& host) {
       plan.warnings.push_back(absl::StrCat("a real run would stop here: ", addr.status().message()));
     }
   }
-  const std::string master_addr = c.master_addr.value_or(multi ? node_addr : "127.0.0.1");
+  return node_addr;
+}
+
+// MASTER_ADDR, with --master-port checked where the master is this machine.
+absl::StatusOr<std::string> MasterAddress(const LaunchConfig& c, HostQueries& q, const Shape& shape,
+                                          const std::string& node_addr) {
+  const std::string master_addr = c.master_addr.value_or(shape.multi ? node_addr : "127.0.0.1");
   // Whether the port is free can be asked only where the master is: this machine (on the other
   // nodes of a static job, or pods of a non-elastic PyTorchJob, it is another machine's address).
   auto master_here = c.master_port && !c.dry_run ? q.IsLocalHost(master_addr) : absl::StatusOr<bool>(false);
@@ -260,13 +301,19 @@ absl::StatusOr<LaunchPlan> Plan(const LaunchConfig& c, const HostFacts& host) {
                        master_addr, "; expected a free port (or omit the flag to get one)"));
     }
   }
+  return master_addr;
+}
 
+// The worker group's spec: how many workers, its run id, GPUs, CPUs and training scale.
+absl::Status PlanGroupSpec(const LaunchConfig& c, const HostFacts& host, const GpuPool& pool,
+                           int nproc, int cpus, const Shape& shape, AgentOptions& opts) {
+  HostQueries& q = *host.queries;
   opts.spec.local_world_size = nproc;
   opts.spec.role = c.role;
   // Every node of a job must name the same run: torchrun's default id when none is given.
-  opts.spec.run_id = !c.rdzv_id.empty()     ? c.rdzv_id
-                     : (multi || is_static) ? "none"
-                                            : q.RandomHex(8);
+  opts.spec.run_id = !c.rdzv_id.empty()                 ? c.rdzv_id
+                     : (shape.multi || shape.is_static) ? "none"
+                                                        : q.RandomHex(8);
   opts.spec.max_restarts = c.max_restarts;
   opts.spec.gpu_pool = pool.tokens;
   opts.spec.gpu_pool_is_nvml_indices = pool.from_nvml_indices;
@@ -279,6 +326,16 @@ absl::StatusOr<LaunchPlan> Plan(const LaunchConfig& c, const HostFacts& host) {
     // Fail now, not at the first round, when the batch cannot be split.
     RETURN_IF_ERROR(ScaleTraining(*c.train, nproc).status());
   }
+  opts.spec.python_dir = host.python_dir;
+  opts.spec.flight_recorder = !c.no_flight_recorder;
+  opts.spec.virtual_local_rank = c.virtual_local_rank;
+  return absl::OkStatus();
+}
+
+// Where the workers' output goes: log files, the console, and the console's line prefix.
+void PlanLogs(const LaunchConfig& c, const Shape& shape, LaunchPlan& plan) {
+  AgentOptions& opts = plan.agent;
+  const bool redirecting = Redirecting(c);
   opts.log_dir = c.log_dir;
   // As torchrun: redirected output needs files somewhere; they are kept.
   plan.make_temp_log_dir = opts.log_dir.empty() && redirecting && !c.dry_run;
@@ -286,8 +343,13 @@ absl::StatusOr<LaunchPlan> Plan(const LaunchConfig& c, const HostFacts& host) {
   opts.redirects = c.redirects;
   opts.tee = c.tee;
   opts.console_local_ranks = c.local_ranks_filter;
-  opts.line_prefix_template =
-      c.log_line_prefix_template.value_or(multi || is_static ? kMultiNodeLinePrefix : kSingleNodeLinePrefix);
+  opts.line_prefix_template = c.log_line_prefix_template.value_or(
+      shape.multi || shape.is_static ? kMultiNodeLinePrefix : kSingleNodeLinePrefix);
+}
+
+// How the workers are stopped, restarted, watched and, when hung, looked into.
+void PlanSupervision(const LaunchConfig& c, const HostFacts& host, AgentOptions& opts) {
+  HostQueries& q = *host.queries;
   opts.stop_timeout = SecondsToMs(c.stop_timeout);
   opts.restart_backoff = SecondsToMs(c.restart_backoff);
   if (c.hang_timeout) opts.hang_timeout = SecondsToMs(*c.hang_timeout);
@@ -297,15 +359,22 @@ absl::StatusOr<LaunchPlan> Plan(const LaunchConfig& c, const HostFacts& host) {
   // gdb captures the native stacks of hung workers; without it only Python workers' own dumps.
   const std::string path_env = host.env.count("PATH") ? host.env.at("PATH") : "/usr/local/bin:/usr/bin:/bin";
   if (auto gdb = q.ResolveExecutable("gdb", path_env); gdb.ok()) opts.debugger = *gdb;
-  opts.spec.python_dir = host.python_dir;
+}
+
+// Warm starts: on by default for Python workers and for programs that declare them.
+void PlanWarmStart(const LaunchConfig& c, const HostFacts& host, AgentOptions& opts) {
+  HostQueries& q = *host.queries;
   // On by default for Python workers and for programs that declare LAUNCH_SDK_WARM_START(); for
   // another program only when asked for (then the log says once why its workers start cold).
   opts.warm_python = RunsThroughPython(c);
   opts.warm_start = c.warm_start && (opts.warm_python || c.warm_start_given ||
                                      (!c.dry_run && q.DeclaresWarmStart(opts.argv.front())));
   opts.warm_imports = c.warm_imports;
-  opts.spec.flight_recorder = !c.no_flight_recorder;
-  opts.spec.virtual_local_rank = c.virtual_local_rank;
+}
+
+// --numa-binding: each worker's CPUs, near its GPU where it has one.
+absl::Status PlanNuma(const LaunchConfig& c, const HostFacts& host, const GpuPool& pool, int nproc,
+                      AgentOptions& opts) {
   if (c.numa_binding != NumaBinding::kNone) {
     // The GPU each local rank uses: LOCAL_RANK among the pool (shared), or its slice's first.
     std::vector<int> nodes(nproc, -1);
@@ -316,11 +385,14 @@ absl::StatusOr<LaunchPlan> Plan(const LaunchConfig& c, const HostFacts& host) {
     }
     ASSIGN_OR_RETURN(opts.numa, PlanNumaBinding(c.numa_binding, host.cpu_topology, nodes));
   }
-  opts.duplicate_stdout_filters = c.duplicate_stdout_filters;
-  opts.duplicate_stderr_filters = c.duplicate_stderr_filters;
-  opts.dry_run = c.dry_run;
-  opts.master_addr = master_addr;
-  opts.master_port = c.master_port;
+  return absl::OkStatus();
+}
+
+// This node as the coordinator sees it, and the rendezvous's settings.
+void PlanNode(const LaunchConfig& c, const HostFacts& host, const Shape& shape,
+              const std::string& node_addr, int nproc, LaunchPlan& plan) {
+  HostQueries& q = *host.queries;
+  AgentOptions& opts = plan.agent;
   opts.node.set_hostname(host.hostname);
   // "<host>:<pid>:<hex>", its host part cut so that the id fits kMaxNodeIdLength.
   opts.node.set_node_id(absl::StrCat(host.hostname.substr(0, kMaxNodeIdLength - 32), ":", host.pid,
@@ -328,12 +400,16 @@ absl::StatusOr<LaunchPlan> Plan(const LaunchConfig& c, const HostFacts& host) {
   opts.node.set_host_address(node_addr);
   opts.node.set_local_world_size(nproc);
   // A node rank that was given (not the default 0) orders the first round's group ranks.
-  if (multi && c.origins.count("node_rank")) opts.node.set_node_rank(c.node_rank);
-  plan.rendezvous = RendezvousSettings(c, multi && !dry_multi);
+  if (shape.multi && c.origins.count("node_rank")) opts.node.set_node_rank(c.node_rank);
+  plan.rendezvous = RendezvousSettings(c, shape.multi && !shape.dry_multi);
   opts.run_spec = plan.rendezvous.ToSpec();
   opts.heartbeat_interval = SecondsToMs(c.rdzv.heartbeat_interval);
   opts.coordinator_patience = SecondsToMs(c.rdzv.close_timeout);
-  if (is_static) {
+}
+
+// --rdzv-backend=static on several nodes: the ranks as given.
+absl::Status PlanStaticRanks(const LaunchConfig& c, const Shape& shape, AgentOptions& opts) {
+  if (shape.is_static) {
     if (!c.master_addr) {
       return absl::InvalidArgumentError(
           "--rdzv-backend=static: --master-addr is needed (the address of node rank 0)");
@@ -345,9 +421,14 @@ absl::StatusOr<LaunchPlan> Plan(const LaunchConfig& c, const HostFacts& host) {
     t.master_port = c.master_port.value_or(29500);
     opts.static_topology = t;
   }
+  return absl::OkStatus();
+}
 
-  // Who hosts the coordinator.
-  if (multi) {
+// Who hosts the coordinator of a multi-node run: this agent, or another machine's.
+absl::Status ChooseCoordinator(const LaunchConfig& c, const HostFacts& host, const Shape& shape,
+                               LaunchPlan& plan) {
+  HostQueries& q = *host.queries;
+  if (shape.multi) {
     ASSIGN_OR_RETURN(HostPort hp, ParseHostPort(c.rdzv_endpoint, "--rdzv-endpoint"));
     plan.rdzv_host = hp.host;
     plan.rdzv_endpoint = JoinHostPort(hp.host, hp.port.value_or(kDefaultRendezvousPort));
@@ -371,7 +452,13 @@ absl::StatusOr<LaunchPlan> Plan(const LaunchConfig& c, const HostFacts& host) {
       plan.coordinator = local.ok() && *local ? CoordinatorRole::kHostUnlessTaken : CoordinatorRole::kJoin;
     }
   }
-  if (dry_multi) {
+  return absl::OkStatus();
+}
+
+// A multi-node dry run's ranks: this node's, as if the rendezvous had given them (see Shape).
+void PlanDryRunRanks(const LaunchConfig& c, const Shape& shape, LaunchPlan& plan) {
+  AgentOptions& opts = plan.agent;
+  if (shape.dry_multi) {
     StaticTopology t;
     t.group_rank = c.node_rank < c.max_nodes ? c.node_rank : 0;
     if (c.node_rank >= c.max_nodes) {
@@ -384,8 +471,38 @@ absl::StatusOr<LaunchPlan> Plan(const LaunchConfig& c, const HostFacts& host) {
     opts.static_topology = t;
     plan.dry_run_without_rendezvous = true;
   }
+}
+
+absl::StatusOr<LaunchPlan> Plan(const LaunchConfig& c, const HostFacts& host) {
+  LaunchPlan plan;
+  AgentOptions& opts = plan.agent;
+  ASSIGN_OR_RETURN(const GpuPool pool, ChooseGpus(c, host, plan));
+  const int cpus = UsableCpus(c, host);
+  ASSIGN_OR_RETURN(const int nproc, CountWorkers(c, host, pool, cpus));
+  WarnOfFewSlurmCpus(c, nproc, plan);
+  ASSIGN_OR_RETURN(opts.argv, WorkerArgv(c, host));
+  if (RunsThroughPython(c)) plan.python = opts.argv.front();
+  RETURN_IF_ERROR(CountDescriptors(c, host, nproc, plan));
+  ASSIGN_OR_RETURN(const Shape shape, ChooseTopology(c, plan));
+  ASSIGN_OR_RETURN(const std::string node_addr, ThisNodeAddress(c, host, shape, plan));
+  ASSIGN_OR_RETURN(const std::string master_addr, MasterAddress(c, *host.queries, shape, node_addr));
+  RETURN_IF_ERROR(PlanGroupSpec(c, host, pool, nproc, cpus, shape, opts));
+  PlanLogs(c, shape, plan);
+  PlanSupervision(c, host, opts);
+  PlanWarmStart(c, host, opts);
+  RETURN_IF_ERROR(PlanNuma(c, host, pool, nproc, opts));
+  opts.duplicate_stdout_filters = c.duplicate_stdout_filters;
+  opts.duplicate_stderr_filters = c.duplicate_stderr_filters;
+  opts.dry_run = c.dry_run;
+  opts.master_addr = master_addr;
+  opts.master_port = c.master_port;
+  PlanNode(c, host, shape, node_addr, nproc, plan);
+  RETURN_IF_ERROR(PlanStaticRanks(c, shape, opts));
+  RETURN_IF_ERROR(ChooseCoordinator(c, host, shape, plan));
+  PlanDryRunRanks(c, shape, plan);
   return plan;
 }
+
 
 }  // namespace
 

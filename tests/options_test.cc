@@ -237,6 +237,82 @@ TEST(Options, AnEmptyValueAfterEqualsIsAnError) {
   ASSERT_TRUE(c.ok()) << c.status();
 }
 
+// Validate's checks, one bad value each, in the order Validate runs them.
+struct CheckRow {
+  std::string check;  // the concern, for failure messages
+  std::vector<std::string> flags;
+  std::string error;  // exact
+};
+
+std::vector<CheckRow> ChecksInOrder() {
+  return {
+      {"workers and nodes", {"--nproc-per-node=0"},
+       "--nproc-per-node=0: expected a positive integer, cpu, gpu or auto"},
+      {"rendezvous", {"--rdzv-backend=etcd"}, "--rdzv-backend=etcd: expected c10d or static"},
+      {"restarts and monitoring", {"--straggler-factor=0.5"},
+       "--straggler-factor=0.5: expected 0 (off) or a factor in 1..1000"},
+      {"role and warm start", {"--warm-import=9x"},
+       "--warm-import=9x: expected at most 64 Python module names (e.g. torch,numpy,mypkg.models)"},
+      {"torchrun's flags", {"--start-method=thread"}, "--start-method=thread: expected spawn, fork or forkserver"},
+      {"logs", {"--redirects=9"},
+       "--redirects=9: '9' is not a level; expected 0-3 (0 none, 1 stdout, 2 stderr, 3 both) or a map like 0:1,1:2"},
+      {"numa", {"--numa-binding=x"}, "--numa-binding=x: expected node, socket, exclusive or core-complex"},
+      {"master", {"--master-addr=h:1"}, "--master-addr=h:1: expected a host name or IP address"},
+      {"stop and restart", {"--stop-timeout=-1"}, "--stop-timeout=-1: expected a number of seconds in 0..1e+07"},
+      {"devices", {"--gpu-binding=x"}, "--gpu-binding=x: expected shared or isolate"},
+      {"combinations", {"--local-addr=h:5"}, "--local-addr=h:5: expected a host name or IP address (no port)"},
+  };
+}
+
+std::vector<std::string> Join(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+TEST(OptionsChecks, EachNamesItsValue) {
+  for (const CheckRow& row : ChecksInOrder()) {
+    EXPECT_EQ(Error(Join(row.flags, {"./train"})), row.error) << row.check;
+  }
+}
+
+// With several bad values the earliest check's error is reported, wherever its flag is on the
+// command line, and any bad value before a missing program.
+TEST(OptionsChecks, TheEarlierCheckIsReported) {
+  const std::vector<CheckRow> rows = ChecksInOrder();
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_EQ(Error(rows[i].flags), rows[i].error) << rows[i].check << " without a program";
+    for (size_t j = i + 1; j < rows.size(); ++j) {
+      EXPECT_EQ(Error(Join(Join(rows[j].flags, rows[i].flags), {"./train"})), rows[i].error)
+          << rows[i].check << " before " << rows[j].check;
+    }
+  }
+}
+
+// What one setting cannot say alone.
+TEST(OptionsChecks, CombinationsNameTheValue) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> rows = {
+      {{"--rdzv-backend=static", "--nnodes=1:2"},
+       "--nnodes=1:2: expected a fixed number of nodes with --rdzv-backend=static"},
+      {{"--rdzv-backend=static", "--nnodes=2", "--node-rank=2"},
+       "--node-rank=2: expected a node rank below --nnodes=2"},
+      // Several nodes, a master address and no endpoint: torchrun's static default.
+      {{"--nnodes=2", "--master-addr=h", "--node-rank=3"}, "--node-rank=3: expected a node rank below --nnodes=2"},
+      {{"--standalone", "--nnodes=2"}, "--nnodes=2: expected 1 with --standalone (a single-node run)"},
+      {{"--virtual-local-rank", "--gpu-binding=shared"},
+       "--gpu-binding=shared: expected isolate (or no --gpu-binding) with --virtual-local-rank, whose workers each "
+       "see only their own GPU(s)"},
+      {{"--metrics-port=70000"}, "--metrics-port=70000: expected a port in 1..65535"},
+      {{"--local-ranks-filter=a"}, "--local-ranks-filter=a: expected local ranks like 0,1,2"},
+      {{"--rdzv-id=.."}, "--rdzv-id=..: expected a name, not '.' or '..' (it names a log directory under --log-dir)"},
+      {{"--run-path"},
+       "--run-path is not supported: launch starts every worker as its own process; run the script by path or "
+       "with -m MODULE"},
+  };
+  for (const auto& [flags, error] : rows) {
+    EXPECT_EQ(Error(Join(flags, {"./train"})), error) << flags[0];
+  }
+}
+
 TEST(Limits, SecondsToMsSaturates) {
   EXPECT_EQ(SecondsToMs(1.5).count(), 1500);
   EXPECT_EQ(SecondsToMs(1e10).count(), static_cast<long long>(kMaxSeconds * 1000));

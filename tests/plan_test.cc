@@ -156,6 +156,19 @@ OnMachine WithFile(std::string path, FileFacts f) {
 OnMachine WithPortInUse(std::string host, int port) {
   return [host, port](Machine& m) { m.host.ports_in_use.insert({host, port}); };
 }
+// Two NUMA nodes of four CPUs each; the first half of the GPUs on node 0, the rest on node 1.
+OnMachine WithTwoNumaNodes(int gpus) {
+  return [gpus](Machine& m) {
+    for (int id = 0; id < 8; ++id) {
+      LogicalCpu cpu;
+      cpu.id = cpu.core = id;
+      cpu.node = cpu.package = id / 4;
+      m.facts.cpu_topology.cpus.push_back(cpu);
+    }
+    m.facts.gpus = Gpus(gpus);
+    for (GpuInfo& g : m.facts.gpus) g.numa_node = g.index * 2 / gpus;
+  };
+}
 OnConfig WithGlobalBatch(int batch) {
   return [batch](LaunchConfig& c) {
     TrainScaling t;
@@ -515,6 +528,123 @@ std::vector<Row> Rows() {
             [](const LaunchPlan& p) { EXPECT_TRUE(p.agent.warm_start); }),
       Plans("WarmStartFalseIsOff", "--warm-start=false train.py",
             [](const LaunchPlan& p) { EXPECT_FALSE(p.agent.warm_start); }),
+
+      // The worker group's spec.
+      Plans(
+          "GroupSpecCarriesTheFlags",
+          "--role=trainer --max-restarts=3 --cuda-alloc-conf=expandable_segments:True --threads-per-worker=2 "
+          "--no-flight-recorder --virtual-local-rank --nproc-per-node=2 ./train",
+          [](const LaunchPlan& p) {
+            const WorkerGroupSpec& s = p.agent.spec;
+            EXPECT_EQ(s.role, "trainer");
+            EXPECT_EQ(s.max_restarts, 3);
+            EXPECT_EQ(s.cuda_alloc_conf, "expandable_segments:True");
+            EXPECT_EQ(s.threads_per_worker, 2);
+            EXPECT_FALSE(s.flight_recorder);
+            EXPECT_TRUE(s.virtual_local_rank);
+            EXPECT_EQ(s.gpu_binding, GpuBinding::kIsolate);  // implied by --virtual-local-rank
+            EXPECT_EQ(s.python_dir, "/opt/launch/python");
+          },
+          [](Machine& m) { m.facts.python_dir = "/opt/launch/python"; }),
+
+      // Supervision.
+      Plans(
+          "SupervisionSettings", "--stop-timeout=3 --restart-backoff=2 --hang-timeout=7 --monitor-interval=0.5 ./train",
+          [](const LaunchPlan& p) {
+            EXPECT_EQ(p.agent.stop_timeout, std::chrono::milliseconds(3000));
+            EXPECT_EQ(p.agent.restart_backoff, std::chrono::milliseconds(2000));
+            EXPECT_EQ(p.agent.hang_timeout, std::chrono::milliseconds(7000));
+            // Raised to the least interval.
+            EXPECT_EQ(p.agent.monitor_interval, SecondsToMs(kMinMonitorInterval));
+            EXPECT_EQ(p.agent.debugger, "/usr/bin/gdb");
+          },
+          WithFile("/usr/bin/gdb", kExecutable)),
+      Plans("NoMonitorNoHangTimeoutNoGdb", "--monitor-interval=0 ./train",
+            [](const LaunchPlan& p) {
+              EXPECT_FALSE(p.agent.monitor_interval.has_value());
+              EXPECT_FALSE(p.agent.hang_timeout.has_value());  // automatic
+              EXPECT_EQ(p.agent.debugger, "");
+              EXPECT_TRUE(p.agent.numa.empty());
+            }),
+
+      // Console line prefixes.
+      Plans("LinePrefixOnOneNode", "./train",
+            [](const LaunchPlan& p) { EXPECT_EQ(p.agent.line_prefix_template, "[${rank}]:"); }),
+      Plans("LinePrefixOnSeveralNodesNamesTheHost", "--nnodes=2 --rdzv-endpoint=node1 ./train",
+            [](const LaunchPlan& p) { EXPECT_EQ(p.agent.line_prefix_template, "[${hostname}:${rank}]:"); }),
+      Plans("LinePrefixOfStaticRanksNamesTheHost",
+            "--nnodes=2 --rdzv-backend=static --node-rank=1 --master-addr=node1 ./train",
+            [](const LaunchPlan& p) { EXPECT_EQ(p.agent.line_prefix_template, "[${hostname}:${rank}]:"); }),
+      Plans("LinePrefixGiven", "--nnodes=2 --rdzv-endpoint=node1 --log-line-prefix-template=<${rank}> ./train",
+            [](const LaunchPlan& p) { EXPECT_EQ(p.agent.line_prefix_template, "<${rank}>"); }),
+
+      // NUMA binding.
+      Plans(
+          "NumaBindingFollowsEachWorkersGpu", "--numa-binding=node --nproc-per-node=2 ./train",
+          [](const LaunchPlan& p) {
+            ASSERT_EQ(p.agent.numa.size(), 2u);
+            EXPECT_THAT(p.agent.numa[0].cpus, ElementsAre(0, 1, 2, 3));
+            EXPECT_EQ(p.agent.numa[0].memory_node, 0);
+            EXPECT_EQ(p.agent.numa[0].why, "its GPU's node 0");
+            EXPECT_THAT(p.agent.numa[1].cpus, ElementsAre(4, 5, 6, 7));
+            EXPECT_EQ(p.agent.numa[1].memory_node, 1);
+          },
+          WithTwoNumaNodes(2)),
+      Plans(
+          "NumaBindingOfSharedGpusFollowsTheLocalRanksGpu", "--numa-binding=node --nproc-per-node=2 ./train",
+          [](const LaunchPlan& p) {
+            ASSERT_EQ(p.agent.numa.size(), 2u);
+            EXPECT_EQ(p.agent.numa[1].memory_node, 0);  // GPU 1
+          },
+          WithTwoNumaNodes(4)),
+      Plans(
+          "NumaBindingOfIsolatedGpusFollowsTheSlicesFirstGpu",
+          "--numa-binding=node --nproc-per-node=2 --gpu-binding=isolate ./train",
+          [](const LaunchPlan& p) {
+            ASSERT_EQ(p.agent.numa.size(), 2u);
+            EXPECT_EQ(p.agent.numa[1].memory_node, 1);  // GPUs 2 and 3
+          },
+          WithTwoNumaNodes(4)),
+      Plans(
+          "NumaBindingWithoutGpusDividesTheNodes", "--numa-binding=node --nproc-per-node=2 ./train",
+          [](const LaunchPlan& p) {
+            ASSERT_EQ(p.agent.numa.size(), 2u);
+            EXPECT_THAT(p.agent.numa[1].cpus, ElementsAre(4, 5, 6, 7));
+            EXPECT_EQ(p.agent.numa[1].why, "node 1 (no GPU: 2 worker(s) over 2 node(s))");
+          },
+          WithTwoNumaNodes(0)),
+
+      // This node and the rendezvous.
+      Plans("AGivenNodeRankOrdersTheFirstRound", "--nnodes=2 --node-rank=1 --rdzv-endpoint=node1 ./train",
+            [](const LaunchPlan& p) { EXPECT_EQ(p.agent.node.node_rank(), 1); }),
+      Plans("RendezvousSettingsFromRdzvConf",
+            "--nnodes=2 --rdzv-endpoint=node1 "
+            "--rdzv-conf=join_timeout=60,heartbeat_interval=2,heartbeat_timeout=9,close_timeout=5 ./train",
+            [](const LaunchPlan& p) {
+              EXPECT_EQ(p.rendezvous.join_timeout, std::chrono::milliseconds(60000));
+              EXPECT_EQ(p.rendezvous.heartbeat_timeout, std::chrono::milliseconds(9000));
+              EXPECT_EQ(p.rendezvous.close_timeout, std::chrono::milliseconds(5000));
+              EXPECT_EQ(p.agent.heartbeat_interval, std::chrono::milliseconds(2000));
+              EXPECT_EQ(p.agent.coordinator_patience, std::chrono::milliseconds(5000));
+            }),
+      Plans("DryRunOfANodeRankBeyondTheCountShowsGroupRankZero",
+            "--dry-run --nnodes=4 --node-rank=5 --rdzv-endpoint=node1 ./train",
+            [](const LaunchPlan& p) {
+              ASSERT_TRUE(p.agent.static_topology.has_value());
+              EXPECT_EQ(p.agent.static_topology->group_rank, 0);
+              EXPECT_EQ(p.agent.static_topology->master_addr, "node1");
+              ASSERT_EQ(p.warnings.size(), 1u);
+              EXPECT_EQ(p.warnings[0], "node rank 5 is not below the node count 4: the dry run shows group rank 0");
+            }),
+      Plans(
+          "DryRunWithoutAnAddressGoesOn", "--dry-run --nnodes=2 --rdzv-endpoint=node1 ./train",
+          [](const LaunchPlan& p) {
+            EXPECT_EQ(p.agent.node.host_address(), "node0");  // the host name
+            ASSERT_EQ(p.warnings.size(), 1u);
+            EXPECT_EQ(p.warnings[0],
+                      "a real run would stop here: cannot tell this node's address (no interface); give --local-addr");
+          },
+          [](Machine& m) { m.host.default_address = absl::UnavailableError("no interface"); }),
 
       // Training scaling.
       Refuses("TrainBatchCannotSplit", "--nproc-per-node=3 ./train", kInvalid,
