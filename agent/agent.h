@@ -12,6 +12,7 @@
 
 #include "agent/agent_machine.h"
 #include "agent/agent_options.h"
+#include "agent/background_call.h"
 #include "agent/coordinator_client.h"
 #include "agent/coordinator_session.h"
 #include "agent/coordinator_watch.h"

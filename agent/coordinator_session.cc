@@ -3,13 +3,21 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "agent/coordinator_watch.h"
+#include "agent/background_call.h"
 #include "agent/process.h"
 #include "common/limits.h"
 #include "common/status_macros.h"
 #include "spdlog/spdlog.h"
 
 namespace launch {
+
+std::string HostedCoordinatorGone(const std::string& target, const std::string& host,
+                                  std::chrono::milliseconds patience) {
+  return absl::StrCat("the coordinator at ", target, ", hosted by the agent of ", host, ", has been unreachable for ",
+                      patience.count() / 1000.0,
+                      " s: that node is gone and the job cannot go on without it (a standalone `launch "
+                      "coordinator` survives the loss of any node)");
+}
 
 std::chrono::milliseconds RetryPacer::Unreachable() {
   if (!since_) since_ = clock_->Now();

@@ -88,4 +88,8 @@ class CoordinatorSession {
   std::string coordinator_host_;
 };
 
+// Why a job ends when its agent-hosted coordinator is gone (for the watch and the agent alike).
+std::string HostedCoordinatorGone(const std::string& target, const std::string& host,
+                                  std::chrono::milliseconds patience);
+
 }  // namespace launch

@@ -56,14 +56,6 @@ void CoordinatorWatch::Backoff(std::chrono::milliseconds d) {
   cv_.wait_for(lock, d, [&] { return stop_; });
 }
 
-std::string HostedCoordinatorGone(const std::string& target, const std::string& host,
-                                  std::chrono::milliseconds patience) {
-  return absl::StrCat("the coordinator at ", target, ", hosted by the agent of ", host, ", has been unreachable for ",
-                      patience.count() / 1000.0,
-                      " s: that node is gone and the job cannot go on without it (a standalone `launch "
-                      "coordinator` survives the loss of any node)");
-}
-
 void CoordinatorWatch::Loop(v1::Assignment a) {
   const CoordinatorSession::Options& opts = session_->options();
   RetryPacer pacer(opts.retry, session_->clock());
@@ -175,23 +167,6 @@ void CoordinatorWatch::Loop(v1::Assignment a) {
     }
     Backoff(delay);
   }
-}
-
-absl::Status BackgroundCall::Start(std::function<void(CallCanceller*)> fn) {
-  Wait();
-  cancel_.Reset();
-  event_ = UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!event_.valid()) return ErrnoStatus("eventfd");
-  int fd = event_.get();
-  thread_ = std::thread([this, fn = std::move(fn), fd] {
-    fn(&cancel_);
-    Signal(fd);
-  });
-  return absl::OkStatus();
-}
-
-void BackgroundCall::Wait() {
-  if (thread_.joinable()) thread_.join();
 }
 
 }  // namespace launch

@@ -1,16 +1,13 @@
-// The agent's background conversations with the coordinator, each a named thread with
-// Start/Stop and an eventfd the agent's poll loop watches:
-// - CoordinatorWatch holds the node's lease while its workers run: on one Watch stream it sends a
+// The agent's watch on the coordinator, a named thread with Start/Stop and an eventfd the agent's
+// poll loop watches: CoordinatorWatch holds the node's lease while its workers run: on one Watch stream it sends a
 //   heartbeat every interval, and the coordinator answers the moment the workers must stop; it
 //   rides out a coordinator that goes away and re-registers with one that comes back (every stream
 //   opens with what the coordinator needs to rebuild the run), as its CoordinatorSession says.
-// - BackgroundCall runs one blocking call (a Join) so that a signal can cancel it.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -21,10 +18,6 @@
 #include "common/unique_fd.h"
 
 namespace launch {
-
-// Why a job ends when its agent-hosted coordinator is gone (for the watch and the agent alike).
-std::string HostedCoordinatorGone(const std::string& target, const std::string& host,
-                                  std::chrono::milliseconds patience);
 
 class CoordinatorWatch {
  public:
@@ -58,21 +51,6 @@ class CoordinatorWatch {
   WatchStream* stream_ = nullptr;  // the stream in use, for Stop to cancel
   v1::HeartbeatResponse answer_;
   std::atomic<bool> unreachable_{false};
-};
-
-class BackgroundCall {
- public:
-  ~BackgroundCall() { Wait(); }
-  // Runs `fn` on a thread; fd() becomes readable when it returns.
-  absl::Status Start(std::function<void(CallCanceller*)> fn);
-  int fd() const { return event_.get(); }
-  void Cancel() { cancel_.Cancel(); }
-  void Wait();
-
- private:
-  UniqueFd event_;
-  std::thread thread_;
-  CallCanceller cancel_;
 };
 
 }  // namespace launch

@@ -7,7 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "agent/worker_group.h"
+#include "agent/worker_launch.h"
 
 namespace launch {
 

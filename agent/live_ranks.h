@@ -12,11 +12,10 @@
 #include <string>
 #include <vector>
 
+#include "agent/worker_launch.h"
 #include "common/clock.h"
 
 namespace launch {
-
-struct WorkerLaunch;
 
 struct RankFigures {
   int rank = 0;
