@@ -9,6 +9,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -18,6 +19,17 @@
 #include "common/unique_fd.h"
 
 namespace launch {
+
+// What the watch does with the coordinator's answer on a stream.
+enum class WatchAnswer {
+  kReregister,         // the coordinator does not know this node (it restarted): register again
+  kHeartbeatOnStream,  // no lease datagram arrives: heartbeats go on the stream, which is opened anew
+  kDeliver,            // the workers must stop, or the job ended: fd() says so
+};
+WatchAnswer ClassifyWatchAnswer(const v1::HeartbeatResponse& resp);
+
+class LeaseSender;
+struct LeaseBeat;
 
 class CoordinatorWatch {
  public:
@@ -37,7 +49,25 @@ class CoordinatorWatch {
   bool unreachable() const { return unreachable_; }
 
  private:
+  // How one Watch stream ended: the coordinator's answer, or the stream's status without one.
+  struct StreamEnd {
+    bool got = false;
+    v1::HeartbeatResponse resp;
+    absl::Status status;
+  };
+
   void Loop(v1::Assignment a);
+  // One stream: opened with the registration, renewed until it ends; nullopt once Stop is called.
+  std::optional<StreamEnd> WatchOnce(const v1::Assignment& a, bool by_udp, LeaseBeat* beat, LeaseSender* lease);
+  // Heartbeats (on the stream, or as datagrams) every interval until the stream ends (`*ended`,
+  // under mu_) or Stop; true for Stop.
+  bool Renew(WatchStream* stream, const v1::Assignment& a, bool by_udp, LeaseBeat* beat, LeaseSender* lease,
+             const bool* ended);
+  // A stream ended without an answer: false once the watch is over (the coordinator refused this
+  // node, or its hosting node is gone past the patience), else true after the retry's wait.
+  bool RideOut(const v1::Assignment& a, const absl::Status& ended_with, RetryPacer* pacer);
+  // The answer the agent reads once fd() is readable.
+  void Deliver(const v1::HeartbeatResponse& resp);
   void Backoff(std::chrono::milliseconds d);
 
   const CoordinatorSession* session_;

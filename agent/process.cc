@@ -65,161 +65,226 @@ absl::StatusOr<std::string> ResolveExecutable(const std::string& program,
   return absl::NotFoundError(absl::StrCat("program '", program, "' was not found on PATH"));
 }
 
-absl::StatusOr<pid_t> PosixProcessLauncher::Spawn(const SpawnOptions& opts) {
-  if (opts.argv.empty()) return absl::InvalidArgumentError("empty argv");
-  // Everything the child touches is prepared before vfork: the child shares our memory until it
-  // execs, so it makes only system calls. A failed step is reported as its errno on a
-  // close-on-exec pipe: EOF means the exec happened. (Not through shared memory: where vfork is a
-  // fork, as under ThreadSanitizer, a failed exec looked like a started worker.)
-  // (vfork, not fork: copying the page tables of a large threaded process cost ~2 ms per worker.)
-  std::vector<char*> argv = CStrings(opts.argv);
-  std::vector<char*> envp = CStrings(opts.env);
-  const char* cwd = opts.cwd.empty() ? nullptr : opts.cwd.c_str();
-  const pid_t parent = ::getpid();
+namespace {
+
+void FreeCpuSet(cpu_set_t* s) { CPU_FREE(s); }
+
+// Everything the child touches between vfork and exec, made before vfork: the child shares our
+// memory until it execs, so it makes only system calls with what is here.
+struct ChildPlan {
+  std::vector<char*> argv, envp;
+  const char* cwd = nullptr;  // nullptr: inherit
+  pid_t parent = -1;
+  // The CPU set and node mask: the child only hands them to the kernel.
+  std::unique_ptr<cpu_set_t, void (*)(cpu_set_t*)> cpuset{nullptr, FreeCpuSet};
+  size_t cpuset_size = 0;
+  std::vector<unsigned long> nodemask;
+  unsigned long nodemask_bits = 0;
+  int status_fd = -1;  // the status pipe's write end, close-on-exec
+};
+
+absl::Status PlanCpuSet(const std::vector<int>& cpus, ChildPlan* plan) {
+  if (cpus.empty()) return absl::OkStatus();
+  const int max_cpu = *std::max_element(cpus.begin(), cpus.end());
+  if (cpus.front() < 0 || max_cpu >= kMaxCpuId) return absl::InvalidArgumentError("CPU id out of range");
+  plan->cpuset.reset(CPU_ALLOC(max_cpu + 1));
+  if (!plan->cpuset) return ErrnoStatus("CPU_ALLOC");
+  plan->cpuset_size = CPU_ALLOC_SIZE(max_cpu + 1);
+  CPU_ZERO_S(plan->cpuset_size, plan->cpuset.get());
+  for (int c : cpus) CPU_SET_S(c, plan->cpuset_size, plan->cpuset.get());
+  return absl::OkStatus();
+}
+
+absl::Status PlanNodeMask(int node, ChildPlan* plan) {
+  if (node >= 0) {
+    if (node >= kMaxNumaNode) return absl::InvalidArgumentError("NUMA node out of range");
+    constexpr int kBits = 8 * sizeof(unsigned long);
+    plan->nodemask.assign(static_cast<size_t>(node / kBits + 1), 0);
+    plan->nodemask[node / kBits] |= 1UL << (node % kBits);
+  }
+  // set_mempolicy reads one bit fewer than it is told (as libnuma passes it).
+  plan->nodemask_bits = plan->nodemask.size() * 8 * sizeof(unsigned long) + 1;
+  return absl::OkStatus();
+}
+
+absl::Status PlanChild(const SpawnOptions& opts, ChildPlan* plan) {
+  plan->argv = CStrings(opts.argv);
+  plan->envp = CStrings(opts.env);
+  plan->cwd = opts.cwd.empty() ? nullptr : opts.cwd.c_str();
+  plan->parent = ::getpid();
   if (opts.extra_fd >= 0 && opts.extra_fd_target <= STDERR_FILENO) {
     return absl::InvalidArgumentError("the extra descriptor's target must be above 2");
   }
-  // The CPU set and node mask, built here: the child only hands them to the kernel.
-  std::unique_ptr<cpu_set_t, void (*)(cpu_set_t*)> cpuset(nullptr, [](cpu_set_t* s) { CPU_FREE(s); });
-  size_t cpuset_size = 0;
-  if (!opts.cpus.empty()) {
-    const int max_cpu = *std::max_element(opts.cpus.begin(), opts.cpus.end());
-    if (opts.cpus.front() < 0 || max_cpu >= kMaxCpuId) return absl::InvalidArgumentError("CPU id out of range");
-    cpuset.reset(CPU_ALLOC(max_cpu + 1));
-    if (!cpuset) return ErrnoStatus("CPU_ALLOC");
-    cpuset_size = CPU_ALLOC_SIZE(max_cpu + 1);
-    CPU_ZERO_S(cpuset_size, cpuset.get());
-    for (int c : opts.cpus) CPU_SET_S(c, cpuset_size, cpuset.get());
-  }
-  std::vector<unsigned long> nodemask;
-  if (opts.preferred_memory_node >= 0) {
-    if (opts.preferred_memory_node >= kMaxNumaNode) return absl::InvalidArgumentError("NUMA node out of range");
-    constexpr int kBits = 8 * sizeof(unsigned long);
-    nodemask.assign(static_cast<size_t>(opts.preferred_memory_node / kBits + 1), 0);
-    nodemask[opts.preferred_memory_node / kBits] |= 1UL << (opts.preferred_memory_node % kBits);
-  }
-  // set_mempolicy reads one bit fewer than it is told (as libnuma passes it).
-  const unsigned long nodemask_bits = nodemask.size() * 8 * sizeof(unsigned long) + 1;
+  RETURN_IF_ERROR(PlanCpuSet(opts.cpus, plan));
+  return PlanNodeMask(opts.preferred_memory_node, plan);
+}
+
+// The pipe a failed step's errno comes back on; its write end above every number the child gives
+// a descriptor, so no dup2 lands on it.
+absl::Status MakeStatusPipe(const SpawnOptions& opts, UniqueFd* read, UniqueFd* write) {
   Pipe status;
   if (!MakePipe(&status)) return ErrnoStatus("pipe");
-  // The write end above every number the child gives a descriptor, so no dup2 lands on it.
   const int above = std::max(STDERR_FILENO, opts.extra_fd >= 0 ? opts.extra_fd_target : 0) + 1;
-  UniqueFd status_write(::fcntl(status.write.get(), F_DUPFD_CLOEXEC, above));
-  if (!status_write.valid()) return ErrnoStatus("fcntl(F_DUPFD_CLOEXEC)");
-  status.write.Reset();
-  const int status_fd = status_write.get();
+  *write = UniqueFd(::fcntl(status.write.get(), F_DUPFD_CLOEXEC, above));
+  if (!write->valid()) return ErrnoStatus("fcntl(F_DUPFD_CLOEXEC)");
+  *read = std::move(status.read);
+  return absl::OkStatus();
+}
+
+// ---- The child, between vfork and exec: system calls only, no allocation, no logging ----
+
+// A failed step ends the child with its errno on the status pipe for the parent to report.
+[[noreturn]] void FailChild(int status_fd) {
+  const int err = errno;
+  ssize_t n = ::write(status_fd, &err, sizeof err);
+  (void)n;
+  ::_exit(127);
+}
+
+// "+<pgid>\n" on the orphan guard's pipe, formatted without allocating; one write under PIPE_BUF
+// is atomic.
+void RegisterWithGuard(int guard_fd, int status_fd) {
+  char line[24];
+  char digits[16];
+  int nd = 0;
+  for (unsigned long v = static_cast<unsigned long>(::getpid()); v > 0 || nd == 0; v /= 10) {
+    digits[nd++] = static_cast<char>('0' + v % 10);
+  }
+  int len = 0;
+  line[len++] = '+';
+  while (nd > 0) line[len++] = digits[--nd];
+  line[len++] = '\n';
+  if (::write(guard_fd, line, static_cast<size_t>(len)) != len) FailChild(status_fd);
+}
+
+// Workers start with default dispositions, except what launch itself was started with ignored
+// (nohup's SIGHUP), which exec keeps. SIGPIPE and SIGTTIN launch ignores itself
+// (BlockLauncherSignals), so they are reset.
+void ResetSignalDispositions() {
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  for (int s = 1; s < NSIG; ++s) {
+    if (s == SIGKILL || s == SIGSTOP) continue;
+    struct sigaction cur {};
+    if (::sigaction(s, nullptr, &cur) == 0 && cur.sa_handler == SIG_IGN && s != SIGPIPE && s != SIGTTIN) continue;
+    ::sigaction(s, &dfl, nullptr);
+  }
+}
+
+// dup2 onto itself would keep FD_CLOEXEC, so that case clears the flag instead.
+void GiveDescriptor(int from, int to, int status_fd) {
+  if (from == to) {
+    if (::fcntl(to, F_SETFD, 0) != 0) FailChild(status_fd);
+  } else if (::dup2(from, to) != to) {
+    FailChild(status_fd);
+  }
+}
+
+void CloseDescriptors(int lo, int hi, int status_fd) {
+  if (lo > hi) return;
+  if (::close_range(static_cast<unsigned>(lo), static_cast<unsigned>(hi), 0) != 0) {
+    if (errno != ENOSYS) FailChild(status_fd);
+    for (int fd = lo; fd <= hi && fd < 65536; ++fd) ::close(fd);  // kernels before 5.9
+  }
+}
+
+// Exactly 0, 1, 2 and the extra descriptor reach the worker (torchrun's workers have 0-2).
+// Everything else is closed: the gaps around the extra descriptor and the status pipe (which
+// closes itself at exec).
+void ArrangeDescriptors(const SpawnOptions& opts, int status_fd) {
+  if (opts.stdin_fd >= 0) GiveDescriptor(opts.stdin_fd, STDIN_FILENO, status_fd);
+  if (opts.stdout_fd >= 0) GiveDescriptor(opts.stdout_fd, STDOUT_FILENO, status_fd);
+  if (opts.stderr_fd >= 0) GiveDescriptor(opts.stderr_fd, STDERR_FILENO, status_fd);
+  if (opts.extra_fd >= 0) GiveDescriptor(opts.extra_fd, opts.extra_fd_target, status_fd);
+  int next = STDERR_FILENO + 1;
+  if (opts.extra_fd >= 0) {
+    CloseDescriptors(next, opts.extra_fd_target - 1, status_fd);
+    next = opts.extra_fd_target + 1;
+  }
+  CloseDescriptors(next, status_fd - 1, status_fd);
+  CloseDescriptors(status_fd + 1, ~0U >> 1, status_fd);
+}
+
+[[noreturn]] void RunChild(const SpawnOptions& opts, const ChildPlan& plan) {
+  const int status_fd = plan.status_fd;
+  if (opts.new_process_group) ::setpgid(0, 0);
+  if (opts.guard_fd >= 0 && opts.new_process_group) RegisterWithGuard(opts.guard_fd, status_fd);
+  if (opts.parent_death_signal != 0) {
+    ::prctl(PR_SET_PDEATHSIG, opts.parent_death_signal);
+    if (::getppid() != plan.parent) ::_exit(127);  // the parent died before prctl took effect
+  }
+  ResetSignalDispositions();
+  ArrangeDescriptors(opts, status_fd);
+  if (plan.cwd && ::chdir(plan.cwd) != 0) FailChild(status_fd);
+  if (plan.cpuset && ::sched_setaffinity(0, plan.cpuset_size, plan.cpuset.get()) != 0) FailChild(status_fd);
+  if (!plan.nodemask.empty() &&
+      ::syscall(SYS_set_mempolicy, MPOL_PREFERRED, plan.nodemask.data(), plan.nodemask_bits) != 0) {
+    FailChild(status_fd);
+  }
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  ::execve(plan.argv[0], plan.argv.data(), plan.envp.data());
+  FailChild(status_fd);
+}
+
+// ---- The parent, after vfork ----
+
+// EOF: the exec closed the pipe (0). An errno: the step that failed.
+int ReadChildErrno(int status_read) {
+  int child_errno = 0;
+  for (;;) {
+    ssize_t n = ::read(status_read, &child_errno, sizeof child_errno);
+    if (n < 0 && errno == EINTR) continue;
+    if (n != static_cast<ssize_t>(sizeof child_errno)) child_errno = 0;
+    return child_errno;
+  }
+}
+
+// The pid once the child exec'd (every copy of the status pipe's write end is closed by then);
+// else the child is reaped and the step that failed is the error.
+absl::StatusOr<pid_t> AwaitExec(const SpawnOptions& opts, pid_t pid, int status_read) {
+  const int child_errno = ReadChildErrno(status_read);
+  if (child_errno == 0) return pid;
+  int status;
+  ::waitpid(pid, &status, 0);
+  if (opts.guard_fd >= 0 && opts.new_process_group) {  // it may have registered its group
+    const std::string line = absl::StrCat("-", pid, "\n");
+    ssize_t ignored = ::write(opts.guard_fd, line.data(), line.size());
+    (void)ignored;
+  }
+  return ErrnoStatus(absl::StrCat("cannot start '", opts.argv[0], "'"), child_errno);
+}
+
+}  // namespace
+
+absl::StatusOr<pid_t> PosixProcessLauncher::Spawn(const SpawnOptions& opts) {
+  if (opts.argv.empty()) return absl::InvalidArgumentError("empty argv");
+  // Everything the child touches is prepared before vfork (ChildPlan). A failed step is reported as
+  // its errno on a close-on-exec pipe: EOF means the exec happened. (Not through shared memory:
+  // where vfork is a fork, as under ThreadSanitizer, a failed exec looked like a started worker.)
+  // (vfork, not fork: copying the page tables of a large threaded process cost ~2 ms per worker.)
+  ChildPlan plan;
+  RETURN_IF_ERROR(PlanChild(opts, &plan));
+  UniqueFd status_read, status_write;
+  RETURN_IF_ERROR(MakeStatusPipe(opts, &status_read, &status_write));
+  plan.status_fd = status_write.get();
   // Nothing may be delivered to the child between vfork and exec (it runs on our stack): every
   // signal is blocked around vfork, as posix_spawn does, and the parent's mask restored after.
   sigset_t all, saved;
   sigfillset(&all);
   ::pthread_sigmask(SIG_SETMASK, &all, &saved);
-
   pid_t pid = ::vfork();
   if (pid < 0) {
     const int err = errno;
     ::pthread_sigmask(SIG_SETMASK, &saved, nullptr);
     return ErrnoStatus("vfork", err);
   }
-  if (pid == 0) {
-    // A failed step ends the child with its errno on the status pipe for the parent to report.
-    auto fail = [status_fd]() {
-      const int err = errno;
-      ssize_t n = ::write(status_fd, &err, sizeof err);
-      (void)n;
-      ::_exit(127);
-    };
-    if (opts.new_process_group) ::setpgid(0, 0);
-    if (opts.guard_fd >= 0 && opts.new_process_group) {
-      // "+<pgid>\n", formatted without allocating (this is a vfork child); one write under
-      // PIPE_BUF is atomic.
-      char line[24];
-      char digits[16];
-      int nd = 0;
-      for (unsigned long v = static_cast<unsigned long>(::getpid()); v > 0 || nd == 0; v /= 10) digits[nd++] = static_cast<char>('0' + v % 10);
-      int len = 0;
-      line[len++] = '+';
-      while (nd > 0) line[len++] = digits[--nd];
-      line[len++] = '\n';
-      if (::write(opts.guard_fd, line, static_cast<size_t>(len)) != len) fail();
-    }
-    if (opts.parent_death_signal != 0) {
-      ::prctl(PR_SET_PDEATHSIG, opts.parent_death_signal);
-      if (::getppid() != parent) ::_exit(127);  // the parent died before prctl took effect
-    }
-    // Workers start with default dispositions, except what launch itself was started with
-    // ignored (nohup's SIGHUP), which exec keeps. SIGPIPE and SIGTTIN launch ignores itself
-    // (BlockLauncherSignals), so they are reset.
-    struct sigaction dfl {};
-    dfl.sa_handler = SIG_DFL;
-    for (int s = 1; s < NSIG; ++s) {
-      if (s == SIGKILL || s == SIGSTOP) continue;
-      struct sigaction cur {};
-      if (::sigaction(s, nullptr, &cur) == 0 && cur.sa_handler == SIG_IGN && s != SIGPIPE && s != SIGTTIN) continue;
-      ::sigaction(s, &dfl, nullptr);
-    }
-    // Exactly 0, 1, 2 and the extra descriptor reach the worker (torchrun's workers have 0-2).
-    // dup2 onto itself would keep FD_CLOEXEC, so that case clears the flag instead.
-    auto give = [&fail](int from, int to) {
-      if (from == to) {
-        if (::fcntl(to, F_SETFD, 0) != 0) fail();
-      } else if (::dup2(from, to) != to) {
-        fail();
-      }
-    };
-    if (opts.stdin_fd >= 0) give(opts.stdin_fd, STDIN_FILENO);
-    if (opts.stdout_fd >= 0) give(opts.stdout_fd, STDOUT_FILENO);
-    if (opts.stderr_fd >= 0) give(opts.stderr_fd, STDERR_FILENO);
-    if (opts.extra_fd >= 0) give(opts.extra_fd, opts.extra_fd_target);
-    // Everything else is closed: the gaps around the extra descriptor and the status pipe (which
-    // closes itself at exec).
-    auto close_from_to = [&fail](int lo, int hi) {
-      if (lo > hi) return;
-      if (::close_range(static_cast<unsigned>(lo), static_cast<unsigned>(hi), 0) != 0) {
-        if (errno != ENOSYS) fail();
-        for (int fd = lo; fd <= hi && fd < 65536; ++fd) ::close(fd);  // kernels before 5.9
-      }
-    };
-    int next = STDERR_FILENO + 1;
-    if (opts.extra_fd >= 0) {
-      close_from_to(next, opts.extra_fd_target - 1);
-      next = opts.extra_fd_target + 1;
-    }
-    close_from_to(next, status_fd - 1);
-    close_from_to(status_fd + 1, ~0U >> 1);
-    if (cwd && ::chdir(cwd) != 0) fail();
-    if (cpuset && ::sched_setaffinity(0, cpuset_size, cpuset.get()) != 0) fail();
-    if (!nodemask.empty() &&
-        ::syscall(SYS_set_mempolicy, MPOL_PREFERRED, nodemask.data(), nodemask_bits) != 0) {
-      fail();
-    }
-    sigset_t none;
-    sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    ::execve(argv[0], argv.data(), envp.data());
-    fail();
-  }
+  if (pid == 0) RunChild(opts, plan);
   ::pthread_sigmask(SIG_SETMASK, &saved, nullptr);
   if (opts.new_process_group) ::setpgid(pid, pid);  // harmless if the child did it already
-  // EOF: the exec closed the pipe. An errno: the step that failed.
   status_write.Reset();
-  int child_errno = 0;
-  for (;;) {
-    ssize_t n = ::read(status.read.get(), &child_errno, sizeof child_errno);
-    if (n < 0 && errno == EINTR) continue;
-    if (n != static_cast<ssize_t>(sizeof child_errno)) child_errno = 0;
-    break;
-  }
-  if (child_errno != 0) {
-    int status;
-    ::waitpid(pid, &status, 0);
-    if (opts.guard_fd >= 0 && opts.new_process_group) {  // it may have registered its group
-      const std::string line = absl::StrCat("-", pid, "\n");
-      ssize_t ignored = ::write(opts.guard_fd, line.data(), line.size());
-      (void)ignored;
-    }
-    return ErrnoStatus(absl::StrCat("cannot start '", opts.argv[0], "'"), child_errno);
-  }
-  return pid;
+  return AwaitExec(opts, pid, status_read.get());
 }
 
 std::string SignalName(int sig) {

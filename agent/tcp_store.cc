@@ -343,201 +343,224 @@ absl::Status StoreState::Apply(int conn, const StoreRequest& r, std::vector<Stor
   // A client has one request out at a time: one that asks anything waits no more (a 1.13 WAIT
   // that timed out on the client is never cancelled), so no late STOP_WAITING reaches it.
   DropWaits(conn);
+  // The caller's own answer goes after what the request told others (a SET's waiters and watchers).
   std::string out;
-  auto reply = [&] {
-    if (!out.empty()) replies->push_back({conn, std::move(out)});  // MULTI_GET of no keys: nothing
-  };
+  absl::Status st = Handle(conn, r, &out, replies);
+  if (st.ok() && !out.empty()) replies->push_back({conn, std::move(out)});  // MULTI_GET of no keys: nothing
+  return st;
+}
+
+absl::Status StoreState::Handle(int conn, const StoreRequest& r, std::string* out, std::vector<StoreReply>* replies) {
   switch (r.op) {
-    case StoreOp::kValidate:
-      return absl::OkStatus();
-    case StoreOp::kSet:
-      return Put(r.keys[0], r.values[0], replies);
-    case StoreOp::kAppend: {
-      auto it = kv_.find(r.keys[0]);
-      std::string joined = it == kv_.end() ? r.values[0] : it->second + r.values[0];
-      if (joined.size() > limits_.max_value) {
-        return absl::InvalidArgumentError(absl::StrCat("APPEND makes a value of ", joined.size(),
-                                                       " bytes (expected at most ", limits_.max_value, ")"));
-      }
-      return Put(r.keys[0], std::move(joined), replies);
-    }
-    case StoreOp::kCompareSet: {
-      const std::string& key = r.keys[0];
-      const std::string& expected = r.values[0];
-      const std::string& desired = r.values[1];
-      auto it = kv_.find(key);
-      if (it == kv_.end()) {
-        // torch: a missing key is created only when nothing was expected; else the expected
-        // value comes back and nothing is written.
-        if (expected.empty()) {
-          if (auto st = Put(key, desired, replies); !st.ok()) return st;
-          PutBytes(&out, desired);
-        } else {
-          PutBytes(&out, expected);
-        }
-      } else if (it->second == expected) {
-        if (auto st = Put(key, desired, replies); !st.ok()) return st;
-        PutBytes(&out, desired);
-      } else {
-        PutBytes(&out, it->second);
-      }
-      reply();
-      return absl::OkStatus();
-    }
-    case StoreOp::kGet: {
-      // Clients WAIT before a GET; a missing key reads as empty (torch's libuv server) rather
-      // than dropping the connection (its classic one).
-      auto it = kv_.find(r.keys[0]);
-      PutBytes(&out, it == kv_.end() ? absl::string_view() : absl::string_view(it->second));
-      reply();
-      return absl::OkStatus();
-    }
-    case StoreOp::kAdd: {
-      auto it = kv_.find(r.keys[0]);
-      int64_t value = 0;
-      if (it != kv_.end() && !absl::SimpleAtoi(it->second, &value)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("ADD to key '", absl::CEscape(r.keys[0].substr(0, 64)), "' whose value is no number"));
-      }
-      int64_t sum = 0;
-      if (__builtin_add_overflow(value, r.delta, &sum)) {
-        return absl::InvalidArgumentError(absl::StrCat("ADD of ", r.delta, " to ", value, " overflows 64 bits"));
-      }
-      if (auto st = Put(r.keys[0], std::to_string(sum), replies); !st.ok()) return st;
-      PutI64(&out, sum);
-      reply();
-      return absl::OkStatus();
-    }
-    case StoreOp::kCheck: {
-      bool all = std::all_of(r.keys.begin(), r.keys.end(), [&](const std::string& k) { return Exists(k); });
-      out.push_back(all ? kReady : kNotReady);
-      reply();
-      return absl::OkStatus();
-    }
-    case StoreOp::kWait: {
-      size_t missing = 0, cost = 0;
-      for (const auto& k : r.keys) {
-        if (!Exists(k)) {
-          ++missing;
-          cost += k.size() + kEntryCost;
-        }
-      }
-      if (auto st = Reserve(cost, 0); !st.ok()) return st;
-      for (const auto& k : r.keys) {
-        if (!Exists(k)) waiters_[k].push_back(conn);
-      }
-      if (missing == 0) {
-        out.push_back(kStopWaiting);
-        reply();
-      } else {
-        awaited_[conn] = missing;
-      }
-      return absl::OkStatus();
-    }
-    case StoreOp::kNumKeys:
-      PutI64(&out, static_cast<int64_t>(kv_.size()));
-      reply();
-      return absl::OkStatus();
-    case StoreOp::kWatchKey:
-      if (!watchers_[r.keys[0]].count(conn)) {
-        if (auto st = Reserve(r.keys[0].size() + kEntryCost, 0); !st.ok()) return st;
-        watchers_[r.keys[0]].insert(conn);
-      }
-      out.push_back(kKeyCallbackRegistered);
-      reply();
-      return absl::OkStatus();
-    case StoreOp::kDeleteKey: {
-      auto it = kv_.find(r.keys[0]);
-      int64_t n = 0;
-      if (it != kv_.end()) {
-        std::optional<std::string> old = std::move(it->second);
-        Release(it->first.size() + old->size() + kEntryCost);
-        kv_.erase(it);
-        n = 1;
-        Changed(r.keys[0], old, std::nullopt, replies);
-      }
-      PutI64(&out, n);
-      reply();
-      return absl::OkStatus();
-    }
-    case StoreOp::kMultiGet: {
-      // One reply is bounded as one request is: 128K keys of 64 MiB would be 8 TiB.
-      size_t total = 0;
-      for (const auto& k : r.keys) {
-        auto it = kv_.find(k);
-        total += 8 + (it == kv_.end() ? 0 : it->second.size());
-      }
-      if (total > limits_.max_request) {
-        return absl::InvalidArgumentError(absl::StrCat("MULTI_GET of ", total, " bytes (expected at most ",
-                                                       limits_.max_request, ")"));
-      }
-      for (const auto& k : r.keys) {
-        auto it = kv_.find(k);
-        PutBytes(&out, it == kv_.end() ? absl::string_view() : absl::string_view(it->second));
-      }
-      reply();
-      return absl::OkStatus();
-    }
-    case StoreOp::kMultiSet:
-      for (size_t i = 0; i < r.keys.size(); ++i) {
-        if (auto st = Put(r.keys[i], r.values[i], replies); !st.ok()) return st;
-      }
-      return absl::OkStatus();
-    case StoreOp::kCancelWait:
-      DropWaits(conn);
-      out.push_back(kWaitCanceled);
-      reply();
-      return absl::OkStatus();
-    case StoreOp::kPing:
-      out.append(reinterpret_cast<const char*>(&r.nonce), sizeof r.nonce);
-      reply();
-      return absl::OkStatus();
-    case StoreOp::kQueuePush: {
-      const std::string& key = r.keys[0];
-      const bool new_queue = !queues_.count(key);
-      if (auto st = Reserve(r.values[0].size() + kEntryCost + (new_queue ? key.size() + kEntryCost : 0), 0); !st.ok()) {
-        return st;
-      }
-      queues_[key].push_back(r.values[0]);
-      // One value wakes one waiter (torch's wakeupOneWaitingClient).
-      auto w = waiters_.find(key);
-      if (w != waiters_.end()) {
-        auto& list = w->second;
-        while (!list.empty()) {
-          const int waiter = list.front();
-          list.erase(list.begin());
-          Release(key.size() + kEntryCost);
-          auto a = awaited_.find(waiter);
-          if (a != awaited_.end() && --a->second == 0) {
-            awaited_.erase(a);
-            replies->push_back({waiter, std::string(1, kStopWaiting)});
-            break;
-          }
-        }
-        if (list.empty()) waiters_.erase(w);
-      }
-      return absl::OkStatus();
-    }
-    case StoreOp::kQueuePop: {
-      auto q = queues_.find(r.keys[0]);
-      const size_t n = q == queues_.end() ? 0 : q->second.size();
-      PutI64(&out, static_cast<int64_t>(n));
-      if (n > 0) {
-        PutBytes(&out, q->second.front());
-        Release(q->second.front().size() + kEntryCost);
-        q->second.pop_front();
-      }
-      reply();
-      return absl::OkStatus();
-    }
-    case StoreOp::kQueueLen: {
-      auto q = queues_.find(r.keys[0]);
-      PutI64(&out, q == queues_.end() ? 0 : static_cast<int64_t>(q->second.size()));
-      reply();
-      return absl::OkStatus();
-    }
+    case StoreOp::kValidate: return absl::OkStatus();
+    case StoreOp::kSet: return Put(r.keys[0], r.values[0], replies);
+    case StoreOp::kAppend: return OnAppend(r, replies);
+    case StoreOp::kCompareSet: return OnCompareSet(r, out, replies);
+    case StoreOp::kGet: return OnGet(r, out);
+    case StoreOp::kAdd: return OnAdd(r, out, replies);
+    case StoreOp::kCheck: return OnCheck(r, out);
+    case StoreOp::kWait: return OnWait(conn, r, out);
+    case StoreOp::kNumKeys: return OnNumKeys(out);
+    case StoreOp::kWatchKey: return OnWatchKey(conn, r, out);
+    case StoreOp::kDeleteKey: return OnDeleteKey(r, out, replies);
+    case StoreOp::kMultiGet: return OnMultiGet(r, out);
+    case StoreOp::kMultiSet: return OnMultiSet(r, replies);
+    case StoreOp::kCancelWait: return OnCancelWait(conn, out);
+    case StoreOp::kPing: return OnPing(r, out);
+    case StoreOp::kQueuePush: return OnQueuePush(r, replies);
+    case StoreOp::kQueuePop: return OnQueuePop(r, out);
+    case StoreOp::kQueueLen: return OnQueueLen(r, out);
   }
   return absl::InternalError("unhandled store operation");
+}
+
+absl::Status StoreState::OnAppend(const StoreRequest& r, std::vector<StoreReply>* replies) {
+  auto it = kv_.find(r.keys[0]);
+  std::string joined = it == kv_.end() ? r.values[0] : it->second + r.values[0];
+  if (joined.size() > limits_.max_value) {
+    return absl::InvalidArgumentError(absl::StrCat("APPEND makes a value of ", joined.size(),
+                                                   " bytes (expected at most ", limits_.max_value, ")"));
+  }
+  return Put(r.keys[0], std::move(joined), replies);
+}
+
+absl::Status StoreState::OnCompareSet(const StoreRequest& r, std::string* out, std::vector<StoreReply>* replies) {
+  const std::string& key = r.keys[0];
+  const std::string& expected = r.values[0];
+  const std::string& desired = r.values[1];
+  auto it = kv_.find(key);
+  // torch: a missing key is created only when nothing was expected; else the expected value comes
+  // back and nothing is written.
+  const bool write = it == kv_.end() ? expected.empty() : it->second == expected;
+  if (!write) {
+    PutBytes(out, it == kv_.end() ? expected : it->second);
+    return absl::OkStatus();
+  }
+  if (auto st = Put(key, desired, replies); !st.ok()) return st;
+  PutBytes(out, desired);
+  return absl::OkStatus();
+}
+
+absl::Status StoreState::OnGet(const StoreRequest& r, std::string* out) {
+  // Clients WAIT before a GET; a missing key reads as empty (torch's libuv server) rather than
+  // dropping the connection (its classic one).
+  auto it = kv_.find(r.keys[0]);
+  PutBytes(out, it == kv_.end() ? absl::string_view() : absl::string_view(it->second));
+  return absl::OkStatus();
+}
+
+absl::Status StoreState::OnAdd(const StoreRequest& r, std::string* out, std::vector<StoreReply>* replies) {
+  auto it = kv_.find(r.keys[0]);
+  int64_t value = 0;
+  if (it != kv_.end() && !absl::SimpleAtoi(it->second, &value)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ADD to key '", absl::CEscape(r.keys[0].substr(0, 64)), "' whose value is no number"));
+  }
+  int64_t sum = 0;
+  if (__builtin_add_overflow(value, r.delta, &sum)) {
+    return absl::InvalidArgumentError(absl::StrCat("ADD of ", r.delta, " to ", value, " overflows 64 bits"));
+  }
+  if (auto st = Put(r.keys[0], std::to_string(sum), replies); !st.ok()) return st;
+  PutI64(out, sum);
+  return absl::OkStatus();
+}
+
+absl::Status StoreState::OnCheck(const StoreRequest& r, std::string* out) {
+  bool all = std::all_of(r.keys.begin(), r.keys.end(), [&](const std::string& k) { return Exists(k); });
+  out->push_back(all ? kReady : kNotReady);
+  return absl::OkStatus();
+}
+
+absl::Status StoreState::OnWait(int conn, const StoreRequest& r, std::string* out) {
+  size_t missing = 0, cost = 0;
+  for (const auto& k : r.keys) {
+    if (!Exists(k)) {
+      ++missing;
+      cost += k.size() + kEntryCost;
+    }
+  }
+  if (auto st = Reserve(cost, 0); !st.ok()) return st;
+  for (const auto& k : r.keys) {
+    if (!Exists(k)) waiters_[k].push_back(conn);
+  }
+  if (missing == 0) {
+    out->push_back(kStopWaiting);
+  } else {
+    awaited_[conn] = missing;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StoreState::OnNumKeys(std::string* out) {
+  PutI64(out, static_cast<int64_t>(kv_.size()));
+  return absl::OkStatus();
+}
+
+absl::Status StoreState::OnWatchKey(int conn, const StoreRequest& r, std::string* out) {
+  if (!watchers_[r.keys[0]].count(conn)) {
+    if (auto st = Reserve(r.keys[0].size() + kEntryCost, 0); !st.ok()) return st;
+    watchers_[r.keys[0]].insert(conn);
+  }
+  out->push_back(kKeyCallbackRegistered);
+  return absl::OkStatus();
+}
+
+absl::Status StoreState::OnDeleteKey(const StoreRequest& r, std::string* out, std::vector<StoreReply>* replies) {
+  auto it = kv_.find(r.keys[0]);
+  int64_t n = 0;
+  if (it != kv_.end()) {
+    std::optional<std::string> old = std::move(it->second);
+    Release(it->first.size() + old->size() + kEntryCost);
+    kv_.erase(it);
+    n = 1;
+    Changed(r.keys[0], old, std::nullopt, replies);
+  }
+  PutI64(out, n);
+  return absl::OkStatus();
+}
+
+absl::Status StoreState::OnMultiGet(const StoreRequest& r, std::string* out) {
+  // One reply is bounded as one request is: 128K keys of 64 MiB would be 8 TiB.
+  size_t total = 0;
+  for (const auto& k : r.keys) {
+    auto it = kv_.find(k);
+    total += 8 + (it == kv_.end() ? 0 : it->second.size());
+  }
+  if (total > limits_.max_request) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MULTI_GET of ", total, " bytes (expected at most ", limits_.max_request, ")"));
+  }
+  for (const auto& k : r.keys) {
+    auto it = kv_.find(k);
+    PutBytes(out, it == kv_.end() ? absl::string_view() : absl::string_view(it->second));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StoreState::OnMultiSet(const StoreRequest& r, std::vector<StoreReply>* replies) {
+  for (size_t i = 0; i < r.keys.size(); ++i) {
+    if (auto st = Put(r.keys[i], r.values[i], replies); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StoreState::OnCancelWait(int conn, std::string* out) {
+  DropWaits(conn);
+  out->push_back(kWaitCanceled);
+  return absl::OkStatus();
+}
+
+absl::Status StoreState::OnPing(const StoreRequest& r, std::string* out) {
+  out->append(reinterpret_cast<const char*>(&r.nonce), sizeof r.nonce);
+  return absl::OkStatus();
+}
+
+absl::Status StoreState::OnQueuePush(const StoreRequest& r, std::vector<StoreReply>* replies) {
+  const std::string& key = r.keys[0];
+  const bool new_queue = !queues_.count(key);
+  if (auto st = Reserve(r.values[0].size() + kEntryCost + (new_queue ? key.size() + kEntryCost : 0), 0); !st.ok()) {
+    return st;
+  }
+  queues_[key].push_back(r.values[0]);
+  WakeOneWaiter(key, replies);
+  return absl::OkStatus();
+}
+
+void StoreState::WakeOneWaiter(const std::string& key, std::vector<StoreReply>* replies) {
+  // One value wakes one waiter (torch's wakeupOneWaitingClient).
+  auto w = waiters_.find(key);
+  if (w == waiters_.end()) return;
+  auto& list = w->second;
+  while (!list.empty()) {
+    const int waiter = list.front();
+    list.erase(list.begin());
+    Release(key.size() + kEntryCost);
+    auto a = awaited_.find(waiter);
+    if (a != awaited_.end() && --a->second == 0) {
+      awaited_.erase(a);
+      replies->push_back({waiter, std::string(1, kStopWaiting)});
+      break;
+    }
+  }
+  if (list.empty()) waiters_.erase(w);
+}
+
+absl::Status StoreState::OnQueuePop(const StoreRequest& r, std::string* out) {
+  auto q = queues_.find(r.keys[0]);
+  const size_t n = q == queues_.end() ? 0 : q->second.size();
+  PutI64(out, static_cast<int64_t>(n));
+  if (n > 0) {
+    PutBytes(out, q->second.front());
+    Release(q->second.front().size() + kEntryCost);
+    q->second.pop_front();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StoreState::OnQueueLen(const StoreRequest& r, std::string* out) {
+  auto q = queues_.find(r.keys[0]);
+  PutI64(out, q == queues_.end() ? 0 : static_cast<int64_t>(q->second.size()));
+  return absl::OkStatus();
 }
 
 void StoreState::DropWaits(int conn) {

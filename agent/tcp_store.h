@@ -139,6 +139,27 @@ class StoreState {
   absl::Status Reserve(size_t add, size_t remove);
   void Release(size_t bytes);
   absl::Status Put(const std::string& key, std::string value, std::vector<StoreReply>* replies);
+  // One handler per operation: the caller's answer into `out` (empty: none), what the request
+  // tells other connections into `replies`.
+  absl::Status Handle(int conn, const StoreRequest& r, std::string* out, std::vector<StoreReply>* replies);
+  absl::Status OnAppend(const StoreRequest& r, std::vector<StoreReply>* replies);
+  absl::Status OnCompareSet(const StoreRequest& r, std::string* out, std::vector<StoreReply>* replies);
+  absl::Status OnGet(const StoreRequest& r, std::string* out);
+  absl::Status OnAdd(const StoreRequest& r, std::string* out, std::vector<StoreReply>* replies);
+  absl::Status OnCheck(const StoreRequest& r, std::string* out);
+  absl::Status OnWait(int conn, const StoreRequest& r, std::string* out);
+  absl::Status OnNumKeys(std::string* out);
+  absl::Status OnWatchKey(int conn, const StoreRequest& r, std::string* out);
+  absl::Status OnDeleteKey(const StoreRequest& r, std::string* out, std::vector<StoreReply>* replies);
+  absl::Status OnMultiGet(const StoreRequest& r, std::string* out);
+  absl::Status OnMultiSet(const StoreRequest& r, std::vector<StoreReply>* replies);
+  absl::Status OnCancelWait(int conn, std::string* out);
+  absl::Status OnPing(const StoreRequest& r, std::string* out);
+  absl::Status OnQueuePush(const StoreRequest& r, std::vector<StoreReply>* replies);
+  absl::Status OnQueuePop(const StoreRequest& r, std::string* out);
+  absl::Status OnQueueLen(const StoreRequest& r, std::string* out);
+  // A value came to queue `key`: the first waiter whose wait it completes is answered.
+  void WakeOneWaiter(const std::string& key, std::vector<StoreReply>* replies);
 
   const StoreLimits& limits_;
   std::map<std::string, std::string> kv_;

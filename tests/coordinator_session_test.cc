@@ -6,7 +6,9 @@
 #include <signal.h>
 
 #include <deque>
+#include <vector>
 
+#include "agent/coordinator_watch.h"
 #include "gtest/gtest.h"
 
 namespace launch {
@@ -177,6 +179,37 @@ TEST_F(SessionTest, AReportGivesUpAfterThePatience) {
       << got.status();
   EXPECT_GE(clock_.Now().time_since_epoch(), std::chrono::seconds(4));
   EXPECT_LT(clock_.Now().time_since_epoch(), std::chrono::seconds(7));
+}
+
+// What the watch makes of each answer on its stream: an unknown node registers again, a word that
+// the datagrams do not arrive moves the heartbeats to the stream (unless the workers must stop
+// anyway), everything else is the agent's to act on.
+TEST(CoordinatorWatch, EachAnswerOnTheStreamIsActedOnAsItSays) {
+  struct Case {
+    bool unknown_node, lease_by_stream, stop_workers, job_succeeded, job_failed;
+    WatchAnswer want;
+  };
+  const std::vector<Case> cases = {
+      {true, false, false, false, false, WatchAnswer::kReregister},
+      {true, true, true, false, false, WatchAnswer::kReregister},
+      {false, true, false, false, false, WatchAnswer::kHeartbeatOnStream},
+      {false, true, true, false, false, WatchAnswer::kDeliver},
+      {false, true, false, true, false, WatchAnswer::kDeliver},
+      {false, true, false, false, true, WatchAnswer::kDeliver},
+      {false, false, true, false, false, WatchAnswer::kDeliver},
+      {false, false, false, true, false, WatchAnswer::kDeliver},
+      {false, false, false, false, false, WatchAnswer::kDeliver},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    v1::HeartbeatResponse r;
+    r.set_unknown_node(c.unknown_node);
+    r.set_lease_by_stream(c.lease_by_stream);
+    r.set_stop_workers(c.stop_workers);
+    r.set_job_succeeded(c.job_succeeded);
+    r.set_job_failed(c.job_failed);
+    EXPECT_EQ(ClassifyWatchAnswer(r), c.want) << "case " << i << ": " << r.ShortDebugString();
+  }
 }
 
 }  // namespace

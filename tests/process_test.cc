@@ -4,7 +4,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/unique_fd.h"
@@ -57,6 +59,36 @@ TEST(Spawn, AFailedStartUnregistersTheGroup) {
   const std::string plus = lines.substr(0, lines.size() / 2), minus = lines.substr(lines.size() / 2);
   EXPECT_EQ(plus[0], '+') << lines;
   EXPECT_EQ(minus, "-" + plus.substr(1)) << lines;
+}
+
+// What Spawn refuses it refuses while planning the child, before it forks: each bad option is an
+// InvalidArgument that names what was wrong.
+TEST(Spawn, BadOptionsAreRefusedBeforeAChildIsMade) {
+  struct Case {
+    std::function<void(SpawnOptions*)> set;
+    std::string error;
+  };
+  const std::vector<Case> cases = {
+      {[](SpawnOptions* o) { o->argv.clear(); }, "empty argv"},
+      {[](SpawnOptions* o) {
+         o->extra_fd = 0;
+         o->extra_fd_target = 2;
+       },
+       "the extra descriptor's target must be above 2"},
+      {[](SpawnOptions* o) { o->cpus = {-1, 0}; }, "CPU id out of range"},
+      {[](SpawnOptions* o) { o->cpus = {0, 1 << 16}; }, "CPU id out of range"},
+      {[](SpawnOptions* o) { o->preferred_memory_node = 1 << 12; }, "NUMA node out of range"},
+  };
+  PosixProcessLauncher launcher;
+  for (const Case& c : cases) {
+    SpawnOptions so;
+    so.argv = {"/bin/true"};
+    c.set(&so);
+    auto pid = launcher.Spawn(so);
+    ASSERT_FALSE(pid.ok()) << c.error;
+    EXPECT_EQ(pid.status().code(), absl::StatusCode::kInvalidArgument) << pid.status();
+    EXPECT_EQ(pid.status().message(), c.error);
+  }
 }
 
 }  // namespace

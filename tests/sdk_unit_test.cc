@@ -5,10 +5,16 @@
 #include <unistd.h>
 
 #include <torch/nn/functional/loss.h>
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <set>
 
 #include "gmock/gmock.h"
@@ -380,6 +386,74 @@ TEST_F(CheckpointTest, RoundTripsModelOptimizerStateAndRng) {
   opt.step();
   opt2.step();
   EXPECT_TRUE(at::equal(m->parameters()[0], m2->parameters()[0]));
+}
+
+// Each optimizer whose state a snapshot holds tensor by tensor resumes as it was: the parameters,
+// the learning rate and each parameter's state (the next step moves both models alike).
+TEST_F(CheckpointTest, EachOptimizerKindResumesItsStateAndLearningRate) {
+  using Make = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor>, double)>;
+  const std::vector<std::pair<std::string, Make>> cases = {
+      {"SGD", [](std::vector<at::Tensor> p, double lr) -> std::unique_ptr<torch::optim::Optimizer> {
+         return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(lr).momentum(0.9));
+       }},
+      {"Adam", [](std::vector<at::Tensor> p, double lr) -> std::unique_ptr<torch::optim::Optimizer> {
+         return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(lr).amsgrad(true));
+       }},
+      {"AdamW", [](std::vector<at::Tensor> p, double lr) -> std::unique_ptr<torch::optim::Optimizer> {
+         return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(lr));
+       }},
+      {"Adagrad", [](std::vector<at::Tensor> p, double lr) -> std::unique_ptr<torch::optim::Optimizer> {
+         return std::make_unique<torch::optim::Adagrad>(p, torch::optim::AdagradOptions(lr));
+       }},
+      {"RMSprop", [](std::vector<at::Tensor> p, double lr) -> std::unique_ptr<torch::optim::Optimizer> {
+         return std::make_unique<torch::optim::RMSprop>(p, torch::optim::RMSpropOptions(lr).momentum(0.5).centered(true));
+       }},
+  };
+  auto step = [](auto& model, torch::optim::Optimizer& opt) {
+    opt.zero_grad();
+    model->forward(at::ones({2, 4})).sum().backward();
+    opt.step();
+  };
+  for (const auto& [name, make] : cases) {
+    SCOPED_TRACE(name);
+    TempDir dir;
+    auto m = testing::MakeMlp(4, 8, 2, 1);
+    auto opt = make(m->parameters(), 0.01);
+    step(m, *opt);
+    step(m, *opt);
+    Checkpointer ck(dir.path());
+    ck.Save({5}, *m, *opt, 0);
+    auto m2 = testing::MakeMlp(4, 8, 2, 99);
+    auto opt2 = make(m2->parameters(), 0.5);
+    auto loaded = ck.LoadLatest(*m2, *opt2);
+    ASSERT_TRUE(loaded.has_value());
+    EXPECT_EQ(loaded->step, 5);
+    EXPECT_EQ(opt2->param_groups()[0].options().get_lr(), 0.01);
+    step(m, *opt);
+    step(m2, *opt2);
+    for (size_t i = 0; i < m->parameters().size(); ++i) {
+      EXPECT_TRUE(at::equal(m->parameters()[i], m2->parameters()[i])) << "parameter " << i;
+    }
+  }
+}
+
+// A snapshot of another model is checked before anything live changes: nothing loads and the
+// model keeps its own values.
+TEST_F(CheckpointTest, ASnapshotOfAnotherShapeLeavesTheModelAsItWas) {
+  auto m = testing::MakeMlp(4, 8, 2, 1);
+  torch::optim::SGD opt(m->parameters(), torch::optim::SGDOptions(0.1));
+  Checkpointer ck(dir_.path());
+  ck.Save({3}, *m, opt, 0);
+  auto other = testing::MakeMlp(4, 16, 2, 7);
+  torch::optim::SGD other_opt(other->parameters(), torch::optim::SGDOptions(0.2));
+  const at::Tensor before = other->parameters()[0].clone();
+  ::testing::internal::CaptureStderr();
+  auto loaded = ck.LoadLatest(*other, other_opt);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_FALSE(loaded.has_value());
+  EXPECT_THAT(err, HasSubstr("has a different shape or dtype"));
+  EXPECT_TRUE(at::equal(other->parameters()[0], before));
+  EXPECT_EQ(other_opt.param_groups()[0].options().get_lr(), 0.2);
 }
 
 TEST_F(CheckpointTest, NonZeroRanksDoNotWriteAndOnlyLastKAreKept) {

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -263,6 +264,71 @@ TEST_F(StateTest, Torch1WatchersHearOfEveryChange) {
               ElementsAre(ReplyTo(7, std::string(1, '\2') + Str("w") + Str("2") + Str("")), ReplyTo(1, I64(1))));
   state_.Disconnect(7);
   EXPECT_TRUE(Do(1, R(StoreOp::kSet, {"w"}, {"3"})).empty());
+}
+
+// Every operation's handler, each from the same store (k = "v", n = "41", queue q = ["a"]): the
+// bytes its connection reads back (none for the operations torch answers nothing) and its status.
+TEST(StoreState, EachOperationAnswersItsOwnBytes) {
+  struct Case {
+    StoreOp op;
+    std::vector<std::string> keys, values;
+    std::optional<std::string> reply;  // nullopt: no reply at all
+    absl::StatusCode code = absl::StatusCode::kOk;
+    int64_t delta = 0;
+    uint32_t nonce = 0;
+  };
+  const std::vector<Case> cases = {
+      {StoreOp::kValidate, {}, {}, std::nullopt},
+      {StoreOp::kSet, {"k2"}, {"x"}, std::nullopt},
+      {StoreOp::kAppend, {"k"}, {"w"}, std::nullopt},
+      {StoreOp::kAppend, {"k"}, {std::string(64, 'w')}, std::nullopt, absl::StatusCode::kInvalidArgument},
+      {StoreOp::kCompareSet, {"k"}, {"v", "v2"}, Str("v2")},
+      {StoreOp::kCompareSet, {"k"}, {"other", "v2"}, Str("v")},
+      {StoreOp::kCompareSet, {"new"}, {"", "d"}, Str("d")},
+      {StoreOp::kCompareSet, {"new"}, {"e", "d"}, Str("e")},
+      {StoreOp::kGet, {"k"}, {}, Str("v")},
+      {StoreOp::kGet, {"missing"}, {}, Str("")},
+      {StoreOp::kAdd, {"n"}, {}, I64(42), absl::StatusCode::kOk, 1},
+      {StoreOp::kAdd, {"fresh"}, {}, I64(-3), absl::StatusCode::kOk, -3},
+      {StoreOp::kAdd, {"k"}, {}, std::nullopt, absl::StatusCode::kInvalidArgument, 1},
+      {StoreOp::kCheck, {"k", "q"}, {}, std::string(1, '\0')},
+      {StoreOp::kCheck, {"k", "missing"}, {}, std::string(1, '\1')},
+      {StoreOp::kWait, {"k", "q"}, {}, std::string(1, '\0')},
+      {StoreOp::kWait, {"k", "missing"}, {}, std::nullopt},
+      {StoreOp::kNumKeys, {}, {}, I64(2)},
+      {StoreOp::kWatchKey, {"k"}, {}, std::string(1, '\3')},
+      {StoreOp::kDeleteKey, {"k"}, {}, I64(1)},
+      {StoreOp::kDeleteKey, {"missing"}, {}, I64(0)},
+      {StoreOp::kMultiGet, {"k", "missing", "n"}, {}, Str("v") + Str("") + Str("41")},
+      {StoreOp::kMultiGet, {}, {}, std::nullopt},
+      {StoreOp::kMultiSet, {"a", "b"}, {"1", "2"}, std::nullopt},
+      {StoreOp::kCancelWait, {}, {}, std::string(1, '\1')},
+      {StoreOp::kPing, {}, {}, U32(0xfeed), absl::StatusCode::kOk, 0, 0xfeed},
+      {StoreOp::kQueuePush, {"q"}, {"b"}, std::nullopt},
+      {StoreOp::kQueuePop, {"q"}, {}, I64(1) + Str("a")},
+      {StoreOp::kQueuePop, {"empty"}, {}, I64(0)},
+      {StoreOp::kQueueLen, {"q"}, {}, I64(1)},
+      {StoreOp::kQueueLen, {"empty"}, {}, I64(0)},
+  };
+  StoreLimits limits;
+  limits.max_value = 64;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << StoreOpName(c.op) << " " << ::testing::PrintToString(c.keys));
+    StoreState s(limits);
+    std::vector<StoreReply> out;
+    ASSERT_TRUE(s.Apply(2, StoreRequest{StoreOp::kSet, {"k"}, {"v"}}, &out).ok());
+    ASSERT_TRUE(s.Apply(2, StoreRequest{StoreOp::kSet, {"n"}, {"41"}}, &out).ok());
+    ASSERT_TRUE(s.Apply(2, StoreRequest{StoreOp::kQueuePush, {"q"}, {"a"}}, &out).ok());
+    ASSERT_TRUE(out.empty());
+    StoreRequest r{c.op, c.keys, c.values, c.delta, c.nonce};
+    const absl::Status st = s.Apply(1, r, &out);
+    EXPECT_EQ(st.code(), c.code) << st;
+    if (c.reply) {
+      EXPECT_THAT(out, ElementsAre(ReplyTo(1, *c.reply)));
+    } else {
+      EXPECT_TRUE(out.empty());
+    }
+  }
 }
 
 TEST(StoreState, WhatItHoldsIsBounded) {

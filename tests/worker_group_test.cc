@@ -189,6 +189,70 @@ TEST(Supervisor, EveryEventInEveryPhaseIsAStep) {
   }
 }
 
+// Each event's handler in the phases where it acts, one step from a group of two workers (one in
+// the capturing phase: worker 1 hung; in the stopping phase: a failure's stop, its first step taken).
+TEST(Supervisor, EachEventActsAsItsPhaseSays) {
+  struct Case {
+    Phase from;
+    GroupEnd from_end;
+    int running;
+    SupervisorEvent event;
+    Phase to;
+    GroupEnd to_end;
+    int signal;    // signal_groups
+    int grace_ms;  // arm_grace; -1: not armed
+    int report;    // report_failure
+    bool capture;
+  };
+  using E = SupervisorEvent;
+  constexpr GroupEnd kOk = GroupEnd::kSucceeded, kFailed = GroupEnd::kFailed, kInt = GroupEnd::kInterrupted,
+                     kCoord = GroupEnd::kCoordinatorStop;
+  const std::vector<Case> cases = {
+      {Phase::kRunning, kOk, 2, E::Exited(1, true), Phase::kStopping, kFailed, SIGTERM, 5000, 1, false},
+      {Phase::kRunning, kOk, 2, E::Exited(1, false), Phase::kRunning, kOk, 0, -1, -1, false},
+      {Phase::kRunning, kOk, 2, E::Failing(1), Phase::kStopping, kFailed, SIGTERM, 5000, 1, false},
+      {Phase::kStopping, kFailed, 2, E::Exited(0, true), Phase::kStopping, kFailed, 0, -1, -1, false},
+      {Phase::kRunning, kOk, 2, E::Signal(SIGHUP), Phase::kStopping, kInt, SIGHUP, 5000, -1, false},
+      {Phase::kCapturing, kFailed, 2, E::Signal(SIGTERM), Phase::kStopping, kInt, SIGTERM, 5000, -1, false},
+      {Phase::kStopping, kFailed, 2, E::Signal(SIGTERM), Phase::kStopping, kInt, 0, -1, -1, false},
+      {Phase::kStopping, kFailed, 2, E::Signal(SIGINT), Phase::kStopping, kInt, SIGKILL, -1, -1, false},
+      {Phase::kStopping, kInt, 2, E::Signal(SIGTERM), Phase::kStopping, kInt, SIGKILL, -1, -1, false},
+      {Phase::kRunning, kOk, 2, E::CoordinatorStop(), Phase::kStopping, kCoord, SIGTERM, 5000, -1, false},
+      {Phase::kRunning, kOk, 2, E::CoordinatorStop(true), Phase::kCapturing, kCoord, 0, 7000, -1, true},
+      {Phase::kCapturing, kFailed, 2, E::CoordinatorStop(), Phase::kCapturing, kFailed, 0, -1, -1, false},
+      {Phase::kRunning, kOk, 2, E::Hung(1), Phase::kCapturing, kFailed, 0, 7000, -1, true},
+      {Phase::kStopping, kFailed, 2, E::Hung(1), Phase::kStopping, kFailed, 0, -1, -1, false},
+      {Phase::kCapturing, kFailed, 2, E::CapturesDone(0), Phase::kStopping, kFailed, SIGTERM, 5000, 0, false},
+      {Phase::kRunning, kOk, 2, E::CapturesDone(0), Phase::kRunning, kOk, 0, -1, -1, false},
+      {Phase::kCapturing, kFailed, 2, E::GraceOver(), Phase::kStopping, kFailed, SIGTERM, 5000, 1, false},
+      {Phase::kStopping, kFailed, 2, E::GraceOver(), Phase::kStopping, kFailed, SIGKILL, -1, -1, false},
+      {Phase::kRunning, kOk, 2, E::GraceOver(), Phase::kRunning, kOk, 0, -1, -1, false},
+      {Phase::kRunning, kOk, 0, E::GroupsChecked(false), Phase::kStopping, kOk, SIGTERM, 5000, -1, false},
+      {Phase::kRunning, kOk, 0, E::GroupsChecked(true), Phase::kDone, kOk, 0, -1, -1, false},
+      {Phase::kStopping, kFailed, 0, E::GroupsChecked(false), Phase::kStopping, kFailed, 0, -1, -1, false},
+      {Phase::kRunning, kOk, 2, E::GroupsChecked(true), Phase::kRunning, kOk, 0, -1, -1, false},
+  };
+  StopEscalation stop = StopEscalation::TermThenKill(milliseconds(5000));
+  stop.capture_grace = milliseconds(7000);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    SCOPED_TRACE(::testing::Message() << "case " << i << " from " << SupervisorPhaseName(c.from));
+    SupervisorState s;
+    s.phase = c.from;
+    s.end = c.from_end;
+    s.running = c.running;
+    if (c.from == Phase::kCapturing) s.hung = s.root_cause = 1;
+    if (c.from == Phase::kStopping) s.next_step = 1;
+    const SupervisorStep step = Supervise(stop, s, c.event);
+    EXPECT_EQ(step.state.phase, c.to);
+    EXPECT_EQ(step.state.end, c.to_end);
+    EXPECT_EQ(step.actions.signal_groups, c.signal);
+    EXPECT_EQ(step.actions.arm_grace.has_value() ? static_cast<int>(step.actions.arm_grace->count()) : -1, c.grace_ms);
+    EXPECT_EQ(step.actions.report_failure, c.report);
+    EXPECT_EQ(step.actions.capture_stacks, c.capture);
+  }
+}
+
 // ---- Stack files ----
 
 TEST(StackFrames, GdbsMainThreadWithSourceLocations) {

@@ -394,9 +394,57 @@ struct SavedTensor {
   size_t bytes;
 };
 
-// Loads a snapshot into the model and optimizer. Everything is checked against the payload's size
-// before it is used; a mismatch with the model throws (the caller tries an older checkpoint).
-TrainState Restore(const char* payload, size_t size, torch::nn::Module& model, torch::optim::Optimizer& optim) {
+// A snapshot's contents as read from its payload, every offset and size checked against it; the
+// tensors' bytes stay where they are.
+struct Snapshot {
+  TrainState state;
+  std::vector<double> lrs;  // per parameter group
+  OptimKind kind = OptimKind::kNone;
+  const char* data = nullptr;  // the tensors' (and the archive's) bytes
+  uint64_t archive_size = 0;   // OptimKind::kArchive: the archive's bytes, first in `data`
+  std::map<std::string, SavedTensor> tensors;
+  std::map<std::string, int64_t> ints;
+};
+
+TrainState ReadTrainState(MetaReader& r) {
+  TrainState s;
+  s.step = r.Get<int64_t>();
+  s.epoch = r.Get<int64_t>();
+  s.sampler_position = r.Get<int64_t>();
+  s.loss_scale = r.Get<double>();
+  s.scaler_growth_tracker = r.Get<int64_t>();
+  return s;
+}
+
+// One tensor's entry in the metadata: its name, and where its bytes lie in `data` (data_size bytes).
+std::pair<std::string, SavedTensor> ReadSavedTensor(MetaReader& r, const char* data, size_t data_size) {
+  std::string name = r.GetString();
+  SavedTensor t;
+  const int32_t dtype = r.Get<int32_t>();
+  const uint32_t elem = r.Get<uint32_t>();
+  const uint32_t dims = r.Get<uint32_t>();
+  if (dtype < 0 || dtype >= static_cast<int32_t>(at::ScalarType::NumOptions) || dims > kMaxDims)
+    throw std::runtime_error("tensor " + name + ": bad dtype or rank");
+  t.dtype = static_cast<at::ScalarType>(dtype);
+  if (c10::elementSize(t.dtype) != elem) throw std::runtime_error("tensor " + name + ": element size differs");
+  uint64_t numel = 1;
+  for (uint32_t d = 0; d < dims; ++d) {
+    const int64_t v = r.Get<int64_t>();
+    if (v < 0 || (v > 0 && numel > data_size / static_cast<uint64_t>(v))) throw std::runtime_error("tensor " + name + ": bad shape");
+    numel *= static_cast<uint64_t>(v);
+    t.sizes.push_back(v);
+  }
+  const uint64_t offset = r.Get<uint64_t>();
+  const uint64_t bytes = r.Get<uint64_t>();
+  if (bytes != numel * elem || offset > data_size || bytes > data_size - offset)
+    throw std::runtime_error("tensor " + name + ": outside the snapshot");
+  t.data = data + offset;
+  t.bytes = bytes;
+  return {std::move(name), std::move(t)};
+}
+
+// Reads a snapshot's metadata. Everything is checked against the payload's size before it is used.
+Snapshot ParseSnapshot(const char* payload, size_t size) {
   if (size < sizeof kMetaMagic + 8 || std::memcmp(payload, kMetaMagic, sizeof kMetaMagic) != 0)
     throw std::runtime_error("not a snapshot");
   uint64_t meta_size = 0;
@@ -405,74 +453,51 @@ TrainState Restore(const char* payload, size_t size, torch::nn::Module& model, t
   if (meta_size > size - head) throw std::runtime_error("metadata larger than the snapshot");
   const size_t data_offset = AlignUp(head + meta_size, kAlign);
   if (data_offset > size) throw std::runtime_error("metadata larger than the snapshot");
-  const char* data = payload + data_offset;
+  Snapshot snap;
+  snap.data = payload + data_offset;
   const size_t data_size = size - data_offset;
   MetaReader r(payload + head, meta_size);
-
-  TrainState s;
-  s.step = r.Get<int64_t>();
-  s.epoch = r.Get<int64_t>();
-  s.sampler_position = r.Get<int64_t>();
-  s.loss_scale = r.Get<double>();
-  s.scaler_growth_tracker = r.Get<int64_t>();
+  snap.state = ReadTrainState(r);
   const uint32_t groups = r.Get<uint32_t>();
   if (groups > r.left() / sizeof(double)) throw std::runtime_error("too many parameter groups");
-  std::vector<double> lrs(groups);
-  for (double& lr : lrs) lr = r.Get<double>();
-  const auto kind = static_cast<OptimKind>(r.Get<uint32_t>());
-  const uint64_t archive_size = r.Get<uint64_t>();
-  if (archive_size > data_size) throw std::runtime_error("optimizer archive larger than the snapshot");
+  snap.lrs.resize(groups);
+  for (double& lr : snap.lrs) lr = r.Get<double>();
+  snap.kind = static_cast<OptimKind>(r.Get<uint32_t>());
+  snap.archive_size = r.Get<uint64_t>();
+  if (snap.archive_size > data_size) throw std::runtime_error("optimizer archive larger than the snapshot");
   const uint32_t count = r.Get<uint32_t>();
   if (count > r.left()) throw std::runtime_error("more tensors than the metadata can hold");
-  std::map<std::string, SavedTensor> saved;
   for (uint32_t i = 0; i < count; ++i) {
-    std::string name = r.GetString();
-    SavedTensor t;
-    const int32_t dtype = r.Get<int32_t>();
-    const uint32_t elem = r.Get<uint32_t>();
-    const uint32_t dims = r.Get<uint32_t>();
-    if (dtype < 0 || dtype >= static_cast<int32_t>(at::ScalarType::NumOptions) || dims > kMaxDims)
-      throw std::runtime_error("tensor " + name + ": bad dtype or rank");
-    t.dtype = static_cast<at::ScalarType>(dtype);
-    if (c10::elementSize(t.dtype) != elem) throw std::runtime_error("tensor " + name + ": element size differs");
-    uint64_t numel = 1;
-    for (uint32_t d = 0; d < dims; ++d) {
-      const int64_t v = r.Get<int64_t>();
-      if (v < 0 || (v > 0 && numel > data_size / static_cast<uint64_t>(v))) throw std::runtime_error("tensor " + name + ": bad shape");
-      numel *= static_cast<uint64_t>(v);
-      t.sizes.push_back(v);
-    }
-    const uint64_t offset = r.Get<uint64_t>();
-    const uint64_t bytes = r.Get<uint64_t>();
-    if (bytes != numel * elem || offset > data_size || bytes > data_size - offset)
-      throw std::runtime_error("tensor " + name + ": outside the snapshot");
-    t.data = data + offset;
-    t.bytes = bytes;
-    saved[name] = std::move(t);
+    auto [name, t] = ReadSavedTensor(r, snap.data, data_size);
+    snap.tensors[name] = std::move(t);
   }
   const uint32_t nints = r.Get<uint32_t>();
   if (nints > r.left()) throw std::runtime_error("more counters than the metadata can hold");
-  std::map<std::string, int64_t> ints;
   for (uint32_t i = 0; i < nints; ++i) {
     std::string name = r.GetString();
-    ints[name] = r.Get<int64_t>();
+    snap.ints[name] = r.Get<int64_t>();
   }
-  // A tensor of its own (the snapshot's memory is reused by the next save).
-  auto tensor = [&](const std::string& name) -> at::Tensor {
-    auto it = saved.find(name);
-    if (it == saved.end()) return {};
-    const SavedTensor& t = it->second;
-    at::Tensor out = at::empty(t.sizes, at::TensorOptions().dtype(t.dtype));
-    if (t.bytes) std::memcpy(out.data_ptr(), t.data, t.bytes);
-    return out;
-  };
+  return snap;
+}
 
-  // Live tensors and views of their saved bytes (copied in once everything is checked: a fresh
-  // copy of each would double the pages a restarted worker touches).
+// A tensor of its own (the snapshot's memory is reused by the next save); undefined if not saved.
+at::Tensor OwnCopy(const Snapshot& snap, const std::string& name) {
+  auto it = snap.tensors.find(name);
+  if (it == snap.tensors.end()) return {};
+  const SavedTensor& t = it->second;
+  at::Tensor out = at::empty(t.sizes, at::TensorOptions().dtype(t.dtype));
+  if (t.bytes) std::memcpy(out.data_ptr(), t.data, t.bytes);
+  return out;
+}
+
+// Every parameter and buffer of `model` with a view of its saved bytes; throws for one not saved
+// or saved with another shape or dtype. (Copied in once everything is checked: a fresh copy of
+// each would double the pages a restarted worker touches.)
+std::vector<std::pair<at::Tensor, at::Tensor>> MatchModel(const Snapshot& snap, torch::nn::Module& model) {
   std::vector<std::pair<at::Tensor, at::Tensor>> loaded;
   auto take = [&](const std::string& name, const at::Tensor& live) {
-    auto it = saved.find(name);
-    if (it == saved.end()) throw std::runtime_error(name + " is not in the checkpoint");
+    auto it = snap.tensors.find(name);
+    if (it == snap.tensors.end()) throw std::runtime_error(name + " is not in the checkpoint");
     const SavedTensor& t = it->second;
     if (t.dtype != live.scalar_type() || !live.sizes().equals(t.sizes))
       throw std::runtime_error(name + " has a different shape or dtype");
@@ -480,53 +505,77 @@ TrainState Restore(const char* payload, size_t size, torch::nn::Module& model, t
   };
   for (const auto& p : model.named_parameters()) take("param/" + p.key(), p.value());
   for (const auto& b : model.named_buffers()) take("buffer/" + b.key(), b.value());
-  at::Tensor rng = tensor("rng/cpu");
-  if (!rng.defined()) throw std::runtime_error("the RNG state is not in the checkpoint");
+  return loaded;
+}
 
-  // The optimizer: checked before anything live changes.
+// Throws if the snapshot's optimizer state cannot go into `optim`; its torch archive, if that is
+// how it was saved, is read into `archive`.
+void CheckOptimizer(const Snapshot& snap, torch::optim::Optimizer& optim,
+                    std::optional<torch::serialize::InputArchive>* archive) {
   const OptimKind live_kind = KindOf(optim);
-  if (kind != OptimKind::kArchive && kind != live_kind)
+  if (snap.kind != OptimKind::kArchive && snap.kind != live_kind)
     throw std::runtime_error("saved with another optimizer type");
-  std::optional<torch::serialize::InputArchive> archive;
-  if (kind == OptimKind::kArchive) {
-    archive.emplace();
-    archive->load_from(data, archive_size);
+  if (snap.kind == OptimKind::kArchive) {
+    archive->emplace();
+    (*archive)->load_from(snap.data, snap.archive_size);
   }
-  if (lrs.size() != optim.param_groups().size()) throw std::runtime_error("a different number of parameter groups");
+  if (snap.lrs.size() != optim.param_groups().size()) throw std::runtime_error("a different number of parameter groups");
+}
 
-  {
-    at::NoGradGuard no_grad;
-    for (auto& [dst, src] : loaded) {
-      // Pages not yet present (a parameter under the prefaulting allocator's floor) come in one call.
-      if (dst.device().is_cpu() && dst.is_contiguous()) PrefaultForWrite(dst.data_ptr(), dst.nbytes());
-      dst.copy_(src);
-    }
+void CopyInto(std::vector<std::pair<at::Tensor, at::Tensor>>& loaded) {
+  at::NoGradGuard no_grad;
+  for (auto& [dst, src] : loaded) {
+    // Pages not yet present (a parameter under the prefaulting allocator's floor) come in one call.
+    if (dst.device().is_cpu() && dst.is_contiguous()) PrefaultForWrite(dst.data_ptr(), dst.nbytes());
+    dst.copy_(src);
   }
+}
+
+// The optimizer's per-parameter state, tensor by tensor (a snapshot of a known optimizer kind).
+void RestoreOptimizerState(const Snapshot& snap, torch::optim::Optimizer& optim) {
+  const std::vector<at::Tensor> params = FlatParams(optim);
+  auto& map = optim.state();
+  map.clear();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const std::string prefix = "optim/" + std::to_string(i) + "/";
+    bool any = snap.ints.count(prefix + "step") > 0;
+    for (auto it = snap.tensors.lower_bound(prefix); !any && it != snap.tensors.end() && it->first.rfind(prefix, 0) == 0; ++it) {
+      any = true;
+    }
+    if (!any) continue;
+    auto get = [&](const char* field) {
+      at::Tensor t = OwnCopy(snap, prefix + field);
+      return t.defined() ? t.to(params[i].device()) : t;
+    };
+    const auto step = snap.ints.find(prefix + "step");
+    map[StateKey<StateKeyType>(params[i])] = MakeState(snap.kind, get, step == snap.ints.end() ? 0 : step->second);
+  }
+}
+
+// Loads a snapshot into the model and optimizer. Everything is checked against the payload's size
+// before it is used, and against the model and optimizer before anything live changes; a mismatch
+// throws (the caller tries an older checkpoint).
+TrainState Restore(const char* payload, size_t size, torch::nn::Module& model, torch::optim::Optimizer& optim) {
+  const Snapshot snap = ParseSnapshot(payload, size);
+  std::vector<std::pair<at::Tensor, at::Tensor>> loaded = MatchModel(snap, model);
+  at::Tensor rng = OwnCopy(snap, "rng/cpu");
+  if (!rng.defined()) throw std::runtime_error("the RNG state is not in the checkpoint");
+  std::optional<torch::serialize::InputArchive> archive;
+  CheckOptimizer(snap, optim, &archive);
+
+  CopyInto(loaded);
   if (archive) {
     optim.load(*archive);
   } else {
-    const std::vector<at::Tensor> params = FlatParams(optim);
-    auto& map = optim.state();
-    map.clear();
-    for (size_t i = 0; i < params.size(); ++i) {
-      const std::string prefix = "optim/" + std::to_string(i) + "/";
-      bool any = ints.count(prefix + "step") > 0;
-      for (auto it = saved.lower_bound(prefix); !any && it != saved.end() && it->first.rfind(prefix, 0) == 0; ++it) any = true;
-      if (!any) continue;
-      auto get = [&](const char* field) {
-        at::Tensor t = tensor(prefix + field);
-        return t.defined() ? t.to(params[i].device()) : t;
-      };
-      const auto step = ints.find(prefix + "step");
-      map[StateKey<StateKeyType>(params[i])] = MakeState(kind, get, step == ints.end() ? 0 : step->second);
-    }
+    RestoreOptimizerState(snap, optim);
   }
-  for (size_t g = 0; g < lrs.size(); ++g) optim.param_groups()[g].options().set_lr(lrs[g]);
+  for (size_t g = 0; g < snap.lrs.size(); ++g) optim.param_groups()[g].options().set_lr(snap.lrs[g]);
   auto gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_state(rng);
-  return s;
+  return snap.state;
 }
+
 
 // The first format: a torch archive.
 TrainState RestoreArchive(const char* payload, size_t size, torch::nn::Module& model, torch::optim::Optimizer& optim) {
@@ -571,6 +620,22 @@ TrainState RestoreArchive(const char* payload, size_t size, torch::nn::Module& m
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_state(rng);
   return s;
+}
+
+// Loads a checkpoint file of either format, its size and checksum checked first.
+TrainState RestoreFile(const std::string& path, torch::nn::Module& model, torch::optim::Optimizer& optim) {
+  std::ifstream f(path, std::ios::binary);
+  std::string data((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  FileHeader h;
+  if (data.size() < sizeof h) throw std::runtime_error("truncated header");
+  std::memcpy(&h, data.data(), sizeof h);
+  const bool archive = std::memcmp(h.magic, kMagicArchive, sizeof h.magic) == 0;
+  if (!archive && std::memcmp(h.magic, kMagicSnapshot, sizeof h.magic) != 0) throw std::runtime_error("not a launch checkpoint");
+  if (data.size() - sizeof h != h.payload_size) throw std::runtime_error("truncated (size mismatch)");
+  const char* payload = data.data() + sizeof h;
+  const uint64_t sum = archive ? Fnv1a64(payload, h.payload_size) : Checksum64(payload, h.payload_size);
+  if (sum != h.checksum) throw std::runtime_error("checksum mismatch");
+  return archive ? RestoreArchive(payload, h.payload_size, model, optim) : Restore(payload, h.payload_size, model, optim);
 }
 
 // The ranks' minimum of `v` (every rank calls it).
@@ -1002,19 +1067,7 @@ std::optional<TrainState> Checkpointer::LoadLatest(torch::nn::Module& model, tor
         loaded_from_ = "memory";
         return s;
       }
-      std::ifstream f(c.path, std::ios::binary);
-      std::string data((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-      FileHeader h;
-      if (data.size() < sizeof h) throw std::runtime_error("truncated header");
-      std::memcpy(&h, data.data(), sizeof h);
-      const bool archive = std::memcmp(h.magic, kMagicArchive, sizeof h.magic) == 0;
-      if (!archive && std::memcmp(h.magic, kMagicSnapshot, sizeof h.magic) != 0) throw std::runtime_error("not a launch checkpoint");
-      if (data.size() - sizeof h != h.payload_size) throw std::runtime_error("truncated (size mismatch)");
-      const char* payload = data.data() + sizeof h;
-      const uint64_t sum = archive ? Fnv1a64(payload, h.payload_size) : Checksum64(payload, h.payload_size);
-      if (sum != h.checksum) throw std::runtime_error("checksum mismatch");
-      TrainState s = archive ? RestoreArchive(payload, h.payload_size, model, optim)
-                             : Restore(payload, h.payload_size, model, optim);
+      TrainState s = RestoreFile(c.path, model, optim);
       loaded_from_ = c.path;
       return s;
     } catch (const std::exception& e) {
