@@ -50,6 +50,22 @@ namespace {
   for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
 }
 
+// --step-budget-file: the number in the file is the last step the job may take. A rank past it
+// waits, reading the file again, until the budget grows: a test that disrupts the job holds it
+// open until its disruptions are done, instead of racing the job's end. `*budget` is the budget
+// read last (it only grows).
+void WaitForStepBudget(const std::string& path, long step, long* budget) {
+  while (step > *budget) {
+    std::ifstream f(path);
+    long read = 0;
+    if (f >> read && read > *budget) {
+      *budget = read;
+      continue;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
 struct Args {
   std::string dims = "784,1024,1024,10";
   int batch = 64;  // per worker
@@ -75,6 +91,7 @@ struct Args {
   int fail_rank = 1;
   int slow_rank = -1;  // fault injection: this rank sleeps slow_ms at every step (a straggler)
   int slow_ms = 0;
+  std::string step_budget_file;  // test seam: the job takes no step past the number in this file
 };
 
 std::vector<int64_t> ParseDims(const std::string& s) {
@@ -228,9 +245,11 @@ int Train(Args a) {
   auto measure_start = std::chrono::steady_clock::now();
   long measured_from = -1;
   const long first_step = state.step + 1;
+  long step_budget = a.step_budget_file.empty() ? a.steps : 0;
   double last_loss = 0;
   long skipped = 0;
   for (long step = state.step + 1; step <= a.steps; ++step) {
+    WaitForStepBudget(a.step_budget_file, step, &step_budget);
     if (step == first_step + a.warmup || (measured_from < 0 && step == a.steps)) {
       ctx->Barrier();
       measure_start = std::chrono::steady_clock::now();
@@ -352,6 +371,8 @@ int main(int argc, char** argv) {
   app.add_option("--fail-rank", a.fail_rank, "the rank that --fail-at-step kills or --hang-at-step stops");
   app.add_option("--slow-rank", a.slow_rank, "fault injection: this rank is a straggler (see --slow-ms)");
   app.add_option("--slow-ms", a.slow_ms, "how long --slow-rank sleeps at every step")->check(CLI::Range(0, 60000));
+  app.add_option("--step-budget-file", a.step_budget_file,
+                 "tests: take no step past the number in this file; wait for it to grow");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -6,13 +6,12 @@
 #include <signal.h>
 
 #include <atomic>
-#include <condition_variable>
-#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "tests/fake_launcher.h"
+#include "tests/fakes/fake_process_launcher.h"
+#include "tests/fakes/fake_coordinator_client.h"
 #include "tests/test_util.h"
 
 namespace launch {
@@ -22,96 +21,10 @@ using testing::ProcessAlive;
 using testing::ReadPids;
 using testing::TempDir;
 using testing::FakeProcessLauncher;
+using testing::FakeCoordinatorClient;
 using testing::WaitUntil;
 
 const std::string kWorker = TEST_WORKER_BIN;
-
-// A Watch stream that never answers: the coordinator has nothing to say until cancelled.
-class SilentStream : public WatchStream {
- public:
-  bool Send(const v1::HeartbeatRequest&) override { return true; }
-  bool Receive(v1::HeartbeatResponse*) override {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return cancelled_; });
-    return false;
-  }
-  absl::Status Finish() override { return absl::CancelledError("cancelled"); }
-  void Cancel() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    cancelled_ = true;
-    cv_.notify_all();
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool cancelled_ = false;
-};
-
-// A Watch stream that answers at once.
-class AnsweringStream : public WatchStream {
- public:
-  explicit AnsweringStream(v1::HeartbeatResponse answer) : answer_(std::move(answer)) {}
-  bool Send(const v1::HeartbeatRequest&) override { return true; }
-  bool Receive(v1::HeartbeatResponse* resp) override {
-    *resp = answer_;
-    return true;
-  }
-  absl::Status Finish() override { return absl::OkStatus(); }
-  void Cancel() override {}
-
- private:
-  v1::HeartbeatResponse answer_;
-};
-
-// Rounds numbered by join; reports and watch streams answered by the test's functions.
-class ScriptedCoordinator : public CoordinatorClient {
- public:
-  std::function<v1::ReportExitResponse(const v1::ReportExitRequest&)> on_report;
-  // The n-th Watch stream (from 1) answers this; nullopt: it stays silent.
-  std::function<std::optional<v1::HeartbeatResponse>(int n)> on_watch;
-  int max_restarts = 3;
-
-  std::unique_ptr<WatchStream> Watch() override {
-    const int n = ++watches_;
-    std::optional<v1::HeartbeatResponse> answer = on_watch ? on_watch(n) : std::nullopt;
-    if (answer) return std::make_unique<AnsweringStream>(*answer);
-    return std::make_unique<SilentStream>();
-  }
-  absl::StatusOr<v1::Assignment> Join(const v1::JoinRequest& req, CallCanceller*) override {
-    const int n = ++joins_;
-    v1::Assignment a;
-    a.set_round(n);
-    a.set_restart_count(n - 1);
-    a.set_max_restarts(max_restarts);
-    a.set_group_world_size(1);
-    a.set_world_size(req.node().local_world_size());
-    a.set_master_addr("127.0.0.1");
-    a.set_master_port(req.proposed_master_port());
-    return a;
-  }
-  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest&) override {
-    return v1::HeartbeatResponse();
-  }
-  absl::StatusOr<v1::ReportExitResponse> ReportExit(const v1::ReportExitRequest& req,
-                                                    std::chrono::milliseconds) override {
-    std::lock_guard<std::mutex> lock(mu_);  // the early report comes from a thread of its own
-    reports_.push_back(req);
-    return on_report ? on_report(req) : v1::ReportExitResponse();
-  }
-  std::string target() const override { return "fake"; }
-
-  int joins() const { return joins_; }
-  std::vector<v1::ReportExitRequest> reports() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return reports_;
-  }
-
- private:
-  std::atomic<int> joins_{0}, watches_{0};
-  std::mutex mu_;
-  std::vector<v1::ReportExitRequest> reports_;
-};
 
 class AgentTest : public ::testing::Test {
  protected:
@@ -150,7 +63,8 @@ TEST_F(AgentTest, TheEarlyFailureReportDoesNotHoldUpTheGroup) {
   AgentOptions o = Options(2, {"--ignore-sigterm", "--pid-file", pids, "--wait-lines", pids, "2", "--fail-rank", "1",
                                "3", "--sleep", "0"});
   o.stop_timeout = std::chrono::milliseconds(200);
-  ScriptedCoordinator coord;
+  FakeCoordinatorClient coord;
+  coord.answer_unscripted = true;
   std::atomic<bool> survivor_died_while_report_waited{false};
   std::atomic<int> reports{0};
   coord.on_report = [&](const v1::ReportExitRequest& req) {
@@ -172,7 +86,7 @@ TEST_F(AgentTest, TheEarlyFailureReportDoesNotHoldUpTheGroup) {
   Agent agent(o, &coord, &launcher_, nullptr, &*signals_, &clock_);
   EXPECT_EQ(agent.Run(), 3);
   EXPECT_TRUE(survivor_died_while_report_waited);
-  EXPECT_EQ(coord.reports().size(), 2u);  // the early report, then the group's
+  EXPECT_EQ(coord.reported().size(), 2u);  // the early report, then the group's
 }
 
 // ---- The agent with a fake launcher: its phases and decisions, no processes ----
@@ -190,6 +104,8 @@ bool HasEnv(const SpawnOptions& so, const std::string& kv) {
 
 class FakeAgentTest : public AgentTest {
  protected:
+  // Rounds formed by each join, reports answered "carry on" unless a test says otherwise.
+  FakeAgentTest() { coord_.answer_unscripted = true; }
   int RunAgent(const AgentOptions& o) {
     Agent agent(o, &coord_, &fake_, nullptr, &*signals_, &clock_);
     return agent.Run();
@@ -199,7 +115,7 @@ class FakeAgentTest : public AgentTest {
     s.exit_at_start = code;
     return s;
   }
-  ScriptedCoordinator coord_;
+  FakeCoordinatorClient coord_;
   FakeProcessLauncher fake_;
 };
 
@@ -213,12 +129,12 @@ TEST_F(FakeAgentTest, AFailureWithRestartsLeftRunsTheGroupAgain) {
     return r;
   };
   EXPECT_EQ(RunAgent(Options(2, {})), 0);
-  EXPECT_EQ(coord_.joins(), 2);
+  EXPECT_EQ(coord_.join_calls(), 2);
   ASSERT_EQ(fake_.spawned().size(), 4u);
   EXPECT_TRUE(HasEnv(fake_.spawned()[0], "TORCHELASTIC_RESTART_COUNT=0"));
   EXPECT_TRUE(HasEnv(fake_.spawned()[2], "TORCHELASTIC_RESTART_COUNT=1"));
   // The failure was reported early (rank 1 only), then with the group's other exits.
-  const auto reports = coord_.reports();
+  const auto reports = coord_.reported();
   ASSERT_GE(reports.size(), 3u);
   EXPECT_EQ(reports[0].exits_size(), 1);
   EXPECT_EQ(reports[0].exits(0).rank(), 1);
@@ -234,7 +150,7 @@ TEST_F(FakeAgentTest, NoRestartLeftExitsWithTheRootCausesCode) {
     return r;
   };
   EXPECT_EQ(RunAgent(Options(2, {})), 7);
-  EXPECT_EQ(coord_.joins(), 1);
+  EXPECT_EQ(coord_.join_calls(), 1);
 }
 
 TEST_F(FakeAgentTest, TheCoordinatorsStopEndsTheRoundAndTheNextOneRuns) {
@@ -253,10 +169,10 @@ TEST_F(FakeAgentTest, TheCoordinatorsStopEndsTheRoundAndTheNextOneRuns) {
     return req.group_succeeded() ? Succeeded() : v1::ReportExitResponse();
   };
   EXPECT_EQ(RunAgent(Options(2, {})), 0);
-  EXPECT_EQ(coord_.joins(), 2);
+  EXPECT_EQ(coord_.join_calls(), 2);
   ASSERT_EQ(fake_.spawned().size(), 4u);
   EXPECT_EQ(fake_.SignalsTo(1000), std::vector<int>{SIGTERM});
-  EXPECT_EQ(coord_.reports()[0].exits_size(), 0);  // stopped, not failed: nothing to blame
+  EXPECT_EQ(coord_.reported()[0].exits_size(), 0);  // stopped, not failed: nothing to blame
 }
 
 TEST_F(FakeAgentTest, ANodeDoneFirstWaitsForTheJobsVerdict) {
@@ -269,7 +185,7 @@ TEST_F(FakeAgentTest, ANodeDoneFirstWaitsForTheJobsVerdict) {
     return r;
   };
   EXPECT_EQ(RunAgent(Options(1, {})), 0);
-  EXPECT_EQ(coord_.joins(), 1);
+  EXPECT_EQ(coord_.join_calls(), 1);
 }
 
 TEST_F(FakeAgentTest, ASignalDuringTheRestartBackoffEndsTheRunWithItsCode) {
@@ -286,7 +202,7 @@ TEST_F(FakeAgentTest, ASignalDuringTheRestartBackoffEndsTheRunWithItsCode) {
   AgentOptions o = Options(1, {});
   o.restart_backoff = std::chrono::hours(1);
   EXPECT_EQ(RunAgent(o), 128 + SIGTERM);
-  EXPECT_EQ(coord_.joins(), 1);
+  EXPECT_EQ(coord_.join_calls(), 1);
 }
 
 TEST_F(FakeAgentTest, AWorkerThatCannotStartIsLaunchsOwnError) {
@@ -296,7 +212,7 @@ TEST_F(FakeAgentTest, AWorkerThatCannotStartIsLaunchsOwnError) {
     return s;
   };
   EXPECT_EQ(RunAgent(Options(2, {})), 1);
-  EXPECT_TRUE(coord_.reports().empty());
+  EXPECT_TRUE(coord_.reported().empty());
 }
 
 TEST_F(FakeAgentTest, ADryRunStartsNothing) {

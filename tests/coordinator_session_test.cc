@@ -10,43 +10,16 @@
 
 #include "agent/coordinator_watch.h"
 #include "gtest/gtest.h"
+#include "tests/fakes/fake_coordinator_client.h"
 
 namespace launch {
 namespace {
 
 using std::chrono::milliseconds;
 
-class ScriptedClient : public CoordinatorClient {
- public:
-  std::deque<absl::StatusOr<v1::Assignment>> joins;
-  std::deque<absl::StatusOr<v1::ReportExitResponse>> reports;
-  std::vector<v1::HeartbeatRequest> heartbeats;
-  int join_calls = 0, report_calls = 0;
-
-  std::unique_ptr<WatchStream> Watch() override { return nullptr; }
-  absl::StatusOr<v1::Assignment> Join(const v1::JoinRequest&, CallCanceller*) override {
-    ++join_calls;
-    if (joins.empty()) return absl::UnavailableError("connection refused");
-    auto r = joins.front();
-    joins.pop_front();
-    return r;
-  }
-  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req) override {
-    heartbeats.push_back(req);
-    return v1::HeartbeatResponse();
-  }
-  absl::StatusOr<v1::ReportExitResponse> ReportExit(const v1::ReportExitRequest&, milliseconds) override {
-    ++report_calls;
-    if (reports.empty()) return absl::UnavailableError("connection refused");
-    auto r = reports.front();
-    reports.pop_front();
-    return r;
-  }
-  std::string target() const override { return "10.0.0.1:29400"; }
-};
-
 class SessionTest : public ::testing::Test {
  protected:
+  SessionTest() { client_.target_name = "10.0.0.1:29400"; }
   CoordinatorSession Session(milliseconds patience = milliseconds(30000), double join_timeout_s = 600) {
     CoordinatorSession::Options o;
     o.run_id = "job";
@@ -72,7 +45,7 @@ class SessionTest : public ::testing::Test {
     return [] { return v1::JoinRequest(); };
   }
 
-  ScriptedClient client_;
+  testing::FakeCoordinatorClient client_;
   FakeClock clock_;
   std::vector<milliseconds> waits_;
   int signal_at_wait_ = -1;
@@ -134,7 +107,7 @@ TEST_F(SessionTest, ARefusedJoinIsNotRetried) {
   int sig = 0;
   auto got = s.Join(Request(), &sig);
   EXPECT_TRUE(absl::IsPermissionDenied(got.status()));
-  EXPECT_EQ(client_.join_calls, 1);
+  EXPECT_EQ(client_.join_calls(), 1);
   EXPECT_TRUE(waits_.empty());
 }
 
@@ -145,7 +118,7 @@ TEST_F(SessionTest, ASignalCutsTheRetriesShort) {
   auto got = s.Join(Request(), &sig);
   EXPECT_TRUE(absl::IsCancelled(got.status()));
   EXPECT_EQ(sig, SIGTERM);
-  EXPECT_EQ(client_.join_calls, 2);
+  EXPECT_EQ(client_.join_calls(), 2);
 }
 
 TEST_F(SessionTest, AReportReRegistersWithACoordinatorThatForgotTheRun) {
@@ -161,8 +134,8 @@ TEST_F(SessionTest, AReportReRegistersWithACoordinatorThatForgotTheRun) {
   auto got = s.Report(v1::ReportExitRequest(), a, &sig);
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_TRUE(got->restart());
-  ASSERT_EQ(client_.heartbeats.size(), 1u);
-  const v1::HeartbeatRequest& hb = client_.heartbeats[0];
+  ASSERT_EQ(client_.heartbeats().size(), 1u);
+  const v1::HeartbeatRequest hb = client_.heartbeats()[0];
   EXPECT_EQ(hb.run_id(), "job");
   EXPECT_EQ(hb.node().node_id(), "node-b");
   EXPECT_EQ(hb.assignment().group_rank(), 1);

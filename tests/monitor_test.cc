@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
+#include "tests/fakes/fake_coordinator_client.h"
 #include "tests/test_util.h"
 
 namespace launch {
@@ -114,25 +115,6 @@ TEST(LiveRanks, NoTableWithoutProgress) {
   EXPECT_EQ(live.EndTable("node-a", 0), "");
 }
 
-class ScriptedSampler : public CoordinatorClient {
- public:
-  std::unique_ptr<WatchStream> Watch() override { return nullptr; }
-  absl::StatusOr<v1::Assignment> Join(const v1::JoinRequest&, CallCanceller*) override { return v1::Assignment(); }
-  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest&) override {
-    return v1::HeartbeatResponse();
-  }
-  absl::StatusOr<v1::ReportExitResponse> ReportExit(const v1::ReportExitRequest&, std::chrono::milliseconds) override {
-    return v1::ReportExitResponse();
-  }
-  absl::StatusOr<v1::SampleResponse> Sample(const v1::SampleRequest& req, std::chrono::milliseconds) override {
-    samples.push_back(req);
-    return answer;
-  }
-  std::string target() const override { return "scripted"; }
-  std::vector<v1::SampleRequest> samples;
-  v1::SampleResponse answer;
-};
-
 TEST(Monitor, ASampleFromProcToTheFileAndTheCoordinator) {
   TempDir dir;
   const std::string proc = dir.path() + "/proc";
@@ -151,13 +133,13 @@ TEST(Monitor, ASampleFromProcToTheFileAndTheCoordinator) {
   live.StartAttempt({Launch(7, 0, "1")});
   live.Spawned(0, 4242);
   for (int step = 1; step <= 10; ++step) live.Progress(0, step, 0.5, 0.1, clock.Now());
-  ScriptedSampler coordinator;
-  v1::StragglerEvent* e = coordinator.answer.add_events();
+  testing::FakeCoordinatorClient coordinator;
+  v1::StragglerEvent* e = coordinator.sample_answer.add_events();
   e->set_seq(4);
   e->set_round(3);
   e->set_rank(7);
   e->set_ratio(2);
-  v1::StragglerEvent* old = coordinator.answer.add_events();  // an earlier round's: not this run's workers
+  v1::StragglerEvent* old = coordinator.sample_answer.add_events();  // an earlier round's: not this run's workers
   old->set_seq(2);
   old->set_round(2);
   old->set_rank(7);
@@ -205,9 +187,10 @@ TEST(Monitor, ASampleFromProcToTheFileAndTheCoordinator) {
   ASSERT_EQ(s.gpus_size(), 1);
   EXPECT_EQ(s.gpus(0).xids(0), 79);
   // The coordinator got both samples; the second says which events the node has seen.
-  ASSERT_EQ(coordinator.samples.size(), 2u);
-  EXPECT_EQ(coordinator.samples[0].events_seen(), 0u);
-  EXPECT_EQ(coordinator.samples[1].events_seen(), 4u);
+  const std::vector<v1::SampleRequest> sent = coordinator.samples();
+  ASSERT_EQ(sent.size(), 2u);
+  EXPECT_EQ(sent[0].events_seen(), 0u);
+  EXPECT_EQ(sent[1].events_seen(), 4u);
   // This round's event counts once as an episode of rank 7 (the second answer repeats it).
   EXPECT_EQ(live.Snapshot()[0].straggler_episodes, 1);
 

@@ -1053,14 +1053,23 @@ TEST(MultiNodeChaos, TrainingSurvivesRandomWorkerAndAgentKillsWithExactSteps) {
   std::printf("chaos: %d disruptions, seed %u (LAUNCH_SOAK_SEED=%u replays it)\n", kills, seed, seed);
   std::fflush(stdout);
   SCOPED_TRACE("LAUNCH_SOAK_SEED=" + std::to_string(seed));
-  // Enough steps for every disruption to come after a checkpoint of its own, and steps of at
-  // least 10 ms (rank 0 sleeps that long in each): with the agent's store a restart takes well
-  // under a second, and 200 steps of 15 ms once ended the job before its second disruption (and
-  // 400 steps of 25 ms before its fourth, once C++ restarts took 0.1 s and each disruption
-  // waited for the new standbys, named train_mlp while they load LibTorch, to be named
-  // launch-standby; TrainWorkers now tells them apart).
-  const std::string kSteps = std::to_string(std::max(600, 60 * (kills + 2)));
+  // The job is held open until its disruptions are done: its workers take no step past the
+  // budget in a file the test raises (train_mlp --step-budget-file), kBudgetAhead steps past the
+  // newest checkpoint at each disruption, and to the end only after the last. Racing a fixed step
+  // count instead lost on a busy machine (600 steps ended before the second disruption). Steps
+  // of at least 10 ms (rank 0 sleeps that long in each) leave each disruption a random point
+  // inside a round; enough of them for every disruption to come after a checkpoint of its own.
+  const long kBudgetAhead = 60;
+  const long steps = std::max<long>(600, kBudgetAhead * (kills + 2));
+  const std::string kSteps = std::to_string(steps);
   const std::string kMaxRestarts = std::to_string(kills + 5);
+  const std::string budget_file = dir / "step-budget";
+  long budget = 0;
+  auto raise_budget = [&](long to) {
+    budget = std::max(budget, std::min(to, steps));
+    WriteFile(budget_file + ".new", std::to_string(budget) + "\n");
+    EXPECT_EQ(::rename((budget_file + ".new").c_str(), budget_file.c_str()), 0) << budget_file;
+  };
   auto agent_argv = [&](const std::string& run, const std::string& out) {
     std::vector<std::string> argv = {kLaunch, "--rdzv-endpoint", coord.endpoint(), "--rdzv-id", run, "--nnodes=2",
                                      "--nproc-per-node=2", "--max-restarts=" + kMaxRestarts, "--stop-timeout=5", "--rdzv-conf",
@@ -1069,6 +1078,7 @@ TEST(MultiNodeChaos, TrainingSurvivesRandomWorkerAndAgentKillsWithExactSteps) {
                                      "--warmup", "0", "--checkpoint-every", "5", "--keep", "3", "--print-every", "0",
                                      "--slow-rank", "0", "--slow-ms", "10",
                                      "--checkpoint-dir", dir / (out + "-ckpt"), "--save-params", dir / (out + ".bin")};
+    if (run == "chaos") argv.insert(argv.end(), {"--step-budget-file", budget_file});
     return argv;
   };
   // The same training, undisturbed.
@@ -1078,6 +1088,7 @@ TEST(MultiNodeChaos, TrainingSurvivesRandomWorkerAndAgentKillsWithExactSteps) {
     for (const auto& r : WaitAll(agents, std::chrono::seconds(180))) ASSERT_EQ(r.exit_code, 0) << r.err;
   }
 
+  raise_budget(kBudgetAhead);  // the first disruption comes after the first checkpoint too
   std::vector<std::unique_ptr<Child>> agents;  // every agent ever started, the killed one too
   for (int i = 0; i < 2; ++i) agents.push_back(std::make_unique<Child>(agent_argv("chaos", "chaos")));
   auto live_agents = [&] {
@@ -1134,6 +1145,9 @@ TEST(MultiNodeChaos, TrainingSurvivesRandomWorkerAndAgentKillsWithExactSteps) {
     seen_workers.insert(workers.begin(), workers.end());
     std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 30)(rng)));
     last_kill_step = NewestCheckpoint(dir / "chaos-ckpt");
+    // The next round resumes from at most last_kill_step; it may go kBudgetAhead steps past it
+    // (a checkpoint newer than it, never the job's end: steps >= kBudgetAhead * (kills + 2)).
+    raise_budget(last_kill_step + kBudgetAhead);
     if (disruption % 4 == 3) {
       // One agent dies with its workers (kill -9); its replacement (as a cluster manager would
       // start one) joins the job.
@@ -1151,6 +1165,8 @@ TEST(MultiNodeChaos, TrainingSurvivesRandomWorkerAndAgentKillsWithExactSteps) {
   }
   EXPECT_EQ(worker_kills + agent_kills, kills);
   EXPECT_EQ(agent_killed, kills >= 4);
+  EXPECT_LT(budget, steps) << "the job could end before its last disruption";
+  raise_budget(steps);  // the disruptions are done: the job runs to its end
   std::string out, err;
   int succeeded = 0;
   for (auto& a : agents) {

@@ -12,7 +12,7 @@
 #include "launch_sdk/progress.h"
 #include "tests/test_util.h"
 #include "gtest/gtest.h"
-#include "tests/fake_launcher.h"
+#include "tests/fakes/fake_process_launcher.h"
 
 namespace launch {
 namespace {

@@ -1,4 +1,4 @@
-#include "tests/fake_launcher.h"
+#include "tests/fakes/fake_process_launcher.h"
 
 #include <sys/eventfd.h>
 #include <unistd.h>

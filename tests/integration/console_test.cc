@@ -1,0 +1,167 @@
+// The console of the real `launch`: whole, prefixed lines, a console that stops reading, unended
+// output, the terminal and stdin of rank 0, and which ranks are shown.
+
+#include <poll.h>
+#include <pty.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/unique_fd.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/launch_cmd.h"
+#include "tests/test_util.h"
+
+namespace launch::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+constexpr long long LineRelayPiece = 64 * 1024;  // LineRelay::kMaxLineBytes
+
+TEST(Launch, LinesWrittenByteByByteComeOutWholeAndUnmixed) {
+  std::string text(300, 'x');
+  auto r = RunCmd(Cmd({"--nproc-per-node=2"}, {"--partial", text, "--partial", text}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto lines = Lines(r.out);
+  ASSERT_EQ(lines.size(), 4u) << r.out;
+  for (const auto& l : lines) EXPECT_TRUE(l == "[0]:" + text || l == "[1]:" + text) << l;
+}
+
+// A console that stops reading (a full pipe, a paused terminal) blocked launch's supervision
+// loop in its writes: a failed worker was never reaped and the restart never came. Now rank 1's
+// failure is seen and the group restarts and gives up on schedule while stdout is not read; rank
+// 0, whose output waits, is stopped like any worker, and launch still writes all it was given.
+// Each rank writes a line and waits for the other before rank 1 fails: else rank 0 could be
+// stopped before its first write (a restart takes milliseconds).
+TEST(Launch, AConsoleThatStopsReadingDoesNotDelayARestart) {
+  TempDir dir;
+  const std::string ready = dir / "ready.{restart}";
+  Child c(Cmd({"--nproc-per-node=2", "--max-restarts=1", "--stop-timeout=5"},
+              {"--spew", "100", "--pid-file", ready, "--wait-lines", ready, "2", "--fail-rank", "1", "3", "--spew", "0"}));
+  c.PauseStdout(true);
+  const bool ended = WaitUntil([&] {
+    c.Pump(20);
+    return absl::StrContains(c.err(), "worker group failed after 1 restart");
+  }, std::chrono::seconds(60));
+  EXPECT_TRUE(ended) << c.err();
+  EXPECT_THAT(c.err(), HasSubstr("restarting the group (1 of 1 restarts)"));
+  c.PauseStdout(false);
+  auto r = c.Wait();
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("[0]:" + std::string(99, 'x') + "\n"));
+}
+
+// 200 MB without a newline took launch from 15 MB to 220 MB. Now its peak stays under 64 MiB
+// (ru_maxrss of this test's largest child: launch, or its small worker), and all of it is shown.
+TEST(Launch, TwoHundredMegabytesWithoutANewlineKeepLaunchSmall) {
+  const long long kBytes = 200ll << 20;
+  auto r = RunCmd(Cmd({"--nproc-per-node=1"}, {"--spew-unended", std::to_string(kBytes)}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  rusage usage{};
+  ASSERT_EQ(::getrusage(RUSAGE_CHILDREN, &usage), 0);
+#if defined(__SANITIZE_ADDRESS__)
+  // AddressSanitizer's shadow memory and quarantine are not launch's: the bound is checked in the
+  // other builds.
+  (void)usage;
+#else
+  EXPECT_LT(usage.ru_maxrss, 64 << 10) << "KiB";
+#endif
+  const size_t pieces = (kBytes + LineRelayPiece - 1) / LineRelayPiece;
+  EXPECT_EQ(r.out.size(), static_cast<size_t>(kBytes) + pieces * std::string("[0]:\n").size());
+}
+
+// With pdb.set_trace() or input(), a worker read the terminal from its own process group and was
+// stopped by SIGTTIN: launch hung. Rank 0 now reads the terminal through launch (the prompt is
+// shown though it has no newline), the other ranks read /dev/null.
+TEST(Launch, RankZeroReadsTheTerminal) {
+  int master = -1;
+  std::vector<std::string> argv = Cmd({"--nproc-per-node=2"}, {"--read-line", "name? "});
+  std::vector<char*> cargv;
+  for (auto& a : argv) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+  const pid_t pid = ::forkpty(&master, nullptr, nullptr, nullptr);
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    execv(cargv[0], cargv.data());
+    _exit(127);
+  }
+  std::string out;
+  auto read_until = [&](const std::string& needle) {
+    return WaitUntil([&] {
+      pollfd p{master, POLLIN, 0};
+      char buf[4096];
+      while (::poll(&p, 1, 10) == 1) {
+        ssize_t n = ::read(master, buf, sizeof buf);
+        if (n <= 0) break;
+        out.append(buf, static_cast<size_t>(n));
+      }
+      return absl::StrContains(out, needle);
+    }, std::chrono::seconds(30));
+  };
+  EXPECT_TRUE(read_until("[0]:name? ")) << out;
+  EXPECT_TRUE(read_until("got EOF")) << out;  // rank 1, on its prompt's line or its own
+  ASSERT_EQ(::write(master, "hello\n", 6), 6);
+  EXPECT_TRUE(read_until("[0]:got hello")) << out;
+  int status = 0;
+  const bool exited = WaitUntil([&] { return ::waitpid(pid, &status, WNOHANG) == pid; });
+  if (!exited) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+  }
+  EXPECT_TRUE(exited && WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  ::close(master);
+}
+
+// stdin that is not a terminal (a pipe, a file) goes to rank 0 as it is; the others read EOF.
+TEST(Launch, RankZeroReadsAPipedStdin) {
+  Pipe in;
+  ASSERT_TRUE(MakePipe(&in));
+  ASSERT_EQ(::write(in.write.get(), "abc\n", 4), 4);
+  in.write.Reset();
+  Child c(Cmd({"--nproc-per-node=2"}, {"--read-line", ""}), {}, in.read.get());
+  auto r = c.Wait();
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("[0]:got abc\n"));
+  EXPECT_THAT(r.out, HasSubstr("[1]:got EOF\n"));
+}
+
+TEST(Launch, LocalRanksFilterLimitsTheConsoleOnly) {
+  TempDir dir;
+  auto r = RunCmd(Cmd({"--nproc-per-node=2", "--local-ranks-filter=1", "--log-dir", dir.path(), "--rdzv-id", "f"},
+                   {"--print-env", "RANK"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, Not(HasSubstr("[0]:")));
+  EXPECT_THAT(r.out, HasSubstr("[1]:RANK=1"));
+  EXPECT_EQ(ReadFile(dir.path() + "/f/attempt_0/0/stdout.log"), "RANK=0\n");
+}
+
+// torchrun's --log-line-prefix-template, and the default that tells nodes apart on several.
+TEST(Launch, LogLinePrefixTemplateAndTheMultiNodeDefault) {
+  auto r = RunCmd(Cmd({"--nproc-per-node=2", "--role=trainer", "--log-line-prefix-template=<${role_name}:${local_rank}> "},
+                      {"--print-env", "RANK"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("<trainer:0> RANK=0\n"));
+  EXPECT_THAT(r.out, HasSubstr("<trainer:1> RANK=1\n"));
+  auto env = RunCmd(Cmd({}, {"--print-env", "RANK"}), {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE=${rank}|"});
+  ASSERT_EQ(env.exit_code, 0) << env.err;
+  EXPECT_THAT(env.out, HasSubstr("0|RANK=0\n"));
+  auto bad = RunCmd(Cmd({"--log-line-prefix-template=${gpu}"}, {}));
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.err, HasSubstr("--log-line-prefix-template=${gpu}: '${gpu}' is unknown"));
+  char host[256] = {};
+  ASSERT_EQ(gethostname(host, sizeof host - 1), 0);
+  auto static_node = RunCmd(
+      Cmd({"--rdzv-backend=static", "--nnodes=2", "--node-rank=1", "--master-addr=127.0.0.1"}, {"--print-env", "RANK"}));
+  ASSERT_EQ(static_node.exit_code, 0) << static_node.err;
+  EXPECT_THAT(static_node.out, HasSubstr(std::string("[") + host + ":1]:RANK=1\n"));
+}
+
+}  // namespace
+}  // namespace launch::testing

@@ -1,0 +1,84 @@
+// The single node's in-process coordinator under the real `launch`: its token, and the time it
+// forgives when launch itself did not run.
+
+#include <signal.h>
+
+#include <algorithm>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "launch.grpc.pb.h"
+#include <grpcpp/grpcpp.h>
+#include "tests/integration/launch_cmd.h"
+#include "tests/test_util.h"
+
+namespace launch::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// SIGSTOP/SIGCONT of launch (or a paused VM) for longer than the heartbeat timeout restarted
+// healthy workers: the in-process coordinator expired its own agent's lease. A single node needs
+// no lease to itself, and the coordinator forgives time it did not run.
+TEST(Launch, StoppingLaunchForAWhileDoesNotRestartItsWorkers) {
+  TempDir dir;
+  Child c(Cmd({"--nproc-per-node=1", "--rdzv-conf=heartbeat_timeout=1,heartbeat_interval=0.2"},
+              {"--pid-file", dir / "pids", "--wait-lines", dir / "go", "1", "--exit", "0"}));
+  ASSERT_TRUE(WaitUntil([&] {
+    c.Pump(1);
+    return ReadPids(dir / "pids").size() == 1;
+  }));
+  ::kill(c.pid(), SIGSTOP);
+  for (int i = 0; i < 300; ++i) c.Pump(10);  // the stimulus: stopped for 3 s
+  ::kill(c.pid(), SIGCONT);
+  EXPECT_TRUE(WaitUntil([&] {
+    c.Pump(5);
+    return absl::StrContains(c.err(), "did not run for");
+  })) << c.err();
+  WriteFile(dir / "go", "go\n");
+  auto r = c.Wait();
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(ReadPids(dir / "pids").size(), 1u) << "the worker was restarted: " << r.err;
+  EXPECT_THAT(r.err, Not(HasSubstr("lost node")));
+}
+
+// A single node's coordinator listened on loopback with no token: any local user could send it
+// a forged heartbeat. Every call now needs a token only launch knows. (launch's other port is the
+// workers' store, MASTER_PORT, which speaks no gRPC: the call fails there too.)
+TEST(Launch, TheSingleNodeCoordinatorRefusesCallsWithoutItsToken) {
+  TempDir dir;
+  Child c(Cmd({"--nproc-per-node=1"}, {"--pid-file", dir / "pids", "--print-env", "MASTER_PORT", "--wait-lines",
+                                       dir / "go", "1", "--exit", "0"}));
+  ASSERT_TRUE(WaitUntil([&] {
+    c.Pump(1);
+    return ReadPids(dir / "pids").size() == 1 && absl::StrContains(c.out(), "MASTER_PORT=");
+  }));
+  const std::string out = c.out();
+  const int store_port = std::stoi(out.substr(out.find("MASTER_PORT=") + 12));
+  const std::vector<int> ports = ListeningTcpPorts(c.pid());
+  ASSERT_EQ(ports.size(), 2u);
+  EXPECT_EQ(std::count(ports.begin(), ports.end(), store_port), 1);
+  for (int port : ports) {
+    auto stub = v1::Rendezvous::NewStub(
+        grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::HeartbeatRequest hb;
+    hb.set_run_id("any");
+    hb.set_node_id("intruder");
+    v1::HeartbeatResponse resp;
+    grpc::Status st = stub->Heartbeat(&ctx, hb, &resp);
+    if (port == store_port) {
+      EXPECT_FALSE(st.ok());
+      continue;
+    }
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED) << port << ": " << st.error_message();
+  }
+  WriteFile(dir / "go", "go\n");
+  auto r = c.Wait();
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+}  // namespace
+}  // namespace launch::testing

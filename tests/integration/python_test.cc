@@ -1,0 +1,74 @@
+// Python workers under the real `launch`: torch.distributed, -m, @record error files, and the
+// shipped launch_progress module (hang detection with Python stacks; a no-op outside launch).
+
+#include <chrono>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/launch_cmd.h"
+#include "tests/test_util.h"
+
+namespace launch::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(Launch, PythonScriptWithGlooAllreduce) {
+  LAUNCH_NEED_PYTHON_TORCH();
+  auto r = RunCmd({kLaunch, "--nproc-per-node=2", std::string(TESTS_DIR) + "/python/allreduce.py"},
+               PythonTorchEnv(), std::chrono::seconds(120));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("[0]:rank 0/2 allreduce=3"));
+  EXPECT_THAT(r.out, HasSubstr("[1]:rank 1/2 allreduce=3"));
+}
+
+// A Python worker that reports through the shipped launch_progress module is watched for hangs
+// like a C++ one: rank 1 stops at step 3 (rank 0 waits for it in all_reduce), the agent has it
+// dump its own Python stacks (faulthandler), names it with its frame, and the restart runs through.
+TEST(Launch, AHungPythonRankIsNamedWithItsPythonStack) {
+  LAUNCH_NEED_PYTHON_TORCH();
+  TempDir dir;
+  auto r = RunCmd({kLaunch, "--nproc-per-node=2", "--max-restarts=1", "--hang-timeout", "2", "--log-dir", dir / "logs",
+                   "--rdzv-id", "pyhang", std::string(TESTS_DIR) + "/python/hang.py"},
+                  PythonTorchEnv(), std::chrono::seconds(120));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("rank 1 failed (hung: no step for"));
+  EXPECT_THAT(r.err, HasSubstr("stop_here (hang.py:"));
+  EXPECT_THAT(r.out, HasSubstr("[0]:rank 0 done"));
+  EXPECT_THAT(r.out, HasSubstr("[1]:rank 1 done"));
+  const std::string stacks = ReadFile(dir / "logs/pyhang/attempt_0/1/py_stacks.txt");
+  EXPECT_THAT(stacks, HasSubstr("in stop_here")) << stacks;
+}
+
+// Outside launch the module is a no-op, so a script that uses it runs anywhere.
+TEST(Launch, TheProgressModuleIsANoOpOutsideLaunch) {
+  auto r = RunCmd({"/usr/bin/python3", "-c",
+                   "import sys; sys.path.append('" + std::string(TESTS_DIR) +
+                       "/../worker_sdk/python'); import launch_progress as p; r = p.Reporter(); r.step(1, 0.5); "
+                       "p.step(2); print('enabled', r.enabled)"},
+                  {"LAUNCH_PROGRESS_FD="});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("enabled False"));
+}
+
+TEST(Launch, ModuleFlagRunsPythonDashM) {
+  TempDir dir;
+  WriteFile(dir / "probe_mod.py", "import os, sys\nprint('module', os.environ['RANK'], sys.stdout.write_through)\n");
+  auto r = RunCmd({kLaunch, "--nproc-per-node=2", "-m", "probe_mod"},
+                  {"PYTHON_EXEC=/usr/bin/python3", "PYTHONPATH=" + dir.path()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("[0]:module 0 True"));  // -u (unbuffered), as torchrun
+  EXPECT_THAT(r.out, HasSubstr("[1]:module 1 True"));
+}
+
+TEST(Launch, PythonRecordErrorFileReachesTheSummary) {
+  LAUNCH_NEED_PYTHON_TORCH();
+  auto r = RunCmd({kLaunch, "--nproc-per-node=2", std::string(TESTS_DIR) + "/python/record_error.py"},
+                  {"PYTHON_EXEC=/usr/bin/python3"}, std::chrono::seconds(120));
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("ValueError: rank 1 found a bad batch"));
+  EXPECT_THAT(r.err, HasSubstr("<- root cause"));
+}
+
+}  // namespace
+}  // namespace launch::testing
