@@ -12,6 +12,9 @@ namespace {
 // wakes gRPC calls only. A single node's round forms at its join, so this wait is the rare case
 // (a spec whose round cannot form).
 constexpr std::chrono::milliseconds kCancelCheck{100};
+// How much later than the stream's own period a heartbeat may come before the gap counts as time
+// the process did not run (the gRPC coordinator's tolerance for its timer).
+constexpr std::chrono::milliseconds kPauseTolerance{1000};
 
 std::string Prefixed(const std::string& what, const absl::Status& st) {
   return absl::StrCat(what, " in-process: ", st.message());
@@ -31,15 +34,26 @@ class LocalCoordinator::Stream final : public WatchStream {
     absl::Status error;
     Rendezvous* r = c_->RunLocked(hb.run_id(), &error);
     v1::HeartbeatResponse ans;
+    const Clock::TimePoint now = c_->clock_->Now();
     if (r == nullptr) {
       ans.set_unknown_node(true);
     } else {
+      // Heartbeats much further apart than the agent sends them: the whole process did not run
+      // (SIGSTOP, a paused VM), as the gRPC coordinator's timer found; that time counts against
+      // no lease.
+      if (last_sent_ && now - *last_sent_ > c_->heartbeat_interval_ + kPauseTolerance) {
+        const Clock::Duration paused = now - *last_sent_ - c_->heartbeat_interval_;
+        spdlog::warn("the coordinator did not run for {:.1f} s (stopped or paused): every lease is extended by that",
+                     std::chrono::duration<double>(paused).count());
+        r->ForgivePause(paused);
+      }
       const uint64_t v = r->version();
       ans = r->Heartbeat(hb);
       c_->ChangedLocked(v);
     }
     last_ = hb;
     has_last_ = true;
+    last_sent_ = now;
     if (r == nullptr || Rendezvous::Urgent(ans)) AnswerLocked(ans);
     c_->changed_.notify_all();
     return true;
@@ -82,12 +96,14 @@ class LocalCoordinator::Stream final : public WatchStream {
   bool cancelled_ = false;
   bool answered_ = false;
   bool has_last_ = false;
+  std::optional<Clock::TimePoint> last_sent_;
   v1::HeartbeatRequest last_;
   v1::HeartbeatResponse answer_;
 };
 
-LocalCoordinator::LocalCoordinator(RendezvousConfig defaults, const Clock* clock)
-    : defaults_(std::move(defaults)), clock_(clock) {}
+LocalCoordinator::LocalCoordinator(RendezvousConfig defaults, std::chrono::milliseconds heartbeat_interval,
+                                   const Clock* clock)
+    : defaults_(std::move(defaults)), heartbeat_interval_(heartbeat_interval), clock_(clock) {}
 
 LocalCoordinator::~LocalCoordinator() = default;
 

@@ -22,8 +22,9 @@ namespace launch {
 
 class LocalCoordinator final : public CoordinatorClient {
  public:
-  // `defaults`: the run's settings for a join that carries no run spec.
-  LocalCoordinator(RendezvousConfig defaults, const Clock* clock);
+  // `defaults`: the run's settings for a join that carries no run spec; `heartbeat_interval`: how
+  // often the agent's Watch stream heartbeats (a much longer gap is a pause of the process).
+  LocalCoordinator(RendezvousConfig defaults, std::chrono::milliseconds heartbeat_interval, const Clock* clock);
   ~LocalCoordinator() override;
 
   absl::StatusOr<v1::Assignment> Join(const v1::JoinRequest& req, CallCanceller* cancel) override;
@@ -44,6 +45,7 @@ class LocalCoordinator final : public CoordinatorClient {
   void ChangedLocked(uint64_t version_before);
 
   const RendezvousConfig defaults_;
+  const std::chrono::milliseconds heartbeat_interval_;
   const Clock* clock_;
   std::mutex mu_;
   std::condition_variable changed_;  // joins waiting for their round, Watch streams
