@@ -41,10 +41,11 @@ RSS_TARGET_MIB = 20.0
 RESTART_TARGET_MS = 10.0
 EXIT_TARGET_MS = 5.0
 VERSION_TARGET_MS = 5.0
-# A single-node /bin/true job needs the console writer at most (and, for its torch workers,
-# the workers' store): no gRPC, no coordinator, no timers.
-THREADS_TARGET = 2
-LISTENERS_TARGET = 0
+# What a single-node job needs, whatever its workers: the console writer, the workers' store
+# (MASTER_PORT, whose listener torchrun's agent has too), the exit-notice watcher and the
+# --monitor-interval sampler. No gRPC, no coordinator server, no thread per call.
+THREADS_TARGET = 4
+LISTENERS_TARGET = 1
 
 # Variables a parent launcher may have set; the launchers under test must not inherit them.
 _SCRUB_PREFIXES = ("TORCHELASTIC_",)
