@@ -488,9 +488,11 @@ TEST(Launch, ASingleNodeJobListensOnlyWhereItsWorkersNeedIt) {
       flags.push_back("--metrics-port=" + std::to_string(metrics_port));
     }
     // The metrics endpoint's scrapers need a token; it is then the coordinator's too.
+    std::vector<std::string> env;
+    if (metrics) env.push_back("LAUNCH_RDZV_TOKEN=a-token-for-the-scrapers");
     Child c(Cmd(flags, {"--pid-file", dir / "pids", "--print-env", "MASTER_PORT", "--wait-lines", dir / "go", "1",
                         "--exit", "0"}),
-            metrics ? std::vector<std::string>{"LAUNCH_RDZV_TOKEN=a-token-for-the-scrapers"} : std::vector<std::string>{});
+            env);
     ASSERT_TRUE(WaitUntil([&] {
       c.Pump(1);
       return ReadPids(dir / "pids").size() == 1 && absl::StrContains(c.out(), "MASTER_PORT=");
