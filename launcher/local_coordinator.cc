@@ -123,8 +123,19 @@ void LocalCoordinator::ChangedLocked(uint64_t version_before) {
 }
 
 absl::StatusOr<v1::Assignment> LocalCoordinator::Join(const v1::JoinRequest& req, CallCanceller* cancel) {
-  const std::string what = "rendezvous join at";
   std::unique_lock<std::mutex> lock(mu_);
+  return *JoinLocked(lock, req, cancel, true);
+}
+
+std::optional<absl::StatusOr<v1::Assignment>> LocalCoordinator::JoinAtOnce(const v1::JoinRequest& req) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return JoinLocked(lock, req, nullptr, false);
+}
+
+std::optional<absl::StatusOr<v1::Assignment>> LocalCoordinator::JoinLocked(std::unique_lock<std::mutex>& lock,
+                                                                          const v1::JoinRequest& req,
+                                                                          CallCanceller* cancel, bool wait) {
+  const std::string what = "rendezvous join at";
   if (!rdzv_) {
     RendezvousConfig cfg = defaults_;
     if (req.has_spec()) {
@@ -141,6 +152,12 @@ absl::StatusOr<v1::Assignment> LocalCoordinator::Join(const v1::JoinRequest& req
         Prefixed(what, absl::InvalidArgumentError(absl::StrCat("this coordinator runs '", run_id_, "' only"))));
   }
   const std::string& id = req.node().node_id();
+  // The retry of a join that JoinAtOnce left waiting, whose round has formed since: joining again
+  // now would open the next round.
+  if (waiting_join_ == id) {
+    waiting_join_.clear();
+    if (auto a = rdzv_->AssignmentFor(id, req.last_round())) return *a;
+  }
   const uint64_t v = rdzv_->version();
   next_tick_.reset();
   if (absl::Status st = rdzv_->Join(req); !st.ok()) return absl::Status(st.code(), Prefixed(what, st));
@@ -153,6 +170,10 @@ absl::StatusOr<v1::Assignment> LocalCoordinator::Join(const v1::JoinRequest& req
       return absl::FailedPreconditionError(Prefixed(
           what, absl::UnknownError(absl::StrCat("run '", run_id_, "' ", PhaseName(rdzv_->phase()),
                                                 rdzv_->reason().empty() ? "" : ": ", rdzv_->reason()))));
+    }
+    if (!wait) {  // the node waits in the round; Join takes it as a retry
+      waiting_join_ = id;
+      return std::nullopt;
     }
     const Clock::TimePoint now = clock_->Now();
     if ((cancel && cancel->cancelled()) || now >= deadline) {

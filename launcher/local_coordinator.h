@@ -28,6 +28,8 @@ class LocalCoordinator final : public CoordinatorClient {
   ~LocalCoordinator() override;
 
   absl::StatusOr<v1::Assignment> Join(const v1::JoinRequest& req, CallCanceller* cancel) override;
+  // A single node's round forms at its join: answered here, with no thread waiting for it.
+  std::optional<absl::StatusOr<v1::Assignment>> JoinAtOnce(const v1::JoinRequest& req) override;
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req) override;
   absl::StatusOr<v1::ReportExitResponse> ReportExit(const v1::ReportExitRequest& req,
                                                     std::chrono::milliseconds timeout) override;
@@ -37,6 +39,10 @@ class LocalCoordinator final : public CoordinatorClient {
 
  private:
   class Stream;
+  // Joins and waits for the answer while `wait` (else returns nullopt when it would wait).
+  std::optional<absl::StatusOr<v1::Assignment>> JoinLocked(std::unique_lock<std::mutex>& lock,
+                                                           const v1::JoinRequest& req, CallCanceller* cancel,
+                                                           bool wait);
   // The run a request names: nullptr (with *error set) when it is not this coordinator's run.
   Rendezvous* RunLocked(const std::string& run_id, absl::Status* error);
   // Ticks the state machine (its timers are looked at on every call: no thread keeps them) and
@@ -53,6 +59,7 @@ class LocalCoordinator final : public CoordinatorClient {
   std::unique_ptr<Rendezvous> rdzv_;
   std::unique_ptr<JobView> view_;
   std::optional<Clock::TimePoint> next_tick_;
+  std::string waiting_join_;  // the node whose JoinAtOnce found no round yet
 };
 
 }  // namespace launch

@@ -59,6 +59,27 @@ TEST(LocalCoordinator, ASingleNodeRoundFormsAtItsJoin) {
   EXPECT_EQ(a->lease_port(), 0);  // no datagrams: nothing listens for them
 }
 
+TEST(LocalCoordinator, AJoinIsAnsweredAtOnceOnlyWhenItsRoundForms) {
+  FakeClock clock;
+  LocalCoordinator c(OneRestart(), std::chrono::seconds(1), &clock);
+  auto a = c.JoinAtOnce(JoinOf("a"));
+  ASSERT_TRUE(a.has_value());
+  ASSERT_TRUE(a->ok()) << a->status();
+  EXPECT_EQ((*a)->round(), 1);
+
+  RendezvousConfig two = OneRestart();
+  two.min_nodes = two.max_nodes = 2;
+  LocalCoordinator pair(two, std::chrono::seconds(1), &clock);
+  EXPECT_FALSE(pair.JoinAtOnce(JoinOf("a")).has_value());  // it would wait for "b"
+  auto b = pair.JoinAtOnce(JoinOf("b"));
+  ASSERT_TRUE(b.has_value());
+  ASSERT_TRUE(b->ok()) << b->status();
+  // "a" waited in the round that "b" formed: its retry gets that round, not a new one.
+  auto retried = pair.Join(JoinOf("a"), nullptr);
+  ASSERT_TRUE(retried.ok()) << retried.status();
+  EXPECT_EQ(retried->round(), (*b)->round());
+}
+
 TEST(LocalCoordinator, AFailureReportedEarlyStopsTheWatchAndTheRejoinGetsTheNextRound) {
   FakeClock clock;
   LocalCoordinator c(OneRestart(), std::chrono::seconds(1), &clock);
