@@ -4,6 +4,7 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -45,6 +46,10 @@ class CoordinatorClient {
   virtual std::unique_ptr<WatchStream> Watch() = 0;
   // Waits for the round to form (bounded by the coordinator's join timeout).
   virtual absl::StatusOr<v1::Assignment> Join(const v1::JoinRequest& req, CallCanceller* cancel = nullptr) = 0;
+  // The join's answer when the client has it without waiting (a coordinator in this process whose
+  // round forms at this join), so that no thread is started to wait for it; nullopt: call Join,
+  // which takes this join as a retry.
+  virtual std::optional<absl::StatusOr<v1::Assignment>> JoinAtOnce(const v1::JoinRequest&) { return std::nullopt; }
   // One lease renewal, answered at once.
   virtual absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req) = 0;
   virtual absl::StatusOr<v1::ReportExitResponse> ReportExit(const v1::ReportExitRequest& req,

@@ -58,14 +58,18 @@ absl::StatusOr<v1::Assignment> CoordinatorSession::Join(
   for (;;) {
     ASSIGN_OR_RETURN(v1::JoinRequest req, make_request());
     absl::StatusOr<v1::Assignment> result = absl::UnknownError("join did not run");
-    BackgroundCall call;
-    RETURN_IF_ERROR(call.Start([&](CallCanceller* c) { result = client_->Join(req, c); }));
-    if (int sig = wait_(call.fd(), std::nullopt); sig > 0) {
-      call.Cancel();
+    if (auto at_once = client_->JoinAtOnce(req)) {
+      result = std::move(*at_once);
+    } else {
+      BackgroundCall call;
+      RETURN_IF_ERROR(call.Start([&](CallCanceller* c) { result = client_->Join(req, c); }));
+      if (int sig = wait_(call.fd(), std::nullopt); sig > 0) {
+        call.Cancel();
+        call.Wait();
+        return cancelled(sig);
+      }
       call.Wait();
-      return cancelled(sig);
     }
-    call.Wait();
     if (result.ok() || !CoordinatorUnreachable(result.status()) || clock_->Now() >= deadline) return result;
     const bool first = !pacer.unreachable();
     const std::chrono::milliseconds delay = pacer.Unreachable();

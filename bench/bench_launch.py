@@ -6,6 +6,12 @@ Measures, for both launchers:
   2. peak RSS of the launcher process (os.wait4 ru_maxrss)    target: launch <= 20 MiB
   3. worker-crash -> restarted-worker latency (2 workers, rank 1 crashes, one restart)
                                                               target: launch <= 10 ms
+  4. workers' exit -> launcher's exit (2 workers that stamp the time and exit 0)
+                                                              target: launch <= 5 ms
+  5. start-up alone: `launch --version` (torchrun has none: `torchrun --help`)
+                                                              target: launch <= 5 ms
+  6. threads and listening sockets the launcher starts for row 1's job (strace -f; counted
+     only where strace is installed)                          target: launch <= 2 threads, 0 listeners
 
 Standard library only. Run with Debian's Python (it has torch 1.13):
     /usr/bin/python3 bench/bench_launch.py [--runs N] [--torchrun-runs N] [--skip-torchrun]
@@ -33,6 +39,13 @@ MIB = 1024.0  # ru_maxrss is in KiB on Linux
 WALL_RATIO_TARGET = 100.0
 RSS_TARGET_MIB = 20.0
 RESTART_TARGET_MS = 10.0
+EXIT_TARGET_MS = 5.0
+VERSION_TARGET_MS = 5.0
+# What a single-node job needs, whatever its workers: the console writer, the workers' store
+# (MASTER_PORT, whose listener torchrun's agent has too), the exit-notice watcher and the
+# --monitor-interval sampler. No gRPC, no coordinator server, no thread per call.
+THREADS_TARGET = 4
+LISTENERS_TARGET = 1
 
 # Variables a parent launcher may have set; the launchers under test must not inherit them.
 _SCRUB_PREFIXES = ("TORCHELASTIC_",)
@@ -75,11 +88,12 @@ def run_once(argv, env, timeout, log_path, leak_marker=None, stop_grace=5.0):
 # --------------------------------------------------------------------------------------------
 
 class Launcher:
-    def __init__(self, name, base_argv, true_flags, restart_flags, timeout):
+    def __init__(self, name, base_argv, true_flags, restart_flags, version_flags, timeout):
         self.name = name
         self.base = base_argv
         self.true_flags = true_flags
         self.restart_flags = restart_flags
+        self.version_flags = version_flags
         self.timeout = timeout
 
 
@@ -148,6 +162,63 @@ def bench_restart(lch, runs, env, tmp, test_worker):
     return {"argv": argv, "lat_ms": lat_ms, "rss": rss}
 
 
+def bench_exit(lch, runs, env, tmp, test_worker):
+    """Scenario 4: the workers' exit -> the launcher's exit. Each worker runs
+    `test_worker --stamp F` (stamps CLOCK_REALTIME, then exits 0); latency = the launcher's reap
+    time (CLOCK_REALTIME, from a pidfd wake-up) minus the latest stamp."""
+    log = os.path.join(tmp, f"{lch.name}-exit.log")
+    lat_ms = []
+    argv = None
+    for i in range(runs + 1):  # first run is warm-up
+        stamp = os.path.join(tmp, f"{lch.name}-exit-stamps-{i}.txt")
+        argv = lch.base + lch.true_flags + [test_worker, "--stamp", stamp]
+        r = run_once(argv, env, lch.timeout, log, leak_marker=stamp)
+        stamps = _read_stamps(stamp)
+        if r.code != 0 or len(stamps) != 2:
+            raise RunFailed(f"exit code {r.code}, stamps {stamps} (expected 0 and two stamps); command:\n"
+                            f"    {' '.join(argv)}\n  output tail:\n{_tail(log)}")
+        if i:
+            lat_ms.append((r.exit_ns - max(t for _, _, t in stamps)) / 1e6)
+    return {"argv": argv, "lat_ms": lat_ms}
+
+
+def bench_version(lch, runs, env, tmp):
+    """Scenario 5: start-up and exit with no job: `launch --version`, `torchrun --help`."""
+    argv = lch.base + lch.version_flags
+    log = os.path.join(tmp, f"{lch.name}-version.log")
+    walls = []
+    for i in range(runs + 1):  # first run is warm-up
+        r = run_once(argv, env, lch.timeout, log)
+        if r.code != 0:
+            raise RunFailed(f"exit code {r.code} (expected 0); command:\n    {' '.join(argv)}"
+                            f"\n  output tail:\n{_tail(log)}")
+        if i:
+            walls.append(r.wall_s)
+    return {"argv": argv, "walls": walls}
+
+
+def bench_threads(lch, env, tmp):
+    """Scenario 6: threads (clone with CLONE_THREAD) and listening sockets (listen) of row 1's
+    job, counted by strace -f over the launcher and its workers (/bin/true starts none)."""
+    strace = shutil.which("strace")
+    if not strace:
+        raise RunFailed("strace is not installed: threads not counted")
+    trace = os.path.join(tmp, f"{lch.name}-strace.txt")
+    log = os.path.join(tmp, f"{lch.name}-threads.log")
+    argv = [strace, "-f", "-qq", "-e", "trace=clone,clone3,listen", "-e", "signal=none", "-o", trace] + \
+        lch.base + lch.true_flags + ["/bin/true"]
+    for _ in range(2):  # the first run warms caches
+        r = run_once(argv, env, lch.timeout * 4, log)
+        if r.code != 0:
+            raise RunFailed(f"exit code {r.code} (expected 0); command:\n    {' '.join(argv)}"
+                            f"\n  output tail:\n{_tail(log)}")
+    with open(trace) as f:
+        lines = f.read().splitlines()
+    threads = sum(1 for l in lines if ("clone(" in l or "clone3(" in l) and "CLONE_THREAD" in l)
+    listeners = sum(1 for l in lines if " listen(" in l and "= 0" in l)
+    return {"argv": argv, "threads": threads, "listeners": listeners}
+
+
 # --------------------------------------------------------------------------------------------
 # Report
 # --------------------------------------------------------------------------------------------
@@ -207,12 +278,14 @@ def main():
         "launch", [args.launch],
         ["--nproc-per-node=2", "--no-python"],
         ["--nproc-per-node=2", "--max-restarts=1", "--no-python"],
+        ["--version"],
         args.launch_timeout)]
     if not args.skip_torchrun:
         launchers.append(Launcher(
             "torchrun", [args.torchrun_python, wrapper],
             ["--nproc_per_node=2", "--monitor_interval", "0.1", "--no_python"],
             ["--nproc_per_node=2", "--max_restarts=1", "--monitor_interval", "0.1", "--no_python"],
+            ["--help"],
             args.torchrun_timeout))
 
     subreaper = harness.become_subreaper()
@@ -236,7 +309,10 @@ def main():
         for lch in launchers:
             n = args.runs if lch.name == "launch" else args.torchrun_runs
             for key, fn in (("true", lambda: bench_true(lch, n, env, tmp)),
-                            ("restart", lambda: bench_restart(lch, n, env, tmp, args.test_worker))):
+                            ("restart", lambda: bench_restart(lch, n, env, tmp, args.test_worker)),
+                            ("exit", lambda: bench_exit(lch, n, env, tmp, args.test_worker)),
+                            ("version", lambda: bench_version(lch, n, env, tmp)),
+                            ("threads", lambda: bench_threads(lch, env, tmp))):
                 print(f"  running {lch.name} / {key} ...", flush=True)
                 try:
                     res[(lch.name, key)] = fn()
@@ -297,6 +373,39 @@ def main():
                  f"{lr3:.1f} MiB" if lr3 is not None else le,
                  f"{tr3:.1f} MiB" if tr3 is not None else te,
                  f"{tr3 / lr3:.1f}x" if lr3 and tr3 else na_ratio, "-", "-"])
+
+    # 4. workers' exit -> launcher's exit
+    lx, le = cell("launch", "exit", lambda r: statistics.median(r["lat_ms"]))
+    tx, te = cell("torchrun", "exit", lambda r: statistics.median(r["lat_ms"]))
+    rows.append(["4. workers' exit -> launcher's exit (median)",
+                 f"{lx:.2f} ms" if lx is not None else le,
+                 f"{tx:.2f} ms" if tx is not None else te,
+                 f"{tx / lx:.1f}x" if lx and tx else na_ratio,
+                 f"launch <= {EXIT_TARGET_MS:.0f} ms",
+                 verdict(lx <= EXIT_TARGET_MS) if lx is not None else "FAILED"])
+    # 5. start-up alone
+    lv, le = cell("launch", "version", lambda r: statistics.median(r["walls"]))
+    tv, te = cell("torchrun", "version", lambda r: statistics.median(r["walls"]))
+    rows.append(["5. --version (torchrun: --help) (median)",
+                 _fmt_ms(lv) if lv is not None else le,
+                 _fmt_ms(tv) if tv is not None else te,
+                 f"{tv / lv:.1f}x" if lv and tv else na_ratio,
+                 f"launch <= {VERSION_TARGET_MS:.0f} ms",
+                 verdict(lv * 1000 <= VERSION_TARGET_MS) if lv is not None else "FAILED"])
+    # 6. threads and listeners
+    lt, le = cell("launch", "threads", lambda r: r["threads"])
+    tt, te = cell("torchrun", "threads", lambda r: r["threads"])
+    rows.append(["6. threads started, row 1's job",
+                 lt if lt is not None else le, tt if tt is not None else te,
+                 f"{tt / lt:.1f}x" if lt and tt else na_ratio,
+                 f"launch <= {THREADS_TARGET}",
+                 verdict(lt <= THREADS_TARGET) if lt is not None else "FAILED"])
+    ln, le = cell("launch", "threads", lambda r: r["listeners"])
+    tn, te = cell("torchrun", "threads", lambda r: r["listeners"])
+    rows.append(["   listening sockets, row 1's job",
+                 ln if ln is not None else le, tn if tn is not None else te, "-",
+                 f"launch <= {LISTENERS_TARGET}",
+                 verdict(ln <= LISTENERS_TARGET) if ln is not None else "FAILED"])
 
     print("  load average at end:   %.2f %.2f %.2f" % os.getloadavg())
     print()

@@ -26,10 +26,11 @@ class RunFailed(Exception):
 
 
 class Result:
-    def __init__(self, code, wall_s, maxrss_kib):
+    def __init__(self, code, wall_s, maxrss_kib, exit_ns=0):
         self.code = code          # exit code (>= 0) or -signal
         self.wall_s = wall_s
         self.maxrss_kib = maxrss_kib
+        self.exit_ns = exit_ns    # CLOCK_REALTIME when the launcher was reaped (workers' stamps use it)
 
 
 def become_subreaper():
@@ -230,12 +231,13 @@ def run_once(argv, env, timeout, log_path, leak_marker=None, stop_grace=5.0, pol
             cleanup_leftovers(leak_marker, leftover_tries)
             raise on_timeout(argv, timeout, log_path)
         status, ru, t1 = got
+        exit_ns = time.time_ns() - int((time.perf_counter() - t1) * 1e9)
         reaped = True
         code = os.waitstatus_to_exitcode(status)
         leaked = cleanup_leftovers(leak_marker, leftover_tries)
         if leaked:
             raise on_leak(argv, leaked)
-        return Result(code, t1 - t0, ru.ru_maxrss)
+        return Result(code, t1 - t0, ru.ru_maxrss, exit_ns)
     finally:
         if not reaped:  # an exception escaped (e.g. KeyboardInterrupt): never leave it behind
             tree = descendants(pid)

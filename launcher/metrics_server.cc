@@ -1,8 +1,9 @@
 #include "launcher/metrics_server.h"
 
-#include <httplib.h>
+#include <dlfcn.h>
 
-#include "absl/strings/match.h"
+#include <filesystem>
+
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 
@@ -10,12 +11,18 @@ namespace launch {
 
 namespace {
 
-// Compares in time that does not depend on where the strings differ.
-bool SameSecret(const std::string& a, const std::string& b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
+// The module beside this binary as installed, or as the build tree lays it out:
+// <bin>/../<libdir>/launch/liblaunch_metrics.so. Loaded once and kept for the process's life.
+absl::StatusOr<StartMetricsHttpFn> LoadMetricsModule() {
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return absl::InternalError(absl::StrCat("--metrics-port: cannot find launch's own path: ", ec.message()));
+  const std::string path = (exe.parent_path().parent_path() / LAUNCH_METRICS_MODULE).lexically_normal().string();
+  void* module = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!module) return absl::FailedPreconditionError(absl::StrCat("--metrics-port: cannot load ", ::dlerror()));
+  void* entry = ::dlsym(module, kStartMetricsHttpSymbol);
+  if (!entry) return absl::FailedPreconditionError(absl::StrCat("--metrics-port: ", path, ": ", ::dlerror()));
+  return reinterpret_cast<StartMetricsHttpFn>(entry);
 }
 
 }  // namespace
@@ -26,55 +33,28 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(Options opts
         "--metrics-port needs a token for its scrapers: set --rdzv-token-file or LAUNCH_RDZV_TOKEN (Prometheus sends "
         "it with authorization: {credentials_file: ...})");
   }
+  static const absl::StatusOr<StartMetricsHttpFn> start = LoadMetricsModule();
+  if (!start.ok()) return start.status();
+  MetricsHttpOptions ho;
+  ho.host = opts.host;
+  ho.port = opts.port;
+  ho.token = opts.token;
+  ho.tls_cert_file = opts.tls_cert_file;
+  ho.tls_key_file = opts.tls_key_file;
+  ho.render = opts.render;
+  std::string error;
+  bool invalid = false;
+  std::unique_ptr<MetricsHttp> http((*start)(ho, &error, &invalid));
+  if (!http) return invalid ? absl::InvalidArgumentError(error) : absl::UnavailableError(error);
   std::unique_ptr<MetricsServer> m(new MetricsServer());
+  m->port_ = http->port();
+  m->http_ = std::move(http);
   const bool tls = !opts.tls_cert_file.empty() && !opts.tls_key_file.empty();
-  if (tls) {
-    m->server_ = std::make_unique<httplib::SSLServer>(opts.tls_cert_file.c_str(), opts.tls_key_file.c_str());
-  } else {
-    m->server_ = std::make_unique<httplib::Server>();
-  }
-  if (!m->server_->is_valid()) {
-    return absl::InvalidArgumentError(absl::StrCat("--metrics-port: cannot serve TLS with ", opts.tls_cert_file,
-                                                   " and ", opts.tls_key_file));
-  }
-  httplib::Server& s = *m->server_;
-  // Scrapes are small and rare: two threads, short timeouts, no request bodies.
-  s.new_task_queue = [] { return new httplib::ThreadPool(2); };
-  s.set_read_timeout(5);
-  s.set_write_timeout(5);
-  s.set_keep_alive_max_count(100);
-  s.set_payload_max_length(1024);
-  const std::string expected = absl::StrCat("Bearer ", opts.token);
-  auto render = opts.render;
-  s.Get("/metrics", [expected, render](const httplib::Request& req, httplib::Response& res) {
-    if (!SameSecret(req.get_header_value("Authorization"), expected)) {
-      res.status = 401;
-      res.set_header("WWW-Authenticate", "Bearer");
-      res.set_content("a bearer token is required: the job's rendezvous token\n", "text/plain");
-      return;
-    }
-    res.set_content(render(), "text/plain; version=0.0.4; charset=utf-8");
-  });
-  if (opts.port == 0) {
-    m->port_ = s.bind_to_any_port(opts.host);
-    if (m->port_ <= 0) return absl::UnavailableError(absl::StrCat("--metrics-port: cannot listen on ", opts.host));
-  } else {
-    if (!s.bind_to_port(opts.host, opts.port)) {
-      return absl::UnavailableError(absl::StrCat("--metrics-port=", opts.port, ": cannot listen on ", opts.host, ":",
-                                                 opts.port, " (in use?)"));
-    }
-    m->port_ = opts.port;
-  }
-  MetricsServer* self = m.get();
-  m->thread_ = std::thread([self] { self->server_->listen_after_bind(); });
   spdlog::info("Prometheus metrics at {}://{}:{}/metrics (bearer token: the rendezvous token)", tls ? "https" : "http",
                opts.host, m->port_);
   return m;
 }
 
-MetricsServer::~MetricsServer() {
-  if (server_) server_->stop();
-  if (thread_.joinable()) thread_.join();
-}
+MetricsServer::~MetricsServer() = default;
 
 }  // namespace launch

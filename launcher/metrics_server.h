@@ -1,19 +1,16 @@
 // The coordinator's Prometheus endpoint (--metrics-port): GET /metrics answers the text of every
 // run it knows (launcher/metrics_text.h), to scrapers that present the rendezvous token as a
 // bearer token, over TLS when the coordinator has a certificate. Served by cpp-httplib on a small
-// thread pool of its own; nothing else is served.
+// thread pool of its own; nothing else is served. cpp-httplib lives in a module that only
+// --metrics-port loads (launcher/metrics_http.h).
 #pragma once
 
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "absl/status/statusor.h"
-
-namespace httplib {
-class Server;
-}
+#include "launcher/metrics_http.h"
 
 namespace launch {
 
@@ -33,8 +30,7 @@ class MetricsServer {
 
  private:
   MetricsServer() = default;
-  std::unique_ptr<httplib::Server> server_;
-  std::thread thread_;
+  std::unique_ptr<MetricsHttp> http_;
   int port_ = 0;
 };
 

@@ -23,6 +23,7 @@
 #include "common/status_macros.h"
 #include "launcher/coordinator.h"
 #include "launcher/doctor.h"
+#include "launcher/local_coordinator.h"
 #include "launcher/plan.h"
 #include "launcher/security.h"
 #include "launcher/metrics_server.h"
@@ -130,7 +131,7 @@ HostFacts GatherHostFacts(HostQueries* queries, bool topology) {
 // The coordinator this agent talks to, and the server when this agent hosts it.
 struct RendezvousLink {
   std::unique_ptr<CoordinatorServer> server;
-  std::unique_ptr<GrpcCoordinatorClient> client;
+  std::unique_ptr<CoordinatorClient> client;
 };
 
 absl::StatusOr<std::unique_ptr<GrpcCoordinatorClient>> MakeClient(const std::string& target,
@@ -360,7 +361,16 @@ int RunLaunch(const LaunchConfig& c, OrphanGuard* guard, SignalFd* signals) {
 
   const bool multi = plan.topology == Topology::kMultiNode && !plan.dry_run_without_rendezvous;
   SystemClock clock;
-  auto link = multi ? ConnectToRendezvous(plan, security, &clock) : ConnectInProcess(plan.rendezvous, &clock);
+  absl::StatusOr<RendezvousLink> link;
+  if (multi) {
+    link = ConnectToRendezvous(plan, security, &clock);
+  } else if (c.metrics_port) {
+    link = ConnectInProcess(plan.rendezvous, &clock);  // the metrics endpoint serves its status
+  } else {
+    // A single node's rendezvous needs no server: no socket, no gRPC threads (see local_coordinator.h).
+    link = RendezvousLink{nullptr,
+                          std::make_unique<LocalCoordinator>(plan.rendezvous, opts.heartbeat_interval, &clock)};
+  }
   if (!link.ok()) {
     if (absl::IsInvalidArgument(link.status()) || absl::IsFailedPrecondition(link.status())) {
       return UsageError(std::string(link.status().message()));

@@ -7,6 +7,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/net.h"
 #include "launch.grpc.pb.h"
 #include <grpcpp/grpcpp.h>
 #include "tests/integration/launch_cmd.h"
@@ -44,40 +45,57 @@ TEST(Launch, StoppingLaunchForAWhileDoesNotRestartItsWorkers) {
 }
 
 // A single node's coordinator listened on loopback with no token: any local user could send it
-// a forged heartbeat. Every call now needs a token only launch knows. (launch's other port is the
-// workers' store, MASTER_PORT, which speaks no gRPC: the call fails there too.)
-TEST(Launch, TheSingleNodeCoordinatorRefusesCallsWithoutItsToken) {
-  TempDir dir;
-  Child c(Cmd({"--nproc-per-node=1"}, {"--pid-file", dir / "pids", "--print-env", "MASTER_PORT", "--wait-lines",
-                                       dir / "go", "1", "--exit", "0"}));
-  ASSERT_TRUE(WaitUntil([&] {
-    c.Pump(1);
-    return ReadPids(dir / "pids").size() == 1 && absl::StrContains(c.out(), "MASTER_PORT=");
-  }));
-  const std::string out = c.out();
-  const int store_port = std::stoi(out.substr(out.find("MASTER_PORT=") + 12));
-  const std::vector<int> ports = ListeningTcpPorts(c.pid());
-  ASSERT_EQ(ports.size(), 2u);
-  EXPECT_EQ(std::count(ports.begin(), ports.end(), store_port), 1);
-  for (int port : ports) {
-    auto stub = v1::Rendezvous::NewStub(
-        grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    v1::HeartbeatRequest hb;
-    hb.set_run_id("any");
-    hb.set_node_id("intruder");
-    v1::HeartbeatResponse resp;
-    grpc::Status st = stub->Heartbeat(&ctx, hb, &resp);
-    if (port == store_port) {
-      EXPECT_FALSE(st.ok());
-      continue;
+// a forged heartbeat. Every call then needed a token only launch knew; now a single node's
+// rendezvous is no server at all, so its job listens on the workers' store (MASTER_PORT) alone,
+// which speaks no gRPC. With --metrics-port the gRPC coordinator is back (the endpoint serves its
+// status), and it still refuses calls without the token.
+TEST(Launch, ASingleNodeJobListensOnlyWhereItsWorkersNeedIt) {
+  for (bool metrics : {false, true}) {
+    TempDir dir;
+    std::vector<std::string> flags = {"--nproc-per-node=1"};
+    int metrics_port = 0;
+    if (metrics) {
+      auto free = PickFreePort("127.0.0.1");
+      ASSERT_TRUE(free.ok()) << free.status();
+      metrics_port = *free;
+      flags.push_back("--metrics-port=" + std::to_string(metrics_port));
     }
-    EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED) << port << ": " << st.error_message();
+    // The metrics endpoint's scrapers need a token; it is then the coordinator's too.
+    std::vector<std::string> env;
+    if (metrics) env.push_back("LAUNCH_RDZV_TOKEN=a-token-for-the-scrapers");
+    Child c(Cmd(flags, {"--pid-file", dir / "pids", "--print-env", "MASTER_PORT", "--wait-lines", dir / "go", "1",
+                        "--exit", "0"}),
+            env);
+    ASSERT_TRUE(WaitUntil([&] {
+      c.Pump(1);
+      return ReadPids(dir / "pids").size() == 1 && absl::StrContains(c.out(), "MASTER_PORT=");
+    }));
+    const std::string out = c.out();
+    const int store_port = std::stoi(out.substr(out.find("MASTER_PORT=") + 12));
+    std::vector<int> ports = ListeningTcpPorts(c.pid());
+    ports.erase(std::remove(ports.begin(), ports.end(), metrics_port), ports.end());
+    ASSERT_EQ(ports.size(), metrics ? 2u : 1u) << "metrics " << metrics;
+    EXPECT_EQ(std::count(ports.begin(), ports.end(), store_port), 1);
+    for (int port : ports) {
+      auto stub = v1::Rendezvous::NewStub(
+          grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+      v1::HeartbeatRequest hb;
+      hb.set_run_id("any");
+      hb.set_node_id("intruder");
+      v1::HeartbeatResponse resp;
+      grpc::Status st = stub->Heartbeat(&ctx, hb, &resp);
+      if (port == store_port) {
+        EXPECT_FALSE(st.ok());
+        continue;
+      }
+      EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED) << port << ": " << st.error_message();
+    }
+    WriteFile(dir / "go", "go\n");
+    auto r = c.Wait();
+    EXPECT_EQ(r.exit_code, 0) << r.err;
   }
-  WriteFile(dir / "go", "go\n");
-  auto r = c.Wait();
-  EXPECT_EQ(r.exit_code, 0) << r.err;
 }
 
 }  // namespace
