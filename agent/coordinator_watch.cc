@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "agent/heartbeat_order.h"
 #include "common/lease.h"
 #include "common/net.h"
 #include "common/status_macros.h"
@@ -135,12 +136,13 @@ void CoordinatorWatch::Loop(v1::Assignment a) {
     if (got) {
       pacer.Reached();
       if (unreachable_.exchange(false)) spdlog::info("coordinator at {} is back", client_->target());
-      if (resp.unknown_node()) {
+      const HeartbeatOrder order = OrderOf(resp);
+      if (order == HeartbeatOrder::kReregister) {
         spdlog::warn("the coordinator does not know this node (it restarted): re-registering");
         Backoff(opts.retry.first);
         continue;
       }
-      if (resp.lease_by_stream() && !resp.stop_workers() && !resp.job_succeeded() && !resp.job_failed()) {
+      if (order == HeartbeatOrder::kLeaseByStream) {
         spdlog::warn("lease datagrams to UDP port {} of the coordinator do not arrive; heartbeating on the stream",
                      a.lease_port());
         by_udp = false;

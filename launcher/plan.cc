@@ -342,7 +342,7 @@ absl::StatusOr<LaunchPlan> Plan(const LaunchConfig& c, const HostFacts& host) {
     t.group_rank = c.node_rank;
     t.group_world_size = c.max_nodes;
     t.master_addr = *c.master_addr;
-    t.master_port = c.master_port.value_or(29500);
+    t.master_port = c.master_port.value_or(kDefaultMasterPort);
     opts.static_topology = t;
   }
 
@@ -380,7 +380,7 @@ absl::StatusOr<LaunchPlan> Plan(const LaunchConfig& c, const HostFacts& host) {
     }
     t.group_world_size = c.max_nodes;
     t.master_addr = c.master_addr.value_or(plan.rdzv_host);
-    t.master_port = c.master_port.value_or(29500);
+    t.master_port = c.master_port.value_or(kDefaultMasterPort);
     opts.static_topology = t;
     plan.dry_run_without_rendezvous = true;
   }
