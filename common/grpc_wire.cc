@@ -14,7 +14,8 @@ std::vector<std::pair<const char*, int>> KeepaliveArgs(GrpcEnd end) {
   std::vector<std::pair<const char*, int>> args = {
       {GRPC_ARG_KEEPALIVE_TIME_MS, Ms(kKeepaliveTime)},
       {GRPC_ARG_KEEPALIVE_TIMEOUT_MS, Ms(kKeepaliveTimeout)},
-      // Heartbeats are tiny: no bandwidth-delay-product pings (each costs a ping, an ack and a timer).
+      // Heartbeats are tiny: no bandwidth-delay-product pings (each costs a ping, an ack and a
+      // timer).
       {GRPC_ARG_HTTP2_BDP_PROBE, 0},
   };
   if (end == GrpcEnd::kServer) {
@@ -32,7 +33,8 @@ void ApplyKeepalive(grpc::ChannelArguments* client) {
 }
 
 void ApplyKeepalive(grpc::ServerBuilder* server) {
-  for (const auto& [name, value] : KeepaliveArgs(GrpcEnd::kServer)) server->AddChannelArgument(name, value);
+  for (const auto& [name, value] : KeepaliveArgs(GrpcEnd::kServer))
+    server->AddChannelArgument(name, value);
 }
 
 }  // namespace launch

@@ -23,18 +23,19 @@ TEST_P(ExitStatusTable, Code) { EXPECT_EQ(ExitStatus(GetParam().outcome), GetPar
 
 INSTANTIATE_TEST_SUITE_P(
     All, ExitStatusTable,
-    ::testing::Values(Row{"Success", LaunchOutcome::Succeeded(), 0},
-                      Row{"UsageError", LaunchOutcome::UsageError(), 2},
-                      Row{"LaunchItselfFailed", LaunchOutcome::LaunchError(), 1},
-                      Row{"JobFailedWithOnlyAReason", LaunchOutcome::JobFailed(), 1},
-                      Row{"LaunchInterrupted", LaunchOutcome::Signalled(SIGINT), 128 + SIGINT},
-                      Row{"LaunchTerminated", LaunchOutcome::Signalled(SIGTERM), 143},
-                      Row{"WorkerExitCode", LaunchOutcome::WorkerFailed(3, 0), 3},
-                      Row{"WorkerExitCodeTwoIsNotAUsageError", LaunchOutcome::WorkerFailed(2, 0), 2},
-                      Row{"WorkerKilled", LaunchOutcome::WorkerFailed(0, SIGKILL), 128 + SIGKILL},
-                      Row{"WorkerSignalOutranksItsCode", LaunchOutcome::WorkerFailed(1, SIGSEGV), 128 + SIGSEGV},
-                      Row{"WorkerHung", LaunchOutcome::WorkerFailed(0, SIGTERM, true), kHungExitCode},
-                      Row{"FailureWithNeitherCodeNorSignal", LaunchOutcome::WorkerFailed(0, 0), 1}),
+    ::testing::Values(
+        Row{"Success", LaunchOutcome::Succeeded(), 0},
+        Row{"UsageError", LaunchOutcome::UsageError(), 2},
+        Row{"LaunchItselfFailed", LaunchOutcome::LaunchError(), 1},
+        Row{"JobFailedWithOnlyAReason", LaunchOutcome::JobFailed(), 1},
+        Row{"LaunchInterrupted", LaunchOutcome::Signalled(SIGINT), 128 + SIGINT},
+        Row{"LaunchTerminated", LaunchOutcome::Signalled(SIGTERM), 143},
+        Row{"WorkerExitCode", LaunchOutcome::WorkerFailed(3, 0), 3},
+        Row{"WorkerExitCodeTwoIsNotAUsageError", LaunchOutcome::WorkerFailed(2, 0), 2},
+        Row{"WorkerKilled", LaunchOutcome::WorkerFailed(0, SIGKILL), 128 + SIGKILL},
+        Row{"WorkerSignalOutranksItsCode", LaunchOutcome::WorkerFailed(1, SIGSEGV), 128 + SIGSEGV},
+        Row{"WorkerHung", LaunchOutcome::WorkerFailed(0, SIGTERM, true), kHungExitCode},
+        Row{"FailureWithNeitherCodeNorSignal", LaunchOutcome::WorkerFailed(0, 0), 1}),
     [](const ::testing::TestParamInfo<Row>& info) { return std::string(info.param.name); });
 
 // A local worker's result gives the same code through the table as through its own AsExitCode.
@@ -45,7 +46,8 @@ TEST(ExitStatus, AgreesWithAWorkersResult) {
     w.exit_code = code;
     w.signal = sig;
     w.hung = hung;
-    EXPECT_EQ(ExitStatus(LaunchOutcome::WorkerFailed(w.exit_code, w.signal, w.hung)), w.AsExitCode())
+    EXPECT_EQ(ExitStatus(LaunchOutcome::WorkerFailed(w.exit_code, w.signal, w.hung)),
+              w.AsExitCode())
         << code << " " << sig << " " << hung;
   }
   EXPECT_EQ(kHungExitCode, WorkerResult::kHungExitCode);

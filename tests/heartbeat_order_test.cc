@@ -43,23 +43,30 @@ TEST_P(HeartbeatOrderTable, Decodes) {
 INSTANTIATE_TEST_SUITE_P(
     All, HeartbeatOrderTable,
     ::testing::Values(
-        //   name                     stop   unknown succ   failed lease  capture order              stacks
+        // Name; stop, unknown, succeeded, failed, lease_by_stream, capture; order; wants stacks.
         Row{"Nothing", false, false, false, false, false, false, O::kCarryOn, false},
         Row{"UnknownNode", false, true, false, false, false, false, O::kReregister, false},
         Row{"UnknownOutranksTheRest", true, true, false, true, true, true, O::kReregister, false},
-        Row{"LeaseByStreamAlone", false, false, false, false, true, false, O::kLeaseByStream, false},
-        Row{"StopOutranksLeaseByStream", true, false, false, false, true, false, O::kStopWorkers, false},
+        Row{"LeaseByStreamAlone", false, false, false, false, true, false, O::kLeaseByStream,
+            false},
+        Row{"StopOutranksLeaseByStream", true, false, false, false, true, false, O::kStopWorkers,
+            false},
         Row{"NewRound", true, false, false, false, false, false, O::kStopWorkers, false},
-        Row{"HangStopCapturesStacks", true, false, false, false, false, true, O::kStopWorkers, true},
+        Row{"HangStopCapturesStacks", true, false, false, false, false, true, O::kStopWorkers,
+            true},
         Row{"JobFailed", true, false, false, true, false, false, O::kJobFailed, false},
-        Row{"JobFailedByAHangCapturesStacks", true, false, false, true, false, true, O::kJobFailed, true},
+        Row{"JobFailedByAHangCapturesStacks", true, false, false, true, false, true, O::kJobFailed,
+            true},
         Row{"JobSucceeded", false, false, true, false, false, false, O::kJobSucceeded, false},
-        Row{"SucceededWithLeaseByStream", false, false, true, false, true, false, O::kJobSucceeded, false},
-        Row{"CaptureWithoutAStopIsNothing", false, false, false, false, false, true, O::kCarryOn, false}),
+        Row{"SucceededWithLeaseByStream", false, false, true, false, true, false, O::kJobSucceeded,
+            false},
+        Row{"CaptureWithoutAStopIsNothing", false, false, false, false, false, true, O::kCarryOn,
+            false}),
     [](const ::testing::TestParamInfo<Row>& info) { return std::string(info.param.name); });
 
 TEST(HeartbeatOrder, OnlyTheJobsEndEndsIt) {
-  for (O o : {O::kCarryOn, O::kReregister, O::kLeaseByStream, O::kStopWorkers}) EXPECT_FALSE(EndsTheJob(o));
+  for (O o : {O::kCarryOn, O::kReregister, O::kLeaseByStream, O::kStopWorkers})
+    EXPECT_FALSE(EndsTheJob(o));
   EXPECT_TRUE(EndsTheJob(O::kJobSucceeded));
   EXPECT_TRUE(EndsTheJob(O::kJobFailed));
 }

@@ -69,7 +69,8 @@ TEST(Tunables, HelpPrintsTheTablesDefaults) {
   EXPECT_NE(flat.find("SIGKILL when stopping workers (default 30)"), std::string::npos) << flat;
   EXPECT_NE(flat.find("(default 5; at least 1; 0: off)"), std::string::npos) << flat;
   EXPECT_NE(flat.find("(default 1.2; 0: off)"), std::string::npos) << flat;
-  EXPECT_NE(flat.find("the larger of 10x its median step time and 300; 0: off"), std::string::npos) << flat;
+  EXPECT_NE(flat.find("the larger of 10x its median step time and 300; 0: off"), std::string::npos)
+      << flat;
 }
 
 std::map<std::string, int> Args(GrpcEnd end) {
@@ -85,7 +86,8 @@ TEST(Tunables, BothEndsOfAConnectionTakeTheSameKeepalive) {
   auto server = Args(GrpcEnd::kServer);
   EXPECT_EQ(client.at(GRPC_ARG_KEEPALIVE_TIME_MS), server.at(GRPC_ARG_KEEPALIVE_TIME_MS));
   EXPECT_EQ(client.at(GRPC_ARG_KEEPALIVE_TIMEOUT_MS), server.at(GRPC_ARG_KEEPALIVE_TIMEOUT_MS));
-  EXPECT_LT(server.at(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS), client.at(GRPC_ARG_KEEPALIVE_TIME_MS));
+  EXPECT_LT(server.at(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS),
+            client.at(GRPC_ARG_KEEPALIVE_TIME_MS));
   EXPECT_EQ(server.at(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS), 1);
   EXPECT_EQ(client.count(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS), 0u);
   EXPECT_EQ(client.at(GRPC_ARG_KEEPALIVE_TIME_MS), 5000);
