@@ -16,11 +16,15 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "agent/error_file.h"
+#include "agent/heartbeat_order.h"
 #include "agent/log_relay.h"
 #include "agent/numa.h"
+#include "common/check.h"
+#include "common/exit_status.h"
 #include "common/limits.h"
 #include "common/net.h"
 #include "common/status_macros.h"
+#include "common/tunables.h"
 #include "spdlog/spdlog.h"
 
 namespace launch {
@@ -207,10 +211,15 @@ void Agent::PrintDryRun(const std::vector<WorkerLaunch>& workers) const {
 
 namespace {
 
-int FailureExitCode(const v1::Failure& f) {
-  if (!f.has_exit()) return 1;
-  if (f.exit().signal()) return 128 + f.exit().signal();
-  return f.exit().exit_code() ? f.exit().exit_code() : 1;
+// The job's first failure as launch's exit status. Its `hung` is not read: a rank that hung on
+// another node ends this one with the signal that stopped it.
+LaunchOutcome FailureOutcome(const v1::Failure& f) {
+  if (!f.has_exit()) return LaunchOutcome::WorkerFailed(0, 0);
+  return LaunchOutcome::WorkerFailed(f.exit().exit_code(), f.exit().signal());
+}
+
+LaunchOutcome WorkerOutcome(const WorkerResult& w) {
+  return LaunchOutcome::WorkerFailed(w.exit_code, w.signal, w.hung);
 }
 
 // "rank 3 on node host1 (10.0.0.2): exit 1: message" — the job's first failure, wherever it was.
@@ -263,7 +272,9 @@ class RunDirectory {
   bool keep_ = false;
 };
 
-Verdict ToVerdict(const v1::ReportExitResponse& r) { return Verdict{r.job_succeeded(), r.job_failed(), r.restart()}; }
+Verdict ToVerdict(const v1::ReportExitResponse& r) {
+  return VerdictFrom(r.job_succeeded(), r.job_failed(), r.restart());
+}
 
 }  // namespace
 
@@ -272,7 +283,7 @@ int Agent::Run() {
   RunDirectory dir;
   if (auto st = dir.Make(opts_); !st.ok()) {
     spdlog::error("{}", std::string(st.message()));
-    return 1;
+    return ExitStatus(LaunchOutcome::LaunchError());
   }
   run_dir_ = dir.path();
   if (opts_.node.addresses().empty()) {
@@ -286,7 +297,7 @@ int Agent::Run() {
     auto timer = StartFileTimer(parent_env_);
     if (!timer.ok()) {
       spdlog::error("{}", std::string(timer.status().message()));
-      return 2;
+      return ExitStatus(LaunchOutcome::UsageError());
     }
     file_timer_ = std::move(*timer);
     // Without it checkpoints are only written to disk, and each attempt's rank 0 makes a new
@@ -504,6 +515,8 @@ AgentEvent Agent::RunWorkers(Attempt* at) {
   WorkerGroup::Options gopts;
   gopts.stop = StopEscalation::TermThenKill(opts_.stop_timeout);
   gopts.hang.timeout = opts_.hang_timeout;
+  gopts.hang.floor = kHangTimeoutFloor;
+  gopts.hang.factor = kHangTimeoutFactor;
   gopts.hang.debugger = opts_.debugger;
   gopts.stop_fd = watch.fd();
   gopts.live = &live_;
@@ -525,7 +538,7 @@ AgentEvent Agent::RunWorkers(Attempt* at) {
     monitor_->Start();
   }
   if (monitor_) monitor_->SetRound(a.round());
-  gopts.stop_wants_stacks = [&watch] { return watch.answer().capture_stacks(); };
+  gopts.stop_wants_stacks = [&watch] { return WantsStacks(watch.answer()); };
   // Tell the coordinator at once, not after the group has stopped, so the other nodes stop now;
   // on a thread of its own, so the call never holds up the group's supervision.
   BackgroundCall early_report;
@@ -536,7 +549,7 @@ AgentEvent Agent::RunWorkers(Attempt* at) {
     early.set_round(a.round());
     *early.add_exits() = ToProto(w);
     auto st = early_report.Start([this, early](CallCanceller*) {
-      (void)session_.client()->ReportExit(early, std::chrono::seconds(1));
+      (void)session_.client()->ReportExit(early, kEarlyReportDeadline);
     });
     if (!st.ok()) spdlog::warn("cannot tell the coordinator of the failure early: {}", std::string(st.message()));
   };
@@ -577,11 +590,11 @@ AgentEvent Agent::RunWorkers(Attempt* at) {
     leaving.set_node_id(opts_.node.node_id());
     leaving.set_round(a.round());
     leaving.set_leaving(true);
-    (void)session_.client()->ReportExit(leaving, std::chrono::seconds(2));
+    (void)session_.client()->ReportExit(leaving, kLeavingReportDeadline);
     spdlog::warn("stopped by {}", SignalName(at->outcome.signal));
   }
   // The agent-hosted coordinator died with its node: nobody is left to report to.
-  const bool coordinator_gone = at->why.job_failed() && watch.unreachable();
+  const bool coordinator_gone = OrderOf(at->why) == HeartbeatOrder::kJobFailed && watch.unreachable();
   return AgentEvent::GroupEnded(at->outcome.kind, at->outcome.signal, coordinator_gone);
 }
 
@@ -592,6 +605,9 @@ AgentEvent Agent::ReportOutcome(const AgentState& state, Attempt* at) {
   report.set_round(at->assignment.round());
   const GroupOutcome& o = at->outcome;
   if (o.kind == GroupEnd::kFailed) {
+    // A failed group names the worker whose failure stopped it.
+    LAUNCH_CHECK(o.root_cause >= 0 && o.root_cause < static_cast<int>(o.workers.size()))
+        << "root cause " << o.root_cause << " of " << o.workers.size() << " workers";
     // The root cause first: the coordinator keeps the first exit of the job's first report.
     *report.add_exits() = ToProto(o.workers[o.root_cause]);
     for (int i = 0; i < static_cast<int>(o.workers.size()); ++i)
@@ -610,7 +626,10 @@ AgentEvent Agent::ReportOutcome(const AgentState& state, Attempt* at) {
   at->verdict = *verdict;
   at->has_verdict = true;
   Verdict v = ToVerdict(*verdict);
-  if (o.kind == GroupEnd::kCoordinatorStop && at->why.job_failed()) v.job_failed = true;
+  // The watch already said the job failed (e.g. the node hosting the coordinator is gone).
+  if (o.kind == GroupEnd::kCoordinatorStop && OrderOf(at->why) == HeartbeatOrder::kJobFailed && v != Verdict::kSucceeded) {
+    v = Verdict::kFailed;
+  }
   return AgentEvent::Answered(v);
 }
 
@@ -621,8 +640,16 @@ AgentEvent Agent::AwaitOthers(Attempt* at) {
     spdlog::warn("stopped by {} while waiting for the other nodes", SignalName(sig));
     return AgentEvent::Signal(sig);
   }
-  const v1::HeartbeatResponse answer = watch.answer();
-  return AgentEvent::Answered(Verdict{answer.job_succeeded(), answer.job_failed(), answer.stop_workers()});
+  switch (OrderOf(watch.answer())) {
+    case HeartbeatOrder::kJobSucceeded:
+      return AgentEvent::Answered(Verdict::kSucceeded);
+    case HeartbeatOrder::kJobFailed:
+      return AgentEvent::Answered(Verdict::kFailed);
+    case HeartbeatOrder::kStopWorkers:
+      return AgentEvent::Answered(Verdict::kNewRound);
+    default:
+      return AgentEvent::Answered(Verdict::kGoOn);
+  }
 }
 
 AgentEvent Agent::BackOff() {
@@ -638,6 +665,9 @@ void Agent::LogMove(const AgentState& from, const AgentState& to, const Attempt&
   if (to.phase == AgentPhase::kAwaiting) {
     spdlog::info("all {} worker(s) of this node exited 0; waiting for the other nodes", at.outcome.workers.size());
   } else if (to.phase == AgentPhase::kBackingOff) {
+    // Only a failed group backs off (agent_machine.cc), and a failed group has a root cause.
+    LAUNCH_CHECK(at.outcome.root_cause >= 0 && at.outcome.root_cause < static_cast<int>(at.outcome.workers.size()))
+        << "backing off with root cause " << at.outcome.root_cause << " of " << at.outcome.workers.size();
     const WorkerResult& root = at.outcome.workers[at.outcome.root_cause];
     std::string why = root.error_message.substr(0, root.error_message.find('\n'));
     if (root.hung) {
@@ -664,44 +694,50 @@ int Agent::Finish(const AgentState& state, const Attempt& at, bool temp_dir) {
     ConsoleErr().Write(absl::StrCat("launch: per-rank progress on this node:\n", table));
   }
   // The job failed as the coordinator saw it: say where it failed first and exit with that code.
-  auto job_failed = [&](int own_code) {
+  auto job_failed = [&](LaunchOutcome own) {
     if (at.has_verdict && at.verdict.has_first_failure()) {
       ConsoleErr().Write(
           absl::StrCat("launch: job failed: first failure: ", DescribeFailure(at.verdict.first_failure()), "\n"));
-      return FailureExitCode(at.verdict.first_failure());
+      return ExitStatus(FailureOutcome(at.verdict.first_failure()));
     }
     std::string reason = at.has_verdict ? at.verdict.reason() : at.error;
-    if (at.outcome.kind == GroupEnd::kCoordinatorStop && at.why.job_failed() && !at.why.reason().empty() &&
+    if (at.outcome.kind == GroupEnd::kCoordinatorStop && OrderOf(at.why) == HeartbeatOrder::kJobFailed &&
+        !at.why.reason().empty() &&
         (!at.has_verdict || reason.empty())) {
       reason = at.why.reason();
     }
     ConsoleErr().Write(absl::StrCat("launch: job failed: ", reason, "\n"));
-    return own_code ? own_code : 1;
+    return ExitStatus(own);
   };
   switch (state.end) {
     case AgentEnd::kSucceeded:
       spdlog::info("all {} worker(s) exited 0", at.outcome.workers.size());
-      return 0;
+      return ExitStatus(LaunchOutcome::Succeeded());
     case AgentEnd::kDryRun:
-      return 0;
+      return ExitStatus(LaunchOutcome::Succeeded());
     case AgentEnd::kSignal:
-      return 128 + state.signal;
+      return ExitStatus(LaunchOutcome::Signalled(state.signal));
     case AgentEnd::kLaunchError:
       spdlog::error("{}", at.error.empty() ? std::string("internal: an event that cannot come now") : at.error);
-      return 1;
+      return ExitStatus(LaunchOutcome::LaunchError());
     case AgentEnd::kBadInput:
       spdlog::error("{}", at.error);
-      return 2;
+      return ExitStatus(LaunchOutcome::UsageError());
     case AgentEnd::kJobFailed:
-      return job_failed(1);
+      return job_failed(LaunchOutcome::JobFailed());
     case AgentEnd::kGaveUp:
     case AgentEnd::kNone:
       break;
   }
   if (at.outcome.root_cause < 0) {
     spdlog::error("internal: the run ended with no outcome");
-    return 1;
+    return ExitStatus(LaunchOutcome::LaunchError());
   }
+  // The group ran the attempt's workers: one result for each.
+  LAUNCH_CHECK(at.outcome.root_cause < static_cast<int>(at.outcome.workers.size()) &&
+               at.outcome.workers.size() == at.workers.size())
+      << "root cause " << at.outcome.root_cause << " of " << at.outcome.workers.size() << " results for "
+      << at.workers.size() << " workers";
   const WorkerResult& root = at.outcome.workers[at.outcome.root_cause];
   std::string headline = absl::StrCat("launch: worker group failed after ", at.assignment.restart_count(),
                                       " restart(s)", at.assignment.max_restarts() > 0 ? " (restart budget exhausted)" : "",
@@ -718,12 +754,12 @@ int Agent::Finish(const AgentState& state, const Attempt& at, bool temp_dir) {
   }
   if (!at.has_verdict) {
     spdlog::error("{}", at.error);
-    return root.AsExitCode();
+    return ExitStatus(WorkerOutcome(root));
   }
   if (at.verdict.has_first_failure() && at.verdict.first_failure().node_id() != opts_.node.node_id()) {
-    return job_failed(root.AsExitCode());
+    return job_failed(WorkerOutcome(root));
   }
-  return root.AsExitCode();
+  return ExitStatus(WorkerOutcome(root));
 }
 
 }  // namespace launch

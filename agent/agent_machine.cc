@@ -14,6 +14,12 @@ const char* AgentPhaseName(AgentPhase p) {
   return "?";
 }
 
+Verdict VerdictFrom(bool job_succeeded, bool job_failed, bool new_round) {
+  if (job_succeeded) return Verdict::kSucceeded;
+  if (job_failed) return Verdict::kFailed;
+  return new_round ? Verdict::kNewRound : Verdict::kGoOn;
+}
+
 namespace {
 
 AgentState Done(AgentState s, AgentEnd end, int signal = 0) {
@@ -30,19 +36,19 @@ AgentState Go(AgentState s, AgentPhase phase, bool asking = false) {
 }
 
 // The coordinator answered this node's report about workers that ended as `s.last_end`.
-AgentState AfterReport(const AgentState& s, const Verdict& v) {
-  if (v.job_succeeded) return Done(s, AgentEnd::kSucceeded);
+AgentState AfterReport(const AgentState& s, Verdict v) {
+  if (v == Verdict::kSucceeded) return Done(s, AgentEnd::kSucceeded);
   switch (s.last_end) {
     case GroupEnd::kFailed:
       // The local summary is printed either way; the job's first failure decides the code.
-      return v.restart ? Go(s, AgentPhase::kBackingOff) : Done(s, AgentEnd::kGaveUp);
+      return v == Verdict::kNewRound ? Go(s, AgentPhase::kBackingOff) : Done(s, AgentEnd::kGaveUp);
     case GroupEnd::kSucceeded:
-      if (v.job_failed) return Done(s, AgentEnd::kJobFailed);
+      if (v == Verdict::kFailed) return Done(s, AgentEnd::kJobFailed);
       // Another node failed after ours succeeded, or (having waited) the job goes on: re-join.
-      if (v.restart || s.asking) return Go(s, AgentPhase::kJoining);
+      if (v == Verdict::kNewRound || s.asking) return Go(s, AgentPhase::kJoining);
       return Go(s, AgentPhase::kAwaiting);
     case GroupEnd::kCoordinatorStop:
-      return v.job_failed ? Done(s, AgentEnd::kJobFailed) : Go(s, AgentPhase::kJoining);
+      return v == Verdict::kFailed ? Done(s, AgentEnd::kJobFailed) : Go(s, AgentPhase::kJoining);
     case GroupEnd::kInterrupted:
       break;  // an interrupted group ends the run before any report
   }
@@ -80,8 +86,8 @@ AgentState NextAgentState(const AgentState& s, const AgentEvent& e) {
     case K::kVerdict:
       if (s.phase == P::kReporting) return AfterReport(s, e.verdict);
       if (s.phase == P::kAwaiting) {
-        if (e.verdict.job_succeeded) return Done(s, AgentEnd::kSucceeded);
-        if (e.verdict.restart && !e.verdict.job_failed) return Go(s, P::kJoining);
+        if (e.verdict == Verdict::kSucceeded) return Done(s, AgentEnd::kSucceeded);
+        if (e.verdict == Verdict::kNewRound) return Go(s, P::kJoining);
         return Go(s, P::kReporting, /*asking=*/true);  // failed: ask for the verdict with its first failure
       }
       break;

@@ -39,11 +39,16 @@ struct AgentState {
 };
 
 // The coordinator's answer to a report or to the wait for the other nodes.
-struct Verdict {
-  bool job_succeeded = false;
-  bool job_failed = false;
-  bool restart = false;  // a new round: re-join
+enum class Verdict {
+  kGoOn,       // nothing ended: the job and its round go on
+  kNewRound,   // a new round forms: re-join (after this node's failure, back off first)
+  kSucceeded,  // the whole job succeeded
+  kFailed,     // the job failed; no new round comes
 };
+
+// The wire's booleans (ReportExitResponse's, or a heartbeat's with stop_workers as `new_round`)
+// as one verdict: an end outranks a new round, and success outranks failure.
+Verdict VerdictFrom(bool job_succeeded, bool job_failed, bool new_round);
 
 struct AgentEvent {
   enum class Kind {
@@ -59,18 +64,18 @@ struct AgentEvent {
   };
   Kind kind = Kind::kError;
   GroupEnd group_end = GroupEnd::kSucceeded;
-  Verdict verdict;
+  Verdict verdict = Verdict::kGoOn;
   int signal = 0;  // kSignal; kGroupEnded with kInterrupted
   // kGroupEnded with kCoordinatorStop: the coordinator hosted by another node's agent stayed
   // unreachable past the patience (that node is gone, and the job with it).
   bool coordinator_gone = false;
 
-  static AgentEvent Of(Kind k) { return AgentEvent{k, GroupEnd::kSucceeded, {}, 0, false}; }
+  static AgentEvent Of(Kind k) { return AgentEvent{k, GroupEnd::kSucceeded, Verdict::kGoOn, 0, false}; }
   static AgentEvent GroupEnded(GroupEnd e, int sig = 0, bool coordinator_gone = false) {
-    return AgentEvent{Kind::kGroupEnded, e, {}, sig, coordinator_gone};
+    return AgentEvent{Kind::kGroupEnded, e, Verdict::kGoOn, sig, coordinator_gone};
   }
   static AgentEvent Answered(Verdict v) { return AgentEvent{Kind::kVerdict, GroupEnd::kSucceeded, v, 0, false}; }
-  static AgentEvent Signal(int sig) { return AgentEvent{Kind::kSignal, GroupEnd::kSucceeded, {}, sig, false}; }
+  static AgentEvent Signal(int sig) { return AgentEvent{Kind::kSignal, GroupEnd::kSucceeded, Verdict::kGoOn, sig, false}; }
 };
 
 // The one transition function. It is total: an event that cannot come in a phase (a verdict while

@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "agent/job_spec.h"
+#include "agent/log_relay.h"
 #include "agent/numa.h"
+#include "common/tunables.h"
 #include "launch.pb.h"
 
 namespace launch {
@@ -20,7 +22,7 @@ struct StaticTopology {
   int group_rank = 0;
   int group_world_size = 1;
   std::string master_addr;
-  int master_port = 29500;
+  int master_port = kDefaultMasterPort;
 };
 
 struct AgentOptions {
@@ -33,12 +35,12 @@ struct AgentOptions {
   StdSpec redirects, tee;
   std::optional<std::set<int>> console_local_ranks;  // --local-ranks-filter
   // The console prefix of each worker's lines (agent/log_relay.h's FormatLinePrefix), checked.
-  std::string line_prefix_template = "[${rank}]:";
+  std::string line_prefix_template = kSingleNodeLinePrefix;
   // --duplicate-std{out,err}-filters: into attempt_<k>/filtered_std{out,err}.log.
   std::vector<std::string> duplicate_stdout_filters, duplicate_stderr_filters;
   // --numa-binding: one per local rank (empty: none).
   std::vector<WorkerCpuBinding> numa;
-  std::chrono::milliseconds stop_timeout{30000};
+  std::chrono::milliseconds stop_timeout = kDefaultStopTimeout;
   std::chrono::milliseconds restart_backoff{0};
   // --hang-timeout (nullopt: automatic; zero: off), and the debugger for hung workers' stacks.
   std::optional<std::chrono::milliseconds> hang_timeout;
@@ -48,16 +50,16 @@ struct AgentOptions {
   // The GPUs' figures for each sample (unset: none sampled).
   std::function<std::vector<v1::GpuSample>()> sample_gpus;
   // How often the lease is renewed while the workers run (--rdzv-conf heartbeat_interval).
-  std::chrono::milliseconds heartbeat_interval{1000};
+  std::chrono::milliseconds heartbeat_interval = kDefaultHeartbeatInterval;
   // How long to keep trying an unreachable coordinator once the workers have ended.
-  std::chrono::milliseconds coordinator_patience{30000};
+  std::chrono::milliseconds coordinator_patience = kDefaultCloseTimeout;
   bool dry_run = false;
   // --warm-start: each worker starts from a standby made ahead of its attempt (agent/warm_start.h):
   // for Python workers (warm_python) an interpreter that imported these modules; otherwise the
   // program itself, when it declares LAUNCH_SDK_WARM_START().
   bool warm_start = false;
   bool warm_python = true;
-  std::vector<std::string> warm_imports = {"torch"};
+  std::vector<std::string> warm_imports = {kDefaultWarmImport};
   // The run's settings, sent with every join (the coordinator checks all nodes agree).
   v1::RunSpec run_spec;
   std::optional<StaticTopology> static_topology;

@@ -3,6 +3,8 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_wire.h"
+#include "common/tunables.h"
 
 namespace launch {
 
@@ -54,14 +56,14 @@ GrpcCoordinatorClient::GrpcCoordinatorClient(std::shared_ptr<grpc::Channel> chan
 
 void GrpcCoordinatorClient::Prepare(grpc::ClientContext* ctx, std::chrono::milliseconds timeout) const {
   ctx->set_deadline(std::chrono::system_clock::now() + timeout);
-  if (!token_.empty()) ctx->AddMetadata("x-launch-token", token_);
+  if (!token_.empty()) ctx->AddMetadata(kTokenMetadataKey, token_);
 }
 
 absl::StatusOr<v1::Assignment> GrpcCoordinatorClient::Join(const v1::JoinRequest& req, CallCanceller* cancel) {
   grpc::ClientContext ctx;
   // The coordinator answers at its join timeout with the reason; this deadline is for one that
   // is never reached.
-  Prepare(&ctx, join_timeout_ + std::chrono::seconds(2));
+  Prepare(&ctx, join_timeout_ + kJoinDeadlineMargin);
   // A coordinator that is not up yet (another node is starting it) is waited for, not an error.
   ctx.set_wait_for_ready(true);
   if (cancel && !cancel->Attach(&ctx)) return absl::CancelledError("join cancelled");
@@ -79,7 +81,7 @@ absl::StatusOr<v1::Assignment> GrpcCoordinatorClient::Join(const v1::JoinRequest
 
 absl::StatusOr<v1::HeartbeatResponse> GrpcCoordinatorClient::Heartbeat(const v1::HeartbeatRequest& req) {
   grpc::ClientContext ctx;
-  Prepare(&ctx, std::chrono::seconds(10));
+  Prepare(&ctx, kHeartbeatDeadline);
   v1::HeartbeatResponse resp;
   grpc::Status s = stub_->Heartbeat(&ctx, req, &resp);
   if (!s.ok()) return FromGrpc(s, absl::StrCat("heartbeat to ", target_));
@@ -92,7 +94,7 @@ class GrpcWatchStream final : public WatchStream {
  public:
   GrpcWatchStream(v1::Rendezvous::Stub* stub, const std::string& token, std::string target)
       : target_(std::move(target)) {
-    if (!token.empty()) ctx_.AddMetadata("x-launch-token", token);
+    if (!token.empty()) ctx_.AddMetadata(kTokenMetadataKey, token);
     stream_ = stub->Watch(&ctx_);
   }
   ~GrpcWatchStream() override {

@@ -88,12 +88,12 @@ absl::StatusOr<v1::ReportExitResponse> CoordinatorSession::Report(const v1::Repo
   const auto deadline = clock_->Now() + opts_.patience;
   RetryPacer pacer(opts_.retry, clock_);
   for (;;) {
-    auto resp = client_->ReportExit(req, std::chrono::seconds(10));
+    auto resp = client_->ReportExit(req, kReportDeadline);
     if (resp.ok()) return resp;
     if (absl::IsNotFound(resp.status())) {
       // A restarted coordinator that has not heard of the run yet: re-register, then report.
       if (client_->Heartbeat(Registration(a)).ok()) {
-        resp = client_->ReportExit(req, std::chrono::seconds(10));
+        resp = client_->ReportExit(req, kReportDeadline);
         if (resp.ok()) return resp;
       }
     }

@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "agent/coordinator_client.h"
 #include "common/clock.h"
+#include "common/tunables.h"
 
 namespace launch {
 
@@ -21,8 +22,8 @@ namespace launch {
 class RetryPacer {
  public:
   struct Options {
-    std::chrono::milliseconds first{50};
-    std::chrono::milliseconds max{2000};
+    std::chrono::milliseconds first = kRetryFirstDelay;
+    std::chrono::milliseconds max = kRetryMaxDelay;
   };
   RetryPacer(Options opts, const Clock* clock) : opts_(opts), clock_(clock), next_(opts.first) {}
   // A try found the coordinator unreachable: the delay before the next try.
@@ -54,7 +55,7 @@ class CoordinatorSession {
     RetryPacer::Options retry;
     // How long an unreachable coordinator is waited for by a report, and in any call when the
     // coordinator lives in another node's agent (that node is then gone, and so is the job).
-    std::chrono::milliseconds patience{30000};
+    std::chrono::milliseconds patience = kDefaultCloseTimeout;
   };
   CoordinatorSession(Options opts, CoordinatorClient* client, const Clock* clock, Waiter wait)
       : opts_(std::move(opts)), client_(client), clock_(clock), wait_(std::move(wait)) {}

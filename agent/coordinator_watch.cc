@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "agent/heartbeat_order.h"
 #include "common/lease.h"
 #include "common/net.h"
 #include "common/status_macros.h"
@@ -57,11 +58,14 @@ void CoordinatorWatch::Backoff(std::chrono::milliseconds d) {
 }
 
 WatchAnswer ClassifyWatchAnswer(const v1::HeartbeatResponse& resp) {
-  if (resp.unknown_node()) return WatchAnswer::kReregister;
-  if (resp.lease_by_stream() && !resp.stop_workers() && !resp.job_succeeded() && !resp.job_failed()) {
-    return WatchAnswer::kHeartbeatOnStream;
+  switch (OrderOf(resp)) {
+    case HeartbeatOrder::kReregister:
+      return WatchAnswer::kReregister;
+    case HeartbeatOrder::kLeaseByStream:
+      return WatchAnswer::kHeartbeatOnStream;
+    default:
+      return WatchAnswer::kDeliver;  // a stop, the job's end, or nothing to act on here
   }
-  return WatchAnswer::kDeliver;
 }
 
 namespace {

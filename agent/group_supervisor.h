@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "common/tunables.h"
+
 namespace launch {
 
 // One step of stopping the group: send `signal` to every worker's process group, then give them
@@ -23,7 +25,7 @@ struct StopStep {
 struct StopEscalation {
   std::vector<StopStep> steps;
   // A hung group's stacks are captured before the first step, for at most this long.
-  std::chrono::milliseconds capture_grace{30000};
+  std::chrono::milliseconds capture_grace = kCaptureStacksGrace;
   static StopEscalation TermThenKill(std::chrono::milliseconds grace);
 };
 

@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/tunables.h"
 #include "google/protobuf/util/json_util.h"
 #include "spdlog/spdlog.h"
 
@@ -269,7 +270,7 @@ void Monitor::Send(const v1::SampleRequest& s) {
   if (!opts_.coordinator) return;
   v1::SampleRequest req = s;
   req.set_events_seen(events_seen_);
-  auto resp = opts_.coordinator->Sample(req, std::min(opts_.interval, std::chrono::milliseconds(5000)));
+  auto resp = opts_.coordinator->Sample(req, std::min(opts_.interval, kMaxSampleDeadline));
   if (!resp.ok()) {
     // Best effort: the rendezvous does not depend on it. Said once, then at debug level.
     if (!send_failed_) spdlog::info("the coordinator did not take a sample: {}", std::string(resp.status().message()));

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "common/lease.h"
+#include "common/tunables.h"
 #include "launch.grpc.pb.h"
 
 namespace {
@@ -185,7 +186,7 @@ Result RunOnce(const std::string& bin, int n, double window_s, int channels_n, b
     node->set_host_address("127.0.0.1");
     node->set_local_world_size(1);
     a.join.set_proposed_master_addr("127.0.0.1");
-    a.join.set_proposed_master_port(29500);
+    a.join.set_proposed_master_port(launch::kDefaultMasterPort);
     *a.join.mutable_spec() = spec;
   }
   const auto t0 = Clock::now();

@@ -15,7 +15,7 @@ struct HostPort {
   std::optional<int> port;
 };
 
-// "host", "host:port", "1.2.3.4:5", "[::1]:29400", "::1". Errors name the value.
+// "host", "host:port", "1.2.3.4:5", "[::1]:8080", "::1". Errors name the value.
 absl::StatusOr<HostPort> ParseHostPort(const std::string& value, const std::string& what);
 // host:port with brackets around IPv6 literals.
 std::string JoinHostPort(const std::string& host, int port);

@@ -7,8 +7,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/grpc_wire.h"
 #include "common/limits.h"
 #include "common/net.h"
+#include "common/tunables.h"
 #include "launcher/grpc_log.h"
 #include "spdlog/spdlog.h"
 
@@ -135,7 +137,7 @@ class CoordinatorService::WatchReactor final : public grpc::ServerBidiReactor<v1
     if (finished_) return;
     v1::HeartbeatResponse ans = run_->rdzv->HeartbeatAnswer(last_);
     if (!Rendezvous::Urgent(ans)) return;
-    if (ans.job_succeeded() || ans.job_failed()) run_->rdzv->NoteToldEnd(last_.node_id());
+    if (EndsTheJob(OrderOf(ans))) run_->rdzv->NoteToldEnd(last_.node_id());
     AnswerLocked(ans, f);
   }
   // mu_ held: the service shuts down.
@@ -482,7 +484,7 @@ absl::StatusOr<CoordinatorService::Run*> CoordinatorService::HeartbeatLocked(con
     Pump(run, f);
     wake_.notify_one();
   }
-  if (Rendezvous::Urgent(*ans) && (ans->job_succeeded() || ans->job_failed())) run.rdzv->NoteToldEnd(req.node_id());
+  if (EndsTheJob(OrderOf(*ans))) run.rdzv->NoteToldEnd(req.node_id());
   return &run;
 }
 
@@ -626,8 +628,8 @@ void CoordinatorService::TimerLoop() {
     Finishes f;
     // Woken this late, the coordinator was not running (SIGSTOP, a paused VM): the agents' leases
     // were not renewed for a reason that is not theirs.
-    if (const auto gap = now - last_awake; gap > kAwakePeriod + kPauseTolerance) {
-      const auto paused = gap - kAwakePeriod;
+    if (const auto gap = now - last_awake; gap > kCoordinatorAwakePeriod + kCoordinatorPauseTolerance) {
+      const auto paused = gap - kCoordinatorAwakePeriod;
       f.Warn(absl::StrFormat("the coordinator did not run for %.1f s (stopped or paused): every lease is extended by that",
                              std::chrono::duration<double>(paused).count()));
       for (auto& [id, run] : runs_) run.rdzv->ForgivePause(paused);
@@ -664,7 +666,7 @@ void CoordinatorService::TimerLoop() {
       lock.lock();
       continue;
     }
-    next = std::min(next, now + kAwakePeriod);
+    next = std::min(next, now + kCoordinatorAwakePeriod);
     wake_.wait_for(lock, std::max(next - clock_->Now(), Clock::TimePoint::duration(0)));
   }
 }
@@ -677,15 +679,8 @@ std::unique_ptr<grpc::Server> CoordinatorServer::BuildServer(const std::string& 
   builder.SetMaxSendMessageSize(kMaxRendezvousMessageBytes);
   // Two coordinators on one port would split a job in two: the second must fail to bind.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  // Pings find agents that vanished (a cut link) while their Join is held.
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 5000);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 3000);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  // Agents ping every 5 s while their Watch stream only sends: allow it.
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 4000);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
-  // Heartbeats are tiny: no bandwidth-delay-product pings (each costs a ping, an ack and a timer).
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  // Pings find agents that vanished (a cut link) while their Join is held; the agents' own are let in.
+  ApplyKeepalive(&builder);
   // A connection that does not finish its HTTP/2 (and TLS) handshake is closed after this long,
   // not gRPC's 120 s: connections that never speak hold a descriptor each only briefly.
   builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, static_cast<int>(kHandshakeTimeout.count()));
@@ -711,7 +706,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
   opts.token = security.token;
   s->creds_ = *creds;
   s->service_ = std::make_unique<CoordinatorService>(std::move(opts), clock);
-  s->server_ = s->BuildServer(JoinHostPort(hp->host, hp->port.value_or(29400)), &s->port_);
+  s->server_ = s->BuildServer(JoinHostPort(hp->host, hp->port.value_or(kDefaultRendezvousPort)), &s->port_);
   if (!s->server_ || s->port_ == 0) {
     if (hp->port && *hp->port != 0) {  // lost a race to bind it
       auto in_use = PortInUse(hp->host, *hp->port);
@@ -766,7 +761,7 @@ void CoordinatorServer::KeepListening() {
     // The service and its runs stay; the connections of the old server close, and agents
     // reconnect and re-register as with a restarted coordinator. Descriptors come back as the
     // flood's connections close or time out (kHandshakeTimeout).
-    if (old) old->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
+    if (old) old->Shutdown(std::chrono::system_clock::now() + kRelistenShutdownGrace);
     old.reset();
     int attempts = 0;
     for (;;) {
@@ -782,7 +777,7 @@ void CoordinatorServer::KeepListening() {
       }
       if (server) server->Shutdown(std::chrono::system_clock::now());
       if (++attempts == 1) spdlog::warn("cannot listen on {} yet; retrying every second", address_);
-      if (keeper_wake_.wait_for(lock, std::chrono::seconds(1), [&] { return stopping_; })) return;
+      if (keeper_wake_.wait_for(lock, kRelistenRetry, [&] { return stopping_; })) return;
       lock.unlock();
     }
   }
@@ -805,7 +800,7 @@ CoordinatorServer::~CoordinatorServer() {
   if (service_) service_->Shutdown();
   // Every held call is answered by now; in-flight ones (a remote ReportExit) are cancelled.
   // Answers already given get a moment to reach the agents.
-  if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  if (server_) server_->Shutdown(std::chrono::system_clock::now() + kServerShutdownGrace);
   server_.reset();
 }
 

@@ -119,10 +119,6 @@ class CoordinatorService final : public v1::Rendezvous::CallbackService {
   // Ticks the run now and notes when it is due again; mu_ held.
   void TickNow(Run& run);
   void TimerLoop();
-  // How often the timer thread wakes at least, and how much later than that it may wake before
-  // the coordinator counts the gap as time it was not running (forgiven to every lease).
-  static constexpr std::chrono::milliseconds kAwakePeriod{250};
-  static constexpr std::chrono::milliseconds kPauseTolerance{1000};
   static void FinishAll(Finishes& f);
 
   CoordinatorOptions opts_;
@@ -151,10 +147,6 @@ class CoordinatorServer {
   CoordinatorService* service() { return service_.get(); }
   // A channel to this server inside the process (no socket): for fuzzing the RPC handlers.
   std::shared_ptr<grpc::Channel> InProcessChannel();
-
-  // How long a connection may take to finish its handshake, and to stay without calls.
-  static constexpr std::chrono::milliseconds kHandshakeTimeout{10000};
-  static constexpr std::chrono::milliseconds kMaxConnectionIdle{600000};
 
  private:
   CoordinatorServer() = default;

@@ -15,6 +15,7 @@
 #include "agent/process.h"
 #include "agent/signals.h"
 #include "agent/worker_env.h"
+#include "common/exit_status.h"
 #include "launcher/grpc_log.h"
 #include "launcher/options.h"
 #include "launcher/run.h"
@@ -24,6 +25,9 @@
 #include "spdlog/spdlog.h"
 
 namespace {
+
+using launch::ExitStatus;
+using launch::LaunchOutcome;
 
 // False (after one line naming the value) when LAUNCH_LOG_LEVEL is not a level: spdlog would
 // read an unknown name as "off" and silence every later error.
@@ -102,13 +106,13 @@ template <typename Parsed, typename Run>
 int RunSubcommand(const char* name, const absl::StatusOr<Parsed>& parsed, Run run) {
   if (!parsed.ok()) {
     std::fprintf(stderr, "%s: %s\n", name, std::string(parsed.status().message()).c_str());
-    return 2;
+    return ExitStatus(LaunchOutcome::UsageError());
   }
-  if (parsed->help) return 0;
+  if (parsed->help) return ExitStatus(LaunchOutcome::Succeeded());
   auto signals = launch::SignalFd::Create();
   if (!signals.ok()) {
     std::fprintf(stderr, "%s: %s\n", name, std::string(signals.status().message()).c_str());
-    return 1;
+    return ExitStatus(LaunchOutcome::LaunchError());
   }
   return run(parsed->config, &*signals);
 }
@@ -122,12 +126,12 @@ int main(int argc, char** argv) {
   RaiseOpenFileLimit();
   launch::BlockLauncherSignals();
   DrainConsoleAtExit drain_console;
-  if (!SetUpLogging()) return 2;
+  if (!SetUpLogging()) return ExitStatus(LaunchOutcome::UsageError());
   launch::InstallGrpcLogBridge();  // gRPC's own lines in launch's format
   std::vector<std::string> args(argv, argv + argc);
   if (args.size() == 2 && args[1] == "--version") {
     std::printf("launch %s\n", LAUNCH_VERSION);
-    return 0;
+    return ExitStatus(LaunchOutcome::Succeeded());
   }
   if (args.size() > 1 && args[1] == "coordinator") {
     return RunSubcommand("launch coordinator", launch::ParseCoordinatorArgs(args), launch::RunCoordinator);
@@ -141,9 +145,9 @@ int main(int argc, char** argv) {
   auto parsed = launch::ParseLaunchArgs(args, launch::CurrentEnv());
   if (!parsed.ok()) {
     std::fprintf(stderr, "launch: %s\n", std::string(parsed.status().message()).c_str());
-    return 2;
+    return ExitStatus(LaunchOutcome::UsageError());
   }
-  if (parsed->help) return 0;
+  if (parsed->help) return ExitStatus(LaunchOutcome::Succeeded());
 
   // Orphaned grandchildren of workers are reparented to us, so we can reap and account for them.
   prctl(PR_SET_CHILD_SUBREAPER, 1);
@@ -151,13 +155,13 @@ int main(int argc, char** argv) {
   if (!parsed->config.dry_run) {
     if (auto st = guard.Start(); !st.ok()) {
       std::fprintf(stderr, "launch: %s\n", std::string(st.message()).c_str());
-      return 1;
+      return ExitStatus(LaunchOutcome::LaunchError());
     }
   }
   auto signals = launch::SignalFd::Create(parsed->config.signals_to_handle);
   if (!signals.ok()) {
     std::fprintf(stderr, "launch: %s\n", std::string(signals.status().message()).c_str());
-    return 1;
+    return ExitStatus(LaunchOutcome::LaunchError());
   }
   int code = launch::RunLaunch(parsed->config, &guard, &*signals);
   guard.Stop();

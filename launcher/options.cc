@@ -20,6 +20,7 @@
 #include "common/net.h"
 #include "common/status_macros.h"
 #include "common/strings.h"
+#include "common/tunables.h"
 #include "agent/log_relay.h"
 #include "launcher/slurm.h"
 #include "yaml-cpp/yaml.h"
@@ -41,18 +42,20 @@ struct OptionDef {
   const char* key;    // canonical, underscores: the YAML key
   const char* names;  // CLI11 names
   Kind kind;
-  const char* help;
+  std::string help;
 };
 
-// Every setting, once: the flags (torchrun's first, then launch's) and the YAML-only keys.
-const OptionDef kOptions[] = {
+// Every setting, once: the flags (torchrun's first, then launch's) and the YAML-only keys. Built
+// on first use (its help texts print defaults from common/tunables.h), not at start-up.
+const std::vector<OptionDef>& OptionTable() {
+  static const auto* const kOptions = new std::vector<OptionDef>{
     {"nproc_per_node", "--nproc-per-node,--nproc_per_node", Kind::kValue,
      "Workers on this node: a number, cpu, gpu or auto (default 1)"},
     {"nnodes", "--nnodes", Kind::kValue, "Nodes: N or MIN:MAX (default 1)"},
     {"node_rank", "--node-rank,--node_rank", Kind::kValue, "This node's rank (static rendezvous)"},
     {"rdzv_backend", "--rdzv-backend,--rdzv_backend", Kind::kValue, "c10d (default) or static"},
     {"rdzv_endpoint", "--rdzv-endpoint,--rdzv_endpoint", Kind::kValue,
-     "Coordinator HOST[:PORT] (default port 29400)"},
+     absl::StrCat("Coordinator HOST[:PORT] (default port ", kDefaultRendezvousPort, ")")},
     {"rdzv_id", "--rdzv-id,--rdzv_id", Kind::kValue, "Job id shared by all nodes (default: fresh)"},
     {"rdzv_conf", "--rdzv-conf,--rdzv_conf", Kind::kValue,
      "Rendezvous settings k=v,... (join_timeout, last_call_timeout, close_timeout, "
@@ -61,10 +64,12 @@ const OptionDef kOptions[] = {
     {"max_restarts", "--max-restarts,--max_restarts", Kind::kValue,
      "Restarts of the worker group before failing (default 0)"},
     {"monitor_interval", "--monitor-interval,--monitor_interval", Kind::kValue,
-     "Seconds between samples of the workers (step times, CPU, memory, GPUs) to metrics.jsonl and the "
-     "coordinator (default 5; at least 1; 0: off)"},
+     absl::StrCat("Seconds between samples of the workers (step times, CPU, memory, GPUs) to metrics.jsonl and the "
+                  "coordinator (default ", SecondsOf(kDefaultMonitorInterval), "; at least ", kMinMonitorInterval,
+                  "; 0: off)")},
     {"straggler_factor", "--straggler-factor,--straggler_factor", Kind::kValue,
-     "A rank whose own work per step is this many times the job's median is a straggler (default 1.2; 0: off)"},
+     absl::StrCat("A rank whose own work per step is this many times the job's median is a straggler (default ",
+                  kDefaultStragglerFactor, "; 0: off)")},
     {"metrics_port", "--metrics-port,--metrics_port", Kind::kValue,
      "Serve the coordinator's Prometheus metrics on this port (needs the rendezvous token as bearer token)"},
     {"role", "--role", Kind::kValue, "ROLE_NAME of the workers (default 'default')"},
@@ -77,7 +82,7 @@ const OptionDef kOptions[] = {
      "Start each Python worker as a fork of a standby interpreter that imported torch once per rank "
      "(a restart skips the import; default on; --warm-start=false: start them cold)"},
     {"warm_import", "--warm-import,--warm_import", Kind::kValue,
-     "Modules a --warm-start standby imports, comma separated (default torch)"},
+     absl::StrCat("Modules a --warm-start standby imports, comma separated (default ", kDefaultWarmImport, ")")},
     {"start_method", "--start-method,--start_method", Kind::kValue,
      "spawn, fork or forkserver: accepted for torchrun compatibility; every worker is a fresh process (exec)"},
     {"logs_specs", "--logs-specs,--logs_specs", Kind::kValue, "Not supported (torchrun's plugin for log layouts)"},
@@ -89,8 +94,8 @@ const OptionDef kOptions[] = {
     {"local_ranks_filter", "--local-ranks-filter,--local_ranks_filter", Kind::kValue,
      "Local ranks shown on the console, e.g. 0,1 (files keep all)"},
     {"log_line_prefix_template", "--log-line-prefix-template,--log_line_prefix_template", Kind::kValue,
-     "Console prefix of the workers' lines: ${role_name}, ${rank}, ${local_rank}, ${hostname} (default [${rank}]:, "
-     "on several nodes [${hostname}:${rank}]:)"},
+     absl::StrCat("Console prefix of the workers' lines: ${role_name}, ${rank}, ${local_rank}, ${hostname} (default ",
+                  kSingleNodeLinePrefix, ", on several nodes ", kMultiNodeLinePrefix, ")")},
     {"duplicate_stdout_filters", "--duplicate-stdout-filters,--duplicate_stdout_filters", Kind::kValue,
      "Also copy the workers' stdout lines containing any of these comma-separated strings (,, for a comma) to "
      "attempt_<k>/filtered_stdout.log"},
@@ -109,15 +114,17 @@ const OptionDef kOptions[] = {
      "This node's address as other nodes reach it"},
     {"config", "--config", Kind::kValue, "YAML file with any of these settings; flags override it"},
     {"stop_timeout", "--stop-timeout,--stop_timeout,--shutdown-timeout,--shutdown_timeout", Kind::kValue,
-     "Seconds from SIGTERM to SIGKILL when stopping workers (default 30)"},
+     absl::StrCat("Seconds from SIGTERM to SIGKILL when stopping workers (default ", SecondsOf(kDefaultStopTimeout),
+                  ")")},
     {"signals_to_handle", "--signals-to-handle,--signals_to_handle", Kind::kValue,
      "Signals forwarded to the workers before they are stopped (default SIGTERM,SIGINT,SIGHUP,SIGQUIT; "
      "in a Slurm job step also SIGUSR1,SIGUSR2)"},
     {"restart_backoff", "--restart-backoff,--restart_backoff", Kind::kValue,
      "Seconds to wait before a restart (default 0)"},
     {"hang_timeout", "--hang-timeout,--hang_timeout", Kind::kValue,
-     "Seconds without a progress report after which a rank is hung: its stacks are captured and the group "
-     "restarts (default: the larger of 10x its median step time and 300; 0: off)"},
+     absl::StrCat("Seconds without a progress report after which a rank is hung: its stacks are captured and the "
+                  "group restarts (default: the larger of ", kHangTimeoutFactor, "x its median step time and ",
+                  SecondsOf(kHangTimeoutFloor), "; 0: off)")},
     {"gpus", "--gpus", Kind::kValue, "GPUs to use: indices or UUIDs, comma separated"},
     {"exclude_gpus", "--exclude-gpus,--exclude_gpus", Kind::kValue, "GPUs not to use"},
     {"gpu_binding", "--gpu-binding,--gpu_binding", Kind::kValue,
@@ -146,12 +153,14 @@ const OptionDef kOptions[] = {
     {"train_base_batch", "", Kind::kYamlOnly, ""},
     {"train_grad_accum_steps", "", Kind::kYamlOnly, ""},
     {"train_lr_scaling", "", Kind::kYamlOnly, ""},
-};
+  };
+  return *kOptions;
+}
 
 using RawMap = std::map<std::string, RawValue>;
 
 const OptionDef* FindOption(const std::string& key) {
-  for (const auto& o : kOptions)
+  for (const auto& o : OptionTable())
     if (key == o.key) return &o;
   return nullptr;
 }
@@ -752,7 +761,7 @@ absl::StatusOr<LaunchConfig> Validate(RawMap& raw, std::vector<std::string> rema
 // value. Launch's own flags (those before the program) with `=` and nothing after are errors.
 absl::Status CheckEmptyValues(const std::vector<std::string>& argv) {
   auto def_of = [](const std::string& name) -> const OptionDef* {
-    for (const auto& def : kOptions) {
+    for (const auto& def : OptionTable()) {
       for (absl::string_view n : absl::StrSplit(def.names, ',')) {
         if (!n.empty() && n == name) return &def;
       }
@@ -858,7 +867,7 @@ absl::StatusOr<ParsedArgs> ParseLaunchArgs(const std::vector<std::string>& argv,
   RawMap raw;
   std::map<std::string, bool> flags;
   std::map<std::string, CLI::Option*> cli;
-  for (const auto& def : kOptions) {
+  for (const auto& def : OptionTable()) {
     if (def.kind == Kind::kYamlOnly) continue;
     CLI::Option* opt = def.kind == Kind::kFlag ? app.add_flag(def.names, flags[def.key], def.help)
                                                : app.add_option(def.names, raw[def.key].value, def.help);
@@ -951,7 +960,7 @@ absl::StatusOr<ParsedCoordinatorArgs> ParseCoordinatorArgs(const std::vector<std
                "launch coordinator"};
   ParsedCoordinatorArgs out;
   CoordinatorConfig& c = out.config;
-  app.add_option("--listen", c.listen, "HOST:PORT to serve on (default 0.0.0.0:29400; port 0 picks one)");
+  app.add_option("--listen", c.listen, absl::StrCat("HOST:PORT to serve on (default ", c.listen, "; port 0 picks one)"));
   app.add_option("--rdzv-token-file,--rdzv_token_file", c.rdzv_token_file,
                  "File whose first line is the token every agent must present (else LAUNCH_RDZV_TOKEN)");
   app.add_option("--tls-cert,--tls_cert", c.tls_cert, "PEM certificate to serve TLS with");
@@ -979,7 +988,7 @@ absl::StatusOr<ParsedStatusArgs> ParseStatusArgs(const std::vector<std::string>&
   app.add_option("--rdzv-endpoint,--rdzv_endpoint", c.rdzv_endpoint, "The job's coordinator HOST[:PORT]")->required();
   app.add_option("--rdzv-id,--rdzv_id", c.rdzv_id, "The job's id")->required();
   app.add_flag("--watch", c.watch, "Refresh until the job ends (Ctrl-C to stop)");
-  app.add_option("--interval", c.interval, "Seconds between --watch screens (default 1)")
+  app.add_option("--interval", c.interval, absl::StrCat("Seconds between --watch screens (default ", c.interval, ")"))
       ->check(CLI::Range(0.1, 3600.0));
   app.add_flag("--json", c.json, "The coordinator's answer as JSON");
   app.add_option("--rdzv-token-file,--rdzv_token_file", c.rdzv_token_file,

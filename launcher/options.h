@@ -10,19 +10,21 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "agent/job_spec.h"
 #include "agent/numa.h"
 #include "agent/signals.h"
+#include "common/tunables.h"
 
 namespace launch {
 
 // --rdzv-conf, typed.
 struct RdzvSettings {
-  double join_timeout = 600;
-  double last_call_timeout = 30;
-  double close_timeout = 30;
-  double heartbeat_interval = 1;
-  double heartbeat_timeout = 3;
+  double join_timeout = SecondsOf(kDefaultJoinTimeout);
+  double last_call_timeout = SecondsOf(kDefaultLastCallTimeout);
+  double close_timeout = SecondsOf(kDefaultCloseTimeout);
+  double heartbeat_interval = SecondsOf(kDefaultHeartbeatInterval);
+  double heartbeat_timeout = SecondsOf(kDefaultHeartbeatTimeout);
   std::optional<bool> is_host;  // unset: host the coordinator when the endpoint is this machine
 };
 
@@ -44,8 +46,8 @@ struct LaunchConfig {
   int max_restarts = 0;
   // Seconds between the agent's samples of its workers (0: none); below kMinMonitorInterval
   // samples come every kMinMonitorInterval (torchrun's default of 0.1 is its exit poll).
-  double monitor_interval = 5;
-  double straggler_factor = 1.2;  // 0: off
+  double monitor_interval = SecondsOf(kDefaultMonitorInterval);
+  double straggler_factor = kDefaultStragglerFactor;  // 0: off
   std::optional<int> metrics_port;
   std::string role = "default";
   bool module = false;
@@ -55,7 +57,7 @@ struct LaunchConfig {
   // import (--warm-import).
   bool warm_start = true;
   bool warm_start_given = false;
-  std::vector<std::string> warm_imports = {"torch"};
+  std::vector<std::string> warm_imports = {kDefaultWarmImport};
   std::string log_dir;
   StdSpec redirects, tee;
   std::optional<std::set<int>> local_ranks_filter;
@@ -71,7 +73,7 @@ struct LaunchConfig {
   std::optional<int> master_port;
   std::string local_addr;
   std::string config_file;
-  double stop_timeout = 30;
+  double stop_timeout = SecondsOf(kDefaultStopTimeout);
   // Forwarded to the workers, then the group is stopped (torchrun's --signals-to-handle).
   std::vector<int> signals_to_handle = DefaultHandledSignals();
   double restart_backoff = 0;
@@ -106,7 +108,7 @@ absl::StatusOr<ParsedArgs> ParseLaunchArgs(const std::vector<std::string>& argv,
 
 // `launch coordinator --listen HOST:PORT ...`: a standalone coordinator for any number of jobs.
 struct CoordinatorConfig {
-  std::string listen = "0.0.0.0:29400";
+  std::string listen = absl::StrCat("0.0.0.0:", kDefaultRendezvousPort);
   std::string rdzv_token_file;
   std::string tls_cert, tls_key, tls_ca;
   bool insecure = false;
@@ -125,7 +127,7 @@ struct StatusConfig {
   std::string rdzv_endpoint;
   std::string rdzv_id;
   bool watch = false;
-  double interval = 1;  // --watch: seconds between screens
+  double interval = SecondsOf(kDefaultStatusInterval);  // --watch: seconds between screens
   bool json = false;
   std::string rdzv_token_file;
   std::string tls_cert, tls_key, tls_ca;

@@ -418,7 +418,7 @@ absl::Status PlanStaticRanks(const LaunchConfig& c, const Shape& shape, AgentOpt
     t.group_rank = c.node_rank;
     t.group_world_size = c.max_nodes;
     t.master_addr = *c.master_addr;
-    t.master_port = c.master_port.value_or(29500);
+    t.master_port = c.master_port.value_or(kDefaultMasterPort);
     opts.static_topology = t;
   }
   return absl::OkStatus();
@@ -467,7 +467,7 @@ void PlanDryRunRanks(const LaunchConfig& c, const Shape& shape, LaunchPlan& plan
     }
     t.group_world_size = c.max_nodes;
     t.master_addr = c.master_addr.value_or(plan.rdzv_host);
-    t.master_port = c.master_port.value_or(29500);
+    t.master_port = c.master_port.value_or(kDefaultMasterPort);
     opts.static_topology = t;
     plan.dry_run_without_rendezvous = true;
   }

@@ -10,13 +10,11 @@
 #include "agent/agent_options.h"
 #include "agent/devices.h"
 #include "agent/worker_env.h"
+#include "common/tunables.h"
 #include "launcher/options.h"
 #include "launcher/rendezvous.h"
 
 namespace launch {
-
-// torchrun's default rendezvous port.
-inline constexpr int kDefaultRendezvousPort = 29400;
 
 // What a path is, as far as choosing how to run it goes.
 struct FileFacts {

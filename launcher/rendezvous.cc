@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/check.h"
 #include "common/limits.h"
 #include "common/status_macros.h"
 
@@ -104,7 +105,10 @@ std::string Rendezvous::NodeName(const std::string& id) const {
 
 Rendezvous::Member* Rendezvous::FindMember(const std::string& id) {
   auto it = member_index_.find(id);
-  return it == member_index_.end() ? nullptr : &members_[it->second];
+  if (it == member_index_.end()) return nullptr;
+  LAUNCH_CHECK(it->second < members_.size())
+      << "node " << id << " indexed as member " << it->second << " of " << members_.size();
+  return &members_[it->second];
 }
 const Rendezvous::Member* Rendezvous::FindMember(const std::string& id) const {
   return const_cast<Rendezvous*>(this)->FindMember(id);
@@ -437,6 +441,10 @@ bool Rendezvous::Reattach(const v1::HeartbeatRequest& req) {
       static_cast<int>(members_.size()) != a.group_world_size()) {
     return false;
   }
+  // The checks above bound the rank by the round's size.
+  LAUNCH_CHECK(static_cast<size_t>(a.group_rank()) < members_.size() && assignments_.size() == members_.size())
+      << "group rank " << a.group_rank() << " of " << members_.size() << " members, " << assignments_.size()
+      << " assignments";
   Member& slot = members_[a.group_rank()];
   if (!slot.id.empty() && slot.id != req.node_id()) return false;
   slot.id = req.node_id();

@@ -16,7 +16,9 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "agent/heartbeat_order.h"
 #include "common/clock.h"
+#include "common/tunables.h"
 #include "launch.pb.h"
 
 namespace launch {
@@ -24,15 +26,15 @@ namespace launch {
 struct RendezvousConfig {
   int min_nodes = 1;
   int max_nodes = 1;
-  std::chrono::milliseconds last_call_timeout{30000};
-  std::chrono::milliseconds join_timeout{600000};
+  std::chrono::milliseconds last_call_timeout = kDefaultLastCallTimeout;
+  std::chrono::milliseconds join_timeout = kDefaultJoinTimeout;
   // How long an ended run is kept so that late agents learn its verdict; then its id is free.
-  std::chrono::milliseconds close_timeout{30000};
+  std::chrono::milliseconds close_timeout = kDefaultCloseTimeout;
   // A running node that has not been heard from for this long is lost.
-  std::chrono::milliseconds heartbeat_timeout{3000};
+  std::chrono::milliseconds heartbeat_timeout = kDefaultHeartbeatTimeout;
   int max_restarts = 0;
   // --straggler-factor (0: stragglers are not looked for).
-  double straggler_factor = 1.2;
+  double straggler_factor = kDefaultStragglerFactor;
 
   v1::RunSpec ToSpec() const;
   static absl::StatusOr<RendezvousConfig> FromSpec(const v1::RunSpec& spec);
@@ -74,9 +76,7 @@ class Rendezvous {
   // Whether the node holds a place in the current (or last) round.
   bool IsMember(const std::string& node_id) const { return FindMember(node_id) != nullptr; }
   // Whether the node must act on the answer now (a Watch stream writes only such an answer).
-  static bool Urgent(const v1::HeartbeatResponse& r) {
-    return r.stop_workers() || r.unknown_node() || r.job_succeeded() || r.job_failed();
-  }
+  static bool Urgent(const v1::HeartbeatResponse& r) { return launch::Urgent(OrderOf(r)); }
   v1::ReportExitResponse ReportExit(const v1::ReportExitRequest& req);
   // A lease datagram: renews the node's lease when it is a member of `round` and `seq` is newer
   // than any before (a replay renews nothing).

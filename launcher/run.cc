@@ -18,9 +18,12 @@
 #include "agent/agent.h"
 #include "agent/cpus.h"
 #include "agent/devices.h"
+#include "common/exit_status.h"
+#include "common/grpc_wire.h"
 #include "common/limits.h"
 #include "common/net.h"
 #include "common/status_macros.h"
+#include "common/tunables.h"
 #include "launcher/coordinator.h"
 #include "launcher/doctor.h"
 #include "launcher/local_coordinator.h"
@@ -35,11 +38,9 @@
 namespace launch {
 namespace {
 
-constexpr int kUsageError = 2;
-
 int UsageError(const std::string& message) {
   std::fprintf(stderr, "launch: %s\n", message.c_str());
-  return kUsageError;
+  return ExitStatus(LaunchOutcome::UsageError());
 }
 
 std::string RandomHex(int bytes) {
@@ -142,14 +143,12 @@ absl::StatusOr<std::unique_ptr<GrpcCoordinatorClient>> MakeClient(const std::str
   args.SetMaxReceiveMessageSize(kMaxRendezvousMessageBytes);
   args.SetMaxSendMessageSize(kMaxRendezvousMessageBytes);
   // Reconnect quickly to a coordinator that comes back (gRPC's default backoff grows to 120 s).
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, static_cast<int>(kReconnectFirstBackoff.count()));
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, static_cast<int>(kReconnectFirstBackoff.count()));
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, static_cast<int>(kReconnectMaxBackoff.count()));
   // A Watch stream only sends: pings find a coordinator that vanished without closing the
   // connection (a cut link), so the agent says so and reconnects when it comes back.
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 5000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 3000);
-  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);  // tiny messages: no bandwidth probing pings
+  ApplyKeepalive(&args);
   auto channel = grpc::CreateCustomChannel(target, creds, args);
   return std::make_unique<GrpcCoordinatorClient>(channel, target, security.token, rcfg.join_timeout);
 }
@@ -231,7 +230,7 @@ int RunCoordinator(const CoordinatorConfig& c, SignalFd* signals) {
   if (!server.ok()) {
     if (absl::IsInvalidArgument(server.status())) return UsageError(std::string(server.status().message()));
     std::fprintf(stderr, "launch coordinator: %s\n", std::string(server.status().message()).c_str());
-    return 1;
+    return ExitStatus(LaunchOutcome::LaunchError());
   }
   std::unique_ptr<MetricsServer> metrics;
   if (c.metrics_port) {
@@ -249,7 +248,7 @@ int RunCoordinator(const CoordinatorConfig& c, SignalFd* signals) {
       if (sig == SIGCHLD) continue;
       spdlog::info("stopped by {}", SignalName(sig));
       server->reset();
-      return 128 + sig;
+      return ExitStatus(LaunchOutcome::Signalled(sig));
     }
   }
 }
@@ -268,14 +267,14 @@ int RunStatus(const StatusConfig& c, SignalFd* signals) {
   const bool tty = ::isatty(STDOUT_FILENO);
   for (;;) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    if (!loaded->token.empty()) ctx.AddMetadata("x-launch-token", loaded->token);
+    ctx.set_deadline(std::chrono::system_clock::now() + kStatusDeadline);
+    if (!loaded->token.empty()) ctx.AddMetadata(kTokenMetadataKey, loaded->token);
     v1::StatusRequest req;
     req.set_run_id(c.rdzv_id);
     v1::StatusResponse resp;
     if (grpc::Status st = stub->Status(&ctx, req, &resp); !st.ok()) {
       std::fprintf(stderr, "launch status: %s\n", std::string(FromGrpc(st, absl::StrCat("coordinator at ", target)).message()).c_str());
-      return 1;
+      return ExitStatus(LaunchOutcome::LaunchError());
     }
     std::string screen;
     if (c.json) {
@@ -290,11 +289,13 @@ int RunStatus(const StatusConfig& c, SignalFd* signals) {
     }
     std::fwrite(screen.data(), 1, screen.size(), stdout);
     std::fflush(stdout);
-    if (!c.watch || resp.state() == "succeeded" || resp.state() == "failed") return 0;
+    if (!c.watch || resp.state() == "succeeded" || resp.state() == "failed") {
+      return ExitStatus(LaunchOutcome::Succeeded());
+    }
     pollfd p{signals->fd(), POLLIN, 0};
     if (::poll(&p, 1, static_cast<int>(c.interval * 1000)) > 0) {
       while (int sig = signals->Read()) {
-        if (sig != SIGCHLD) return 128 + sig;
+        if (sig != SIGCHLD) return ExitStatus(LaunchOutcome::Signalled(sig));
       }
     }
   }
@@ -308,7 +309,7 @@ int RunDoctor(const DoctorConfig& c, SignalFd* signals) {
   request.checkpoint_dir = c.checkpoint_dir;
   SystemDoctorProbe probe(signals);
   const int code = DoctorCommand(request, c.json, &probe, stdout);
-  return probe.stopped_by() != 0 ? 128 + probe.stopped_by() : code;
+  return probe.stopped_by() != 0 ? ExitStatus(LaunchOutcome::Signalled(probe.stopped_by())) : code;
 }
 
 int RunLaunch(const LaunchConfig& c, OrphanGuard* guard, SignalFd* signals) {
@@ -330,8 +331,8 @@ int RunLaunch(const LaunchConfig& c, OrphanGuard* guard, SignalFd* signals) {
     request.python = plan.python;
     SystemDoctorProbe probe(signals);
     const int code = Preflight(request, &probe, stderr);
-    if (probe.stopped_by() != 0) return 128 + probe.stopped_by();
-    if (code == 2) return kUsageError;
+    if (probe.stopped_by() != 0) return ExitStatus(LaunchOutcome::Signalled(probe.stopped_by()));
+    if (code == kUsageErrorExitCode) return ExitStatus(LaunchOutcome::UsageError());
   }
 
   if (c.dry_run) {
@@ -376,7 +377,7 @@ int RunLaunch(const LaunchConfig& c, OrphanGuard* guard, SignalFd* signals) {
       return UsageError(std::string(link.status().message()));
     }
     spdlog::error("{}", std::string(link.status().message()));
-    return 1;
+    return ExitStatus(LaunchOutcome::LaunchError());
   }
   std::unique_ptr<MetricsServer> metrics;
   if (c.metrics_port && !link->server) {

@@ -10,11 +10,9 @@
 #include <grpcpp/security/server_credentials.h>
 
 #include "absl/status/statusor.h"
+#include "common/grpc_wire.h"  // kTokenMetadataKey
 
 namespace launch {
-
-// Metadata key that carries the token.
-inline constexpr char kTokenMetadataKey[] = "x-launch-token";
 
 struct SecurityOptions {
   std::string token;          // empty: none

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/limits.h"
 #include "common/status_macros.h"
+#include "common/tunables.h"
 
 namespace launch {
 namespace {
@@ -153,7 +154,7 @@ absl::StatusOr<std::vector<std::string>> ExpandHostlist(absl::string_view list, 
 }
 
 int SlurmRendezvousPort(long long job_id, long long step_id) {
-  return 29400 + static_cast<int>((job_id % 1000 + step_id % 1000) % 1000);
+  return kDefaultRendezvousPort + static_cast<int>((job_id % 1000 + step_id % 1000) % 1000);
 }
 
 absl::StatusOr<std::optional<SlurmTopology>> SlurmFromEnv(const std::map<std::string, std::string>& env) {

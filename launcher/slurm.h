@@ -33,10 +33,10 @@ struct SlurmTopology {
 
 // Inside a job step (srun: SLURM_JOB_ID and a numeric SLURM_STEP_ID), the step's topology; nullopt
 // outside one (no Slurm, or a batch script's own shell, which runs on the first node only). The
-// rendezvous endpoint is the node list's first host at 29400 + (job id + step id) % 1000, so that
-// two jobs or steps sharing a first node do not collide; the run id is "<job>.<step>", with
-// ".requeue<N>" after a requeue (SLURM_RESTART_COUNT). A malformed or out-of-range variable is an
-// error naming it.
+// rendezvous endpoint is the node list's first host at kDefaultRendezvousPort + (job id + step id)
+// % 1000, so that two jobs or steps sharing a first node do not collide; the run id is
+// "<job>.<step>", with ".requeue<N>" after a requeue (SLURM_RESTART_COUNT). A malformed or
+// out-of-range variable is an error naming it.
 absl::StatusOr<std::optional<SlurmTopology>> SlurmFromEnv(const std::map<std::string, std::string>& env);
 
 // The port SlurmFromEnv's endpoint uses.

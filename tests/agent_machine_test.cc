@@ -19,7 +19,8 @@ AgentState In(P phase, GroupEnd last_end = GroupEnd::kSucceeded, bool asking = f
   return s;
 }
 
-Verdict V(bool succeeded, bool failed, bool restart) { return Verdict{succeeded, failed, restart}; }
+constexpr Verdict kGoOn = Verdict::kGoOn, kNewRound = Verdict::kNewRound, kSucceeded = Verdict::kSucceeded,
+                  kFailed = Verdict::kFailed;
 
 struct Move {
   const char* name;
@@ -49,7 +50,7 @@ INSTANTIATE_TEST_SUITE_P(
         Move{"JoinedRuns", In(P::kJoining), kAssigned, P::kRunning, AgentEnd::kNone},
         Move{"SignalWhileJoiningEnds", In(P::kJoining), AgentEvent::Signal(SIGINT), P::kDone, AgentEnd::kSignal},
         Move{"JoinErrorIsLaunchsOwn", In(P::kJoining), AgentEvent::Of(K::kError), P::kDone, AgentEnd::kLaunchError},
-        Move{"VerdictWhileJoiningCannotCome", In(P::kJoining), AgentEvent::Answered(V(true, false, false)), P::kDone,
+        Move{"VerdictWhileJoiningCannotCome", In(P::kJoining), AgentEvent::Answered(kSucceeded), P::kDone,
              AgentEnd::kLaunchError},
         Move{"BadEnvironmentIsBadInput", In(P::kRunning), AgentEvent::Of(K::kBadInput), P::kDone, AgentEnd::kBadInput},
         Move{"DryRunEnds", In(P::kRunning), AgentEvent::Of(K::kDryRun), P::kDone, AgentEnd::kDryRun},
@@ -63,18 +64,18 @@ INSTANTIATE_TEST_SUITE_P(
              AgentEvent::GroupEnded(GroupEnd::kCoordinatorStop, 0, true), P::kDone, AgentEnd::kJobFailed},
         Move{"StoppedByTheCoordinatorReports", In(P::kRunning), AgentEvent::GroupEnded(GroupEnd::kCoordinatorStop),
              P::kReporting, AgentEnd::kNone},
-        Move{"JobSucceeded", In(P::kReporting), AgentEvent::Answered(V(true, false, false)), P::kDone,
+        Move{"JobSucceeded", In(P::kReporting), AgentEvent::Answered(kSucceeded), P::kDone,
              AgentEnd::kSucceeded},
-        Move{"OthersStillRunWait", In(P::kReporting), AgentEvent::Answered(V(false, false, false)), P::kAwaiting,
+        Move{"OthersStillRunWait", In(P::kReporting), AgentEvent::Answered(kGoOn), P::kAwaiting,
              AgentEnd::kNone},
         Move{"OtherNodeFailedAfterOursSucceededRejoins", In(P::kReporting),
-             AgentEvent::Answered(V(false, false, true)), P::kJoining, AgentEnd::kNone},
-        Move{"SucceededButJobFailed", In(P::kReporting), AgentEvent::Answered(V(false, true, false)), P::kDone,
+             AgentEvent::Answered(kNewRound), P::kJoining, AgentEnd::kNone},
+        Move{"SucceededButJobFailed", In(P::kReporting), AgentEvent::Answered(kFailed), P::kDone,
              AgentEnd::kJobFailed},
-        Move{"FailedWithBudgetBacksOff", In(P::kReporting, GroupEnd::kFailed), AgentEvent::Answered(V(false, false, true)),
+        Move{"FailedWithBudgetBacksOff", In(P::kReporting, GroupEnd::kFailed), AgentEvent::Answered(kNewRound),
              P::kBackingOff, AgentEnd::kNone},
         Move{"FailedWithoutBudgetGivesUp", In(P::kReporting, GroupEnd::kFailed),
-             AgentEvent::Answered(V(false, true, false)), P::kDone, AgentEnd::kGaveUp},
+             AgentEvent::Answered(kFailed), P::kDone, AgentEnd::kGaveUp},
         Move{"FailedAndCoordinatorGoneGivesUp", In(P::kReporting, GroupEnd::kFailed), kNoVerdict, P::kDone,
              AgentEnd::kGaveUp},
         Move{"SucceededAndCoordinatorGoneIsLaunchsError", In(P::kReporting), kNoVerdict, P::kDone,
@@ -82,16 +83,16 @@ INSTANTIATE_TEST_SUITE_P(
         Move{"AskingAndCoordinatorGoneFailsTheJob", In(P::kReporting, GroupEnd::kSucceeded, true), kNoVerdict,
              P::kDone, AgentEnd::kJobFailed},
         Move{"AskedAndNotFailedRejoins", In(P::kReporting, GroupEnd::kSucceeded, true),
-             AgentEvent::Answered(V(false, false, false)), P::kJoining, AgentEnd::kNone},
+             AgentEvent::Answered(kGoOn), P::kJoining, AgentEnd::kNone},
         Move{"NewRoundAfterCoordinatorStopRejoins", In(P::kReporting, GroupEnd::kCoordinatorStop),
-             AgentEvent::Answered(V(false, false, false)), P::kJoining, AgentEnd::kNone},
+             AgentEvent::Answered(kGoOn), P::kJoining, AgentEnd::kNone},
         Move{"CoordinatorStopAndJobFailed", In(P::kReporting, GroupEnd::kCoordinatorStop),
-             AgentEvent::Answered(V(false, true, false)), P::kDone, AgentEnd::kJobFailed},
-        Move{"AwaitedSuccess", In(P::kAwaiting), AgentEvent::Answered(V(true, false, false)), P::kDone,
+             AgentEvent::Answered(kFailed), P::kDone, AgentEnd::kJobFailed},
+        Move{"AwaitedSuccess", In(P::kAwaiting), AgentEvent::Answered(kSucceeded), P::kDone,
              AgentEnd::kSucceeded},
-        Move{"AwaitedNewRoundRejoins", In(P::kAwaiting), AgentEvent::Answered(V(false, false, true)), P::kJoining,
+        Move{"AwaitedNewRoundRejoins", In(P::kAwaiting), AgentEvent::Answered(kNewRound), P::kJoining,
              AgentEnd::kNone},
-        Move{"AwaitedFailureAsksForTheVerdict", In(P::kAwaiting), AgentEvent::Answered(V(false, true, true)),
+        Move{"AwaitedFailureAsksForTheVerdict", In(P::kAwaiting), AgentEvent::Answered(kFailed),
              P::kReporting, AgentEnd::kNone},
         Move{"AwaitWithoutAnswerAsks", In(P::kAwaiting), kNoVerdict, P::kReporting, AgentEnd::kNone},
         Move{"SignalWhileAwaitingEnds", In(P::kAwaiting), AgentEvent::Signal(SIGTERM), P::kDone, AgentEnd::kSignal},
@@ -99,6 +100,22 @@ INSTANTIATE_TEST_SUITE_P(
         Move{"SignalDuringBackoffEnds", In(P::kBackingOff), AgentEvent::Signal(SIGINT), P::kDone, AgentEnd::kSignal},
         Move{"BackoffOverWhileRunningCannotCome", In(P::kRunning), AgentEvent::Of(K::kBackoffOver), P::kDone,
              AgentEnd::kLaunchError}));
+
+// The wire's booleans as one verdict: an end outranks a new round (a failed job's heartbeat also
+// says stop_workers), and success outranks failure.
+TEST(AgentMachine, VerdictFromTheWiresBooleans) {
+  struct Row {
+    bool succeeded, failed, new_round;
+    Verdict want;
+  };
+  for (const Row& r : {Row{false, false, false, kGoOn}, Row{false, false, true, kNewRound},
+                       Row{false, true, false, kFailed}, Row{false, true, true, kFailed},
+                       Row{true, false, false, kSucceeded}, Row{true, false, true, kSucceeded},
+                       Row{true, true, false, kSucceeded}, Row{true, true, true, kSucceeded}}) {
+    EXPECT_EQ(VerdictFrom(r.succeeded, r.failed, r.new_round), r.want)
+        << r.succeeded << " " << r.failed << " " << r.new_round;
+  }
+}
 
 TEST(AgentMachine, AskingIsSetOnlyByTheWaitForTheOthers) {
   AgentState s = NextAgentState(In(P::kAwaiting), kNoVerdict);

@@ -4,6 +4,8 @@
 #include <optional>
 #include <string>
 
+#include "launch_sdk/defaults.h"
+
 namespace launch_sdk {
 
 struct WorkerEnv {
@@ -15,7 +17,7 @@ struct WorkerEnv {
   int restart_count = 0;
   int max_restarts = 0;
   std::string master_addr = "127.0.0.1";
-  int master_port = 29500;
+  int master_port = kDefaultMasterPort;
   std::string run_id = "none";
   std::string error_file;  // TORCHELASTIC_ERROR_FILE
   std::string gpu_binding = "shared";
