@@ -4,6 +4,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/launch_env.h"
 #include "spdlog/spdlog.h"
 
 namespace launch {
@@ -23,8 +24,8 @@ bool SameSecret(const std::string& a, const std::string& b) {
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(Options opts) {
   if (opts.token.empty()) {
     return absl::FailedPreconditionError(
-        "--metrics-port needs a token for its scrapers: set --rdzv-token-file or LAUNCH_RDZV_TOKEN (Prometheus sends "
-        "it with authorization: {credentials_file: ...})");
+        absl::StrCat("--metrics-port needs a token for its scrapers: set --rdzv-token-file or ", kRdzvTokenEnv,
+                     " (Prometheus sends it with authorization: {credentials_file: ...})"));
   }
   std::unique_ptr<MetricsServer> m(new MetricsServer());
   const bool tls = !opts.tls_cert_file.empty() && !opts.tls_key_file.empty();
