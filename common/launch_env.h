@@ -5,9 +5,13 @@
 
 namespace launch {
 
-inline constexpr char kLogLevelEnv[] = "LAUNCH_LOG_LEVEL";        // spdlog's level: trace .. off
-inline constexpr char kRdzvTokenEnv[] = "LAUNCH_RDZV_TOKEN";      // the rendezvous token, without --rdzv-token-file
-inline constexpr char kSysfsRootEnv[] = "LAUNCH_SYSFS_ROOT";      // where the NUMA probes read /sys (tests)
-inline constexpr char kNvmlLibraryEnv[] = "LAUNCH_NVML_LIBRARY";  // the NVML library to load (a path)
+// spdlog's level: trace, debug, info, warn, error or off.
+inline constexpr char kLogLevelEnv[] = "LAUNCH_LOG_LEVEL";
+// The rendezvous token, when --rdzv-token-file is not given.
+inline constexpr char kRdzvTokenEnv[] = "LAUNCH_RDZV_TOKEN";
+// Where the NUMA probes read /sys from (tests).
+inline constexpr char kSysfsRootEnv[] = "LAUNCH_SYSFS_ROOT";
+// The NVML library to load (a path).
+inline constexpr char kNvmlLibraryEnv[] = "LAUNCH_NVML_LIBRARY";
 
 }  // namespace launch

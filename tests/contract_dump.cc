@@ -30,8 +30,12 @@ std::string Hex(const std::string& bytes) {
 void Field(const char* name, const std::string& json, bool last = false) {
   std::printf("    %s: %s%s\n", Quoted(name).c_str(), json.c_str(), last ? "" : ",");
 }
-void Field(const char* name, long long n, bool last = false) { Field(name, std::to_string(n), last); }
-void Text(const char* name, const std::string& s, bool last = false) { Field(name, Quoted(s), last); }
+void Field(const char* name, long long n, bool last = false) {
+  Field(name, std::to_string(n), last);
+}
+void Text(const char* name, const std::string& s, bool last = false) {
+  Field(name, Quoted(s), last);
+}
 
 }  // namespace
 
@@ -39,7 +43,8 @@ int main() {
   using namespace launch_sdk;
   std::printf("{\n  \"version\": %u,\n  \"env\": {\n", kContractVersion);
   const size_t names = sizeof kContractEnvNames / sizeof kContractEnvNames[0];
-  for (size_t i = 0; i < names; ++i) Text(kContractEnvNames[i].constant, kContractEnvNames[i].value, i + 1 == names);
+  for (size_t i = 0; i < names; ++i)
+    Text(kContractEnvNames[i].constant, kContractEnvNames[i].value, i + 1 == names);
   std::printf("  },\n  \"fds\": {\n");
   Field("kProgressFd", kProgressFd);
   Field("kStandbyControlFd", kStandbyControlFd, true);

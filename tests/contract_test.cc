@@ -19,7 +19,9 @@ using ::testing::HasSubstr;
 TEST(ContractGo, IsMagicVersionLengthAndNulSeparatedEntries) {
   EXPECT_EQ(kContractVersion, 2u);
   const std::string go = EncodeGo({"A=1", "B=x=y"});
-  EXPECT_EQ(go, std::string("LGOV\x02\x00\x00\x00\x09\x00\x00\x00" "A=1\0B=x=y", 21));
+  EXPECT_EQ(go, std::string("LGOV\x02\x00\x00\x00\x09\x00\x00\x00"
+                            "A=1\0B=x=y",
+                            21));
   EXPECT_EQ(EncodeGo({}), std::string("LGOV\x02\0\0\0\0\0\0\0", 12));
   EXPECT_EQ(EncodeGo({"A=1"}, 0x01020304), std::string("LGOV\x04\x03\x02\x01\x03\0\0\0A=1", 15));
   ASSERT_EQ(go.size(), kGoHeaderBytes + 9);
@@ -44,7 +46,8 @@ TEST(ContractGo, EmptyEntriesAreSkipped) {
 
 TEST(ContractGo, AVersionSkewNamesBothVersionsAndWhatToDo) {
   EXPECT_EQ(VersionSkew(3, 2, "launch_sdk"),
-            "launch speaks worker contract version 3, this standby's launch_sdk version 2: install launch and "
+            "launch speaks worker contract version 3, this standby's launch_sdk version 2: install "
+            "launch and "
             "launch-sdk (or launch's Python modules) of one release");
 }
 

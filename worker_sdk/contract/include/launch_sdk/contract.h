@@ -24,9 +24,11 @@ inline constexpr uint32_t kContractVersion = 2;
 inline constexpr char kProgressFdEnv[] = "LAUNCH_PROGRESS_FD";  // kProgressFd, as text
 inline constexpr char kRoundEnv[] = "LAUNCH_ROUND";             // the rendezvous round
 inline constexpr char kLogDirEnv[] = "LAUNCH_LOG_DIR";          // the rank's log directory
-inline constexpr char kStackFileEnv[] = "LAUNCH_STACK_FILE";    // where a hung Python rank's stacks go
+// Where a hung Python rank's stacks go.
+inline constexpr char kStackFileEnv[] = "LAUNCH_STACK_FILE";
 inline constexpr char kGpuBindingEnv[] = "LAUNCH_GPU_BINDING";  // "shared" or "isolate"
-inline constexpr char kLrEnv[] = "LAUNCH_LR";                   // scaled training (--base-lr ...)
+// Scaled training (train.base_lr and its batch in the config).
+inline constexpr char kLrEnv[] = "LAUNCH_LR";
 inline constexpr char kLrScaleEnv[] = "LAUNCH_LR_SCALE";
 inline constexpr char kPerWorkerBatchEnv[] = "LAUNCH_PER_WORKER_BATCH";
 inline constexpr char kGlobalBatchEnv[] = "LAUNCH_GLOBAL_BATCH";
@@ -37,9 +39,10 @@ inline constexpr char kShmAllreduceMemoryEnv[] = "LAUNCH_SHM_ALLREDUCE_MEMORY";
 inline constexpr char kExitNoticeEnv[] = "LAUNCH_EXIT_NOTICE";  // "/proc/<agent pid>/fd/<n>"
 
 // --- Environment: launch sets these for a standby only (never a worker's) ---------------------
-inline constexpr char kStandbyFdEnv[] = "LAUNCH_STANDBY_FD";            // kStandbyControlFd, as text
-inline constexpr char kStandbyForkEnv[] = "LAUNCH_STANDBY_FORK";        // "1": it may fork workers
-inline constexpr char kStandbyImportsEnv[] = "LAUNCH_STANDBY_IMPORTS";  // Python modules, comma separated
+inline constexpr char kStandbyFdEnv[] = "LAUNCH_STANDBY_FD";      // kStandbyControlFd, as text
+inline constexpr char kStandbyForkEnv[] = "LAUNCH_STANDBY_FORK";  // "1": it may fork workers
+// The Python modules a standby imports, comma separated.
+inline constexpr char kStandbyImportsEnv[] = "LAUNCH_STANDBY_IMPORTS";
 
 // --- Environment: the user's, read by workers (launch passes them on) -------------------------
 inline constexpr char kShmAllreduceEnv[] = "LAUNCH_SHM_ALLREDUCE";  // "0": Gloo's TCP all-reduce
@@ -120,7 +123,8 @@ std::vector<std::string> DecodeGoBody(const std::string& body);
 
 // The line a standby of `standby_version` (`standby`: "launch_sdk", "launch's Python module")
 // says when launch sent a go of `launch_version`: names both and what to do.
-std::string VersionSkew(uint32_t launch_version, uint32_t standby_version, const std::string& standby);
+std::string VersionSkew(uint32_t launch_version, uint32_t standby_version,
+                        const std::string& standby);
 
 // --- The exit-notice file (launch_sdk/exit_notice.h) ------------------------------------------
 // One slot per local rank: seq (u32), pid (i32), tid (i32), 4 bytes reserved, then the robust,
