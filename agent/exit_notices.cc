@@ -18,6 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/numbers.h"
 #include "agent/worker_memory.h"
+#include "common/limits.h"
 #include "spdlog/spdlog.h"
 
 #ifndef SYS_futex_waitv
@@ -26,6 +27,9 @@
 
 namespace launch {
 namespace {
+
+static_assert(kMaxWorkersPerNode <= launch_sdk::kMaxLocalRanks,
+              "every local rank of a node has a slot a worker can hold (launch_sdk/contract.h)");
 
 struct WaitV {  // struct futex_waitv (linux/futex.h, Linux 5.16)
   uint64_t val;

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/launch_env.h"
 #include "spdlog/spdlog.h"
 
 namespace launch {
@@ -97,7 +98,7 @@ abi::nvmlReturn_t Ask(abi::nvmlErrorString_fn* error_string, GpuFigures* g, F* f
 }  // namespace
 
 std::string NvmlLibraryFromEnv() {
-  const char* library = std::getenv("LAUNCH_NVML_LIBRARY");
+  const char* library = std::getenv(kNvmlLibraryEnv);
   return library ? library : "";
 }
 

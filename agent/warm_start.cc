@@ -17,12 +17,14 @@
 #include <set>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "agent/monitor.h"
 #include "common/status_macros.h"
+#include "launch_sdk/contract.h"
 #include "spdlog/spdlog.h"
 
 namespace launch {
@@ -30,8 +32,6 @@ namespace launch {
 namespace {
 
 constexpr char kBootstrap[] = "import _launch_standby; _launch_standby.main()";
-constexpr char kGoMagic[] = "LGO1";
-constexpr int kControlFd = 3;  // where the standby finds its control socket; the progress fd later
 // LAUNCH_SDK_WARM_START()'s mark (launch_sdk/warm_start.h), backwards; and the largest file searched.
 constexpr char kMarkBackwards[] = "1/trats-mraw-kds-hcnual";
 constexpr off_t kMaxMarkedExecutable = off_t{4} << 30;
@@ -41,8 +41,8 @@ const std::set<std::string>& RoundVariables() {
   static const auto* vars = new std::set<std::string>{
       "RANK", "GROUP_RANK", "ROLE_RANK", "WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE",
       "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE",
-      "TORCHELASTIC_ERROR_FILE", "LAUNCH_LOG_DIR", "LAUNCH_STACK_FILE", "LAUNCH_ROUND", "LAUNCH_LR",
-      "LAUNCH_LR_SCALE", "LAUNCH_PER_WORKER_BATCH", "LAUNCH_GLOBAL_BATCH",
+      "TORCHELASTIC_ERROR_FILE", launch_sdk::kLogDirEnv, launch_sdk::kStackFileEnv, launch_sdk::kRoundEnv,
+      launch_sdk::kLrEnv, launch_sdk::kLrScaleEnv, launch_sdk::kPerWorkerBatchEnv, launch_sdk::kGlobalBatchEnv,
       // In the attempt's log directory; torch reads them when a process group is made.
       "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE"};
   return *vars;
@@ -75,8 +75,9 @@ bool Readable(int fd, int timeout_ms) {
 }
 
 // One line from `fd` within `timeout_ms`, without its newline, read a byte at a time (what follows
-// it is not consumed); nullopt at the end, an error, the timeout, or more than `max` bytes.
-std::optional<std::string> ReadLine(int fd, int timeout_ms, size_t max) {
+// it is not consumed); nullopt at the end (then `*ended` is set, when given), an error, the
+// timeout, or more than `max` bytes.
+std::optional<std::string> ReadLine(int fd, int timeout_ms, size_t max, bool* ended = nullptr) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   std::string line;
   for (;;) {
@@ -87,6 +88,7 @@ std::optional<std::string> ReadLine(int fd, int timeout_ms, size_t max) {
     char c = 0;
     const ssize_t n = ::read(fd, &c, 1);
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n == 0 && ended) *ended = true;
     if (n != 1) return std::nullopt;
     if (c == '\n') return line;
     if (line.size() >= max) return std::nullopt;
@@ -118,6 +120,17 @@ pid_t ParentOf(pid_t pid) {
 }
 
 }  // namespace
+
+std::string StandbyEndedAtItsGo(const std::string& said) {
+  if (said.empty()) return "its standby ended without starting the worker";
+  std::string why = absl::StrCat("its standby ended without starting the worker: ", said);
+  // What a standby of contract version 1 says of any later version's go.
+  if (absl::StrContains(said, "a malformed go from the agent")) {
+    absl::StrAppend(&why, " (a standby older than launch's worker contract version ", launch_sdk::kContractVersion,
+                    ": install launch and launch-sdk (or launch's Python modules) of one release)");
+  }
+  return why;
+}
 
 bool IsRoundVariable(const std::string& key) { return RoundVariables().count(key) > 0; }
 
@@ -163,14 +176,6 @@ absl::StatusOr<std::vector<std::string>> StandbyArgv(const std::vector<std::stri
   return argv;
 }
 
-std::string EncodeGo(const std::vector<std::string>& env) {
-  std::string body = absl::StrJoin(env, std::string(1, '\0'));
-  const uint32_t n = static_cast<uint32_t>(body.size());
-  std::string msg(kGoMagic, 4);
-  for (int i = 0; i < 4; ++i) msg.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
-  return msg + body;
-}
-
 bool WarmStart::stays() const {
   int subreaper = 0;
   return opts_.python && ::prctl(PR_GET_CHILD_SUBREAPER, &subreaper) == 0 && subreaper != 0;
@@ -190,7 +195,7 @@ void WarmStart::Prepare(const std::vector<WorkerLaunch>& launches) {
     cold(absl::StrCat("launch's Python module _launch_standby is not in '", opts_.python_dir, "'"));
     return;
   }
-  if (cannot_import_) return;  // said at the rank's cold start; it would fail the same way again
+  if (no_more_standbys_) return;  // said at the rank's cold start; it would fail the same way again
   const bool may_fork = stays();
   for (const WorkerLaunch& w : launches) {
     if (standbys_.count(w.local_rank)) continue;
@@ -219,9 +224,9 @@ void WarmStart::Prepare(const std::vector<WorkerLaunch>& launches) {
     s.cpus = w.cpus;
     s.memory_node = w.memory_node;
     Env env = s.env;
-    env["LAUNCH_STANDBY_FD"] = std::to_string(kControlFd);
-    if (opts_.python) env["LAUNCH_STANDBY_IMPORTS"] = absl::StrJoin(opts_.imports, ",");
-    if (may_fork) env["LAUNCH_STANDBY_FORK"] = "1";
+    env[launch_sdk::kStandbyFdEnv] = std::to_string(launch_sdk::kStandbyControlFd);
+    if (opts_.python) env[launch_sdk::kStandbyImportsEnv] = absl::StrJoin(opts_.imports, ",");
+    if (may_fork) env[launch_sdk::kStandbyForkEnv] = "1";
     SpawnOptions so;
     so.argv = *argv;
     so.env = EnvToStrings(env);
@@ -229,7 +234,7 @@ void WarmStart::Prepare(const std::vector<WorkerLaunch>& launches) {
     so.stdout_fd = out.get();
     so.stderr_fd = err.get();
     so.extra_fd = theirs.get();
-    so.extra_fd_target = kControlFd;
+    so.extra_fd_target = launch_sdk::kStandbyControlFd;
     so.guard_fd = opts_.guard_fd;
     so.cpus = w.cpus;
     so.preferred_memory_node = w.memory_node;
@@ -286,14 +291,14 @@ std::string WarmStart::Ready(Standby& s, const WorkerLaunch& w) {
   ssize_t r;
   while ((r = ::read(s.control.get(), &c, 1)) < 0 && errno == EINTR) {
   }
-  if (r == 1 && c == 'R') {
+  if (r == 1 && c == launch_sdk::kStandbyReady) {
     s.ready = true;
     return "";
   }
-  if (r == 1 && c == 'F') {
+  if (r == 1 && c == launch_sdk::kStandbyFailed) {
     // "F<why>\n", then it exits.
     const std::string why = ReadLine(s.control.get(), 2000, 4096).value_or("");
-    cannot_import_ = true;
+    no_more_standbys_ = true;
     return absl::StrCat("its standby ", why.empty() ? std::string("failed") : why);
   }
   const std::string said = LastLine(s.err.get());
@@ -301,7 +306,7 @@ std::string WarmStart::Ready(Standby& s, const WorkerLaunch& w) {
 }
 
 absl::Status WarmStart::SendGo(Standby& s, const WorkerLaunch& w, const WorkerFds& wf) {
-  const std::string msg = EncodeGo(w.env);
+  const std::string msg = launch_sdk::EncodeGo(w.env);
   // The guard's pipe, when there is one: a forked worker registers its process group on it.
   int fds[5] = {wf.progress, wf.in, wf.out, wf.err, opts_.guard_fd};
   const size_t nfds = opts_.guard_fd >= 0 ? 5 : 4;
@@ -344,18 +349,27 @@ absl::Status WarmStart::SendGo(Standby& s, const WorkerLaunch& w, const WorkerFd
 }
 
 absl::StatusOr<std::pair<pid_t, bool>> WarmStart::Started(Standby& s) {
-  // "P<pid>\n": the worker's pid, within 10 s (a fork takes milliseconds).
+  // "P<pid>\n": the worker's pid, within 10 s (a fork takes milliseconds). Or "F<why>\n" from a
+  // standby that cannot serve the go (one of another contract version), which then exits.
   constexpr int kTimeoutMs = 10000;
-  auto line = ReadLine(s.control.get(), kTimeoutMs, 12);
-  if (!line) return absl::UnavailableError("its standby did not say which process is the worker");
+  bool ended = false;
+  auto line = ReadLine(s.control.get(), kTimeoutMs, 4096, &ended);
+  if (!line) {
+    if (!ended) return absl::UnavailableError("its standby did not say which process is the worker");
+    return absl::UnavailableError(StandbyEndedAtItsGo(LastLine(s.err.get())));
+  }
+  if (!line->empty() && (*line)[0] == launch_sdk::kStandbyFailed) {
+    no_more_standbys_ = true;  // every standby of this run would refuse the same way
+    return absl::FailedPreconditionError(absl::StrCat("its standby refused the go: ", line->substr(1)));
+  }
   pid_t pid = 0;
-  if (line->size() < 2 || (*line)[0] != 'P' || !absl::SimpleAtoi(absl::string_view(*line).substr(1), &pid) ||
-      pid <= 1) {
+  if (line->size() < 2 || (*line)[0] != launch_sdk::kStandbyPid ||
+      !absl::SimpleAtoi(absl::string_view(*line).substr(1), &pid) || pid <= 1) {
     return absl::DataLossError(absl::StrCat("its standby said '", absl::CEscape(*line), "', not a pid"));
   }
   if (pid == s.pid) return std::make_pair(pid, false);
   // A fork: "D\n" once the process between them has exited and the worker is launch's child.
-  const bool done = ReadLine(s.control.get(), kTimeoutMs, 1) == "D";
+  const bool done = ReadLine(s.control.get(), kTimeoutMs, 1) == std::string(1, launch_sdk::kStandbyForked);
   const pid_t parent = ParentOf(pid);
   if (done && parent == ::getpid()) return std::make_pair(pid, true);
   // It never became launch's: it cannot be watched, so it does not run (it waits for the middle
@@ -365,8 +379,13 @@ absl::StatusOr<std::pair<pid_t, bool>> WarmStart::Started(Standby& s) {
   return absl::UnavailableError(absl::StrCat("the worker its standby forked (pid ", pid, ") did not become launch's"));
 }
 
-void WarmStart::StartsCold(std::map<int, Standby>::iterator it, const WorkerLaunch& w, const std::string& why) {
-  spdlog::info("rank {} (local rank {}) starts cold: {}", w.rank, w.local_rank, why);
+void WarmStart::StartsCold(std::map<int, Standby>::iterator it, const WorkerLaunch& w, const std::string& why,
+                           bool warn) {
+  if (warn) {
+    spdlog::warn("rank {} (local rank {}) starts cold: {}", w.rank, w.local_rank, why);
+  } else {
+    spdlog::info("rank {} (local rank {}) starts cold: {}", w.rank, w.local_rank, why);
+  }
   Discard(it->second);
   standbys_.erase(it);
 }
@@ -394,7 +413,8 @@ std::optional<pid_t> WarmStart::Take(const WorkerLaunch& w) {
   s.sent = false;
   absl::StatusOr<std::pair<pid_t, bool>> started = Started(s);
   if (!started.ok()) {
-    StartsCold(it, w, std::string(started.status().message()));
+    // A refused go is a skew the user has to mend: said as a warning.
+    StartsCold(it, w, std::string(started.status().message()), absl::IsFailedPrecondition(started.status()));
     return std::nullopt;
   }
   ++taken_;

@@ -44,8 +44,10 @@ bool DeclaresWarmStart(const std::string& path);
 // that DeclaresWarmStart, its own. InvalidArgument for any other command.
 absl::StatusOr<std::vector<std::string>> StandbyArgv(const std::vector<std::string>& cold_argv, bool python);
 
-// The go message: "LGO1", the body's length (u32, little endian), then NUL-separated KEY=VALUE.
-std::string EncodeGo(const std::vector<std::string>& env);
+// Why a worker starts cold whose standby ended at its go, having said `said` last on its stderr
+// (empty: nothing). A standby of an older contract version calls a newer go malformed: the reason
+// then says so, and what to do.
+std::string StandbyEndedAtItsGo(const std::string& said);
 
 class WarmStart : public WarmWorkers {
  public:
@@ -100,7 +102,8 @@ class WarmStart : public WarmWorkers {
   std::string Ready(Standby& s, const WorkerLaunch& w);
   void Discard(Standby& s);
   absl::Status SendGo(Standby& s, const WorkerLaunch& w, const WorkerFds& fds);
-  void StartsCold(std::map<int, Standby>::iterator it, const WorkerLaunch& w, const std::string& why);
+  void StartsCold(std::map<int, Standby>::iterator it, const WorkerLaunch& w, const std::string& why,
+                  bool warn = false);
   // After the go: the worker's pid, and whether it is a fork (the standby stays); else why not.
   absl::StatusOr<std::pair<pid_t, bool>> Started(Standby& s);
 
@@ -109,7 +112,8 @@ class WarmStart : public WarmWorkers {
   OrphanGuard* guard_;
   std::map<int, Standby> standbys_;  // by local rank
   bool told_cold_ = false;           // "cannot start warm" said once for the run
-  bool cannot_import_ = false;       // a standby could not import: no more standbys this run
+  // A standby could not import, or refused a go (another contract version): no more this run.
+  bool no_more_standbys_ = false;
   int started_ = 0, taken_ = 0, forked_ = 0;
 };
 

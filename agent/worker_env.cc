@@ -5,6 +5,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/launch_env.h"
 
 extern char** environ;
 
@@ -163,9 +164,9 @@ absl::StatusOr<WorkerEnvPlan> BuildWorkerEnvs(const Env& parent, const WorkerGro
   for (int local = 0; local < n; ++local) {
     Env env = parent;
     // The rendezvous token is launch's: a worker (or anything it runs) has no use for it.
-    env.erase("LAUNCH_RDZV_TOKEN");
+    env.erase(kRdzvTokenEnv);
     // A standby's (agent/warm_start.h), were launch itself run by one: never a worker's.
-    for (const char* k : {"LAUNCH_STANDBY_FD", "LAUNCH_STANDBY_FORK", "LAUNCH_STANDBY_IMPORTS"}) env.erase(k);
+    for (const char* k : {launch_sdk::kStandbyFdEnv, launch_sdk::kStandbyForkEnv, launch_sdk::kStandbyImportsEnv}) env.erase(k);
     const int rank = round.rank_offset + local;
     env["RANK"] = std::to_string(rank);
     env["LOCAL_RANK"] = std::to_string(spec.virtual_local_rank ? 0 : local);
@@ -185,15 +186,15 @@ absl::StatusOr<WorkerEnvPlan> BuildWorkerEnvs(const Env& parent, const WorkerGro
     // prefixes their keys with /worker/attempt_<TORCHELASTIC_RESTART_COUNT>.
     env["TORCHELASTIC_USE_AGENT_STORE"] = round.agent_store ? "True" : "False";
     env["TORCHELASTIC_ERROR_FILE"] = paths[local].error_file;
-    if (!paths[local].log_dir.empty()) env["LAUNCH_LOG_DIR"] = paths[local].log_dir;
-    if (!paths[local].stack_file.empty()) env["LAUNCH_STACK_FILE"] = paths[local].stack_file;
+    if (!paths[local].log_dir.empty()) env[launch_sdk::kLogDirEnv] = paths[local].log_dir;
+    if (!paths[local].stack_file.empty()) env[launch_sdk::kStackFileEnv] = paths[local].stack_file;
     if (!spec.python_dir.empty()) {
       // After the user's entries: launch_progress never shadows a module of theirs.
       auto user = parent.find("PYTHONPATH");
       env["PYTHONPATH"] = user != parent.end() && !user->second.empty() ? absl::StrCat(user->second, ":", spec.python_dir)
                                                                           : spec.python_dir;
     }
-    env["LAUNCH_PROGRESS_FD"] = std::to_string(kProgressFd);
+    env[launch_sdk::kProgressFdEnv] = std::to_string(kProgressFd);
     // torch 2.x reads TORCH_NCCL_ASYNC_ERROR_HANDLING, 1.x NCCL_ASYNC_ERROR_HANDLING: both, with
     // the user's value of either one when only that one is set.
     for (const auto& [name, other] : {std::pair<const char*, const char*>{"TORCH_NCCL_ASYNC_ERROR_HANDLING",
@@ -202,7 +203,7 @@ absl::StatusOr<WorkerEnvPlan> BuildWorkerEnvs(const Env& parent, const WorkerGro
       auto user = parent.find(other);
       SetUnlessUserSet(parent, env, name, user != parent.end() ? user->second : "1");
     }
-    env["LAUNCH_ROUND"] = std::to_string(round.round);
+    env[launch_sdk::kRoundEnv] = std::to_string(round.round);
 
     for (const char* var : {"OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) {
       bool set = SetUnlessUserSet(parent, env, var, threads_text);
@@ -210,7 +211,7 @@ absl::StatusOr<WorkerEnvPlan> BuildWorkerEnvs(const Env& parent, const WorkerGro
     }
 
     if (pool > 0) {
-      env["LAUNCH_GPU_BINDING"] = spec.gpu_binding == GpuBinding::kShared ? "shared" : "isolate";
+      env[launch_sdk::kGpuBindingEnv] = spec.gpu_binding == GpuBinding::kShared ? "shared" : "isolate";
       if (spec.gpu_binding == GpuBinding::kShared) {
         env["CUDA_VISIBLE_DEVICES"] = absl::StrJoin(spec.gpu_pool, ",");
       } else {
@@ -224,10 +225,10 @@ absl::StatusOr<WorkerEnvPlan> BuildWorkerEnvs(const Env& parent, const WorkerGro
     if (alloc_conf) SetUnlessUserSet(parent, env, "PYTORCH_CUDA_ALLOC_CONF", *alloc_conf);
 
     if (scaled) {
-      env["LAUNCH_LR"] = FormatDouble(scaled->lr);
-      env["LAUNCH_LR_SCALE"] = FormatDouble(scaled->lr_scale);
-      env["LAUNCH_PER_WORKER_BATCH"] = std::to_string(scaled->per_worker_batch);
-      env["LAUNCH_GLOBAL_BATCH"] = std::to_string(scaled->global_batch);
+      env[launch_sdk::kLrEnv] = FormatDouble(scaled->lr);
+      env[launch_sdk::kLrScaleEnv] = FormatDouble(scaled->lr_scale);
+      env[launch_sdk::kPerWorkerBatchEnv] = std::to_string(scaled->per_worker_batch);
+      env[launch_sdk::kGlobalBatchEnv] = std::to_string(scaled->global_batch);
     }
     plan.envs.push_back(std::move(env));
   }

@@ -1,4 +1,4 @@
-// The worker environment contract: torchrun's variables plus launch's LAUNCH_ additions.
+// The worker environment contract: torchrun's variables plus launch's own (launch_sdk/contract.h).
 // One pure function builds every local worker's environment for one round; it is unit-tested as a table.
 #pragma once
 
@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "agent/job_spec.h"
+#include "launch_sdk/contract.h"
 
 namespace launch {
 
@@ -49,14 +50,14 @@ struct WorkerEnvPlan {
   std::vector<std::string> notes;  // what was chosen and why, for one log line each
 };
 
-// The fd number at which workers find the agent's progress socket (LAUNCH_PROGRESS_FD).
-constexpr int kProgressFd = 3;
+// The fd number at which workers find the agent's progress socket (the contract's).
+using launch_sdk::kProgressFd;
 
 // Per local rank: where its files go.
 struct WorkerPaths {
   std::string error_file;  // TORCHELASTIC_ERROR_FILE
-  std::string log_dir;     // LAUNCH_LOG_DIR (profiler traces); empty: not set
-  std::string stack_file;  // LAUNCH_STACK_FILE (a hung Python worker's stacks); empty: not set
+  std::string log_dir;     // kLogDirEnv (profiler traces); empty: not set
+  std::string stack_file;  // kStackFileEnv (a hung Python worker's stacks); empty: not set
 };
 
 // The threads each worker's OMP/MKL/OpenBLAS pools get: --threads-per-worker, else the usable

@@ -530,7 +530,7 @@ absl::Status GroupRun::SpawnCold(size_t i, Pending* p) {
   so.stdout_fd = p->out.write.get();
   so.stderr_fd = p->err.write.get();
   so.extra_fd = progress_write_.get();
-  so.extra_fd_target = kProgressFd;
+  so.extra_fd_target = launch_sdk::kProgressFd;
   // Registered by the child itself before exec: a launch killed right after a worker started
   // (before it could register the group here) left that worker's children running.
   so.guard_fd = guard_ ? guard_->fd() : -1;

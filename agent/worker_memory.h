@@ -14,11 +14,13 @@
 
 #include "absl/status/statusor.h"
 #include "common/unique_fd.h"
+#include "launch_sdk/contract.h"
 
 namespace launch {
 
-inline constexpr char kCheckpointMemoryEnv[] = "LAUNCH_CHECKPOINT_MEMORY";
-inline constexpr char kShmAllreduceMemoryEnv[] = "LAUNCH_SHM_ALLREDUCE_MEMORY";
+// The variables that name them (launch_sdk/contract.h).
+using launch_sdk::kCheckpointMemoryEnv;
+using launch_sdk::kShmAllreduceMemoryEnv;
 
 // A memory file of the agent's (memfd_create, close-on-exec and `flags`), and the path its workers
 // open it by: /proc/<agent pid>/fd/<n>.

@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "common/grpc_wire.h"
 #include "common/limits.h"
+#include "common/launch_env.h"
 #include "common/net.h"
 #include "common/tunables.h"
 #include "launcher/grpc_log.h"
@@ -290,7 +291,8 @@ grpc::Status CoordinatorService::CheckToken(grpc::CallbackServerContext* ctx, co
   if (it != md.end() && ConstantTimeEquals(got, opts_.token)) return grpc::Status::OK;
   spdlog::warn("rejected {} from {}: {} rendezvous token", rpc, ctx->peer(), it == md.end() ? "no" : "wrong");
   return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                      it == md.end() ? "this coordinator needs a rendezvous token (--rdzv-token-file or LAUNCH_RDZV_TOKEN)"
+                      it == md.end() ? absl::StrCat("this coordinator needs a rendezvous token (--rdzv-token-file or ",
+                                                    kRdzvTokenEnv, ")")
                                      : "wrong rendezvous token");
 }
 

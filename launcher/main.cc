@@ -16,6 +16,7 @@
 #include "agent/signals.h"
 #include "agent/worker_env.h"
 #include "common/exit_status.h"
+#include "common/launch_env.h"
 #include "launcher/grpc_log.h"
 #include "launcher/options.h"
 #include "launcher/run.h"
@@ -46,7 +47,7 @@ bool SetUpLogging() {
   }
   logger->set_pattern("[launch %H:%M:%S.%e %^%L%$] %v");
   spdlog::set_default_logger(logger);
-  const char* level = std::getenv("LAUNCH_LOG_LEVEL");
+  const char* level = std::getenv(launch::kLogLevelEnv);
   if (!level || !*level) return true;
   const std::string name = level;
   for (const char* known : {"trace", "debug", "info", "warn", "error", "off"}) {
@@ -55,7 +56,7 @@ bool SetUpLogging() {
       return true;
     }
   }
-  std::fprintf(stderr, "launch: LAUNCH_LOG_LEVEL=%s: expected trace, debug, info, warn, error or off\n", level);
+  std::fprintf(stderr, "launch: %s=%s: expected trace, debug, info, warn, error or off\n", launch::kLogLevelEnv, level);
   return false;
 }
 

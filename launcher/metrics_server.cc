@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "common/launch_env.h"
 #include "spdlog/spdlog.h"
 
 namespace launch {
@@ -30,8 +31,8 @@ absl::StatusOr<StartMetricsHttpFn> LoadMetricsModule() {
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(Options opts) {
   if (opts.token.empty()) {
     return absl::FailedPreconditionError(
-        "--metrics-port needs a token for its scrapers: set --rdzv-token-file or LAUNCH_RDZV_TOKEN (Prometheus sends "
-        "it with authorization: {credentials_file: ...})");
+        absl::StrCat("--metrics-port needs a token for its scrapers: set --rdzv-token-file or ", kRdzvTokenEnv,
+                     " (Prometheus sends it with authorization: {credentials_file: ...})"));
   }
   static const absl::StatusOr<StartMetricsHttpFn> start = LoadMetricsModule();
   if (!start.ok()) return start.status();

@@ -20,6 +20,7 @@
 #include "agent/devices.h"
 #include "common/exit_status.h"
 #include "common/grpc_wire.h"
+#include "common/launch_env.h"
 #include "common/limits.h"
 #include "common/net.h"
 #include "common/status_macros.h"
@@ -105,7 +106,7 @@ HostFacts GatherHostFacts(HostQueries* queries, bool topology) {
   h.gpus = nvml.ListGpus(&h.why_no_gpu);
   h.usable_cpus = UsableCpuCount();
   if (topology) {
-    const auto root = h.env.find("LAUNCH_SYSFS_ROOT");
+    const auto root = h.env.find(kSysfsRootEnv);
     const std::string sysfs = root != h.env.end() && !root->second.empty() ? root->second : "/sys";
     std::vector<int> allowed;
     cpu_set_t set;
@@ -195,7 +196,7 @@ absl::StatusOr<RendezvousLink> ConnectToRendezvous(const LaunchPlan& plan, const
 template <typename Config>
 absl::StatusOr<SecurityOptions> SecurityFrom(const Config& c) {
   SecurityOptions s;
-  ASSIGN_OR_RETURN(s.token, LoadToken(c.rdzv_token_file, std::getenv("LAUNCH_RDZV_TOKEN")));
+  ASSIGN_OR_RETURN(s.token, LoadToken(c.rdzv_token_file, std::getenv(kRdzvTokenEnv)));
   s.tls_cert_file = c.tls_cert;
   s.tls_key_file = c.tls_key;
   s.tls_ca_file = c.tls_ca;

@@ -11,6 +11,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/net.h"
+#include "common/launch_env.h"
 #include "common/status_macros.h"
 
 namespace launch {
@@ -111,9 +112,9 @@ absl::StatusOr<std::string> LoadToken(const std::string& token_file, const char*
   if (env_value && *env_value) {
     std::string token(absl::StripAsciiWhitespace(env_value));
     if (token.size() < 8) {
-      return absl::InvalidArgumentError("LAUNCH_RDZV_TOKEN: expected a token of at least 8 characters");
+      return absl::InvalidArgumentError(absl::StrCat(kRdzvTokenEnv, ": expected a token of at least 8 characters"));
     }
-    RETURN_IF_ERROR(CheckTokenBytes(token, "LAUNCH_RDZV_TOKEN"));
+    RETURN_IF_ERROR(CheckTokenBytes(token, kRdzvTokenEnv));
     return token;
   }
   return std::string();
@@ -171,7 +172,7 @@ absl::Status CheckListenerIsProtected(const std::string& listen_host, const Secu
   if (loopback.ok() && *loopback) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
       "refusing to serve the rendezvous on ", listen_host,
-      " without protection: give --rdzv-token-file (or LAUNCH_RDZV_TOKEN) or --tls-cert/--tls-key, "
+      " without protection: give --rdzv-token-file (or ", kRdzvTokenEnv, ") or --tls-cert/--tls-key, "
       "or --insecure to accept joins from anyone who can reach it"));
 }
 

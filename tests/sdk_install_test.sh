@@ -10,6 +10,7 @@ cmake --install "$build_dir" --prefix "$tmp/prefix" > "$tmp/install.log"
 test -f "$tmp/prefix/lib/cmake/LaunchSDK/LaunchSDKConfig.cmake"
 test -f "$tmp/prefix/include/launch_sdk/ddp.h"
 test -f "$tmp/prefix/include/launch_sdk/progress.h"  # the contract, installed with the SDK
+test -f "$tmp/prefix/include/launch_sdk/contract.h"
 # A step that fails shows its log.
 run_logged() {
   local log=$1

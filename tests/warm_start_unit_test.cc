@@ -1,5 +1,6 @@
-// agent/warm_start: which variables a standby gets at its start, its command, the go message, and
-// one standby through the real protocol (a Python interpreter, the shipped _launch_standby.py).
+// agent/warm_start: which variables a standby gets at its start, its command, the go message, one
+// standby through the real protocol (a Python interpreter, the shipped _launch_standby.py), and
+// standbys of another contract version.
 #include "agent/warm_start.h"
 
 #include <fcntl.h>
@@ -8,12 +9,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <set>
+#include <sstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "launch_sdk/contract.h"
+#include "spdlog/sinks/ostream_sink.h"
+#include "spdlog/spdlog.h"
 #include "tests/test_util.h"
 
 namespace launch {
@@ -186,10 +192,18 @@ TEST(WarmStartArgv, OnlyProgramsThatDeclareItAreTheirOwnStandbys) {
   EXPECT_TRUE(DeclaresWarmStart(dir / "marked"));
 }
 
-TEST(WarmStartGo, IsMagicLengthAndNulSeparatedEntries) {
-  const std::string go = EncodeGo({"A=1", "B=x=y"});
-  EXPECT_EQ(go, std::string("LGO1\x09\x00\x00\x00" "A=1\0B=x=y", 17));
-  EXPECT_EQ(EncodeGo({}), std::string("LGO1\0\0\0\0", 8));
+// The go's encoding and decoding are launch_sdk/contract.h's (tests/contract_test.cc); here the
+// agent's reason for a standby that ended at its go: one of contract version 1 calls any later go
+// malformed, and the reason says what to do.
+TEST(WarmStartGo, AStandbyThatEndedAtItsGoIsExplained) {
+  EXPECT_EQ(StandbyEndedAtItsGo(""), "its standby ended without starting the worker");
+  EXPECT_EQ(StandbyEndedAtItsGo("Segmentation fault"), "its standby ended without starting the worker: Segmentation fault");
+  for (const char* v1 : {"launch_sdk standby: a malformed go from the agent", "launch standby: a malformed go from the agent"}) {
+    EXPECT_THAT(StandbyEndedAtItsGo(v1),
+                HasSubstr(absl::StrCat(v1, " (a standby older than launch's worker contract version ",
+                                       launch_sdk::kContractVersion,
+                                       ": install launch and launch-sdk (or launch's Python modules) of one release)")));
+  }
 }
 
 // One standby through the real protocol: it imports, waits, gets its environment, the progress
@@ -301,6 +315,96 @@ TEST(WarmStartStandby, IsNotUsedWhenAFixedVariableChanged) {
   EXPECT_FALSE(warm.Take(w).has_value());
   EXPECT_FALSE(warm.Send(w, {}));  // and it is gone
   EXPECT_EQ(warm.taken(), 0);
+}
+
+// A C++ standby given a go of another contract version refuses it with one line that names both
+// versions and what to do, and ends; so does one given contract version 1's go ("LGO1").
+TEST(WarmStartSkew, ACppStandbyRefusesAGoOfAnotherVersion) {
+  const std::string go = launch_sdk::EncodeGo({"RANK=0", "WORLD_SIZE=1"});
+  const std::string v1 = std::string(launch_sdk::kGoMagicV1, 4) + go.substr(launch_sdk::kGoVersionBytes);
+  for (const auto& [version, msg] : {std::pair<uint32_t, std::string>{launch_sdk::kContractVersion + 1,
+                                                                      launch_sdk::EncodeGo({"RANK=0"}, launch_sdk::kContractVersion + 1)},
+                                     {1, v1}}) {
+    int sv[2];
+    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    UniqueFd agent(sv[0]), theirs(sv[1]);
+    UniqueFd null(::open("/dev/null", O_RDWR | O_CLOEXEC));
+    PosixProcessLauncher launcher;
+    SpawnOptions so;
+    so.argv = {WARM_WORKER_BIN, ""};
+    so.env = {absl::StrCat(launch_sdk::kStandbyFdEnv, "=", launch_sdk::kStandbyControlFd)};
+    so.stdout_fd = null.get();
+    so.stderr_fd = null.get();
+    so.extra_fd = theirs.get();
+    so.extra_fd_target = launch_sdk::kStandbyControlFd;
+    auto pid = launcher.Spawn(so);
+    ASSERT_TRUE(pid.ok()) << pid.status();
+    theirs.Reset();
+    char ready = 0;
+    ASSERT_EQ(::read(agent.get(), &ready, 1), 1);
+    EXPECT_EQ(ready, launch_sdk::kStandbyReady);
+    int fds[4] = {null.get(), null.get(), null.get(), null.get()};
+    char control[CMSG_SPACE(sizeof fds)] = {};
+    iovec iov{const_cast<char*>(msg.data()), msg.size()};
+    msghdr mh{};
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = control;
+    mh.msg_controllen = sizeof control;
+    cmsghdr* cm = CMSG_FIRSTHDR(&mh);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof fds);
+    std::memcpy(CMSG_DATA(cm), fds, sizeof fds);
+    ASSERT_EQ(::sendmsg(agent.get(), &mh, MSG_NOSIGNAL), static_cast<ssize_t>(msg.size()));
+    std::string said;
+    char buf[512];
+    ssize_t n;
+    while ((n = ::read(agent.get(), buf, sizeof buf)) > 0) said.append(buf, static_cast<size_t>(n));
+    EXPECT_EQ(said, absl::StrCat("Flaunch_sdk standby: ", launch_sdk::VersionSkew(version, launch_sdk::kContractVersion, "launch_sdk"), "\n"));
+    EXPECT_THAT(said, HasSubstr(absl::StrCat("launch speaks worker contract version ", version, ", this standby's launch_sdk version ",
+                                             launch_sdk::kContractVersion, ": install launch and launch-sdk")));
+    int status = 0;
+    ASSERT_EQ(::waitpid(*pid, &status, 0), *pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 70) << status;
+  }
+}
+
+// A standby of another contract version (here launch's Python module of version 99): its worker
+// starts cold, launch warns once per rank with the standby's line, and makes no more standbys.
+TEST(WarmStartSkew, AWorkerWhoseStandbyIsOfAnotherVersionStartsCold) {
+  testing::TempDir dir;
+  std::string module = testing::ReadFile(std::string(SDK_PYTHON_DIR) + "/_launch_standby.py");
+  const std::string current = absl::StrCat("CONTRACT_VERSION = ", launch_sdk::kContractVersion, "\n");
+  ASSERT_NE(module.find(current), std::string::npos);
+  module.replace(module.find(current), current.size(), "CONTRACT_VERSION = 99\n");
+  testing::WriteFile(dir / "_launch_standby.py", module);
+  testing::WriteFile(dir / "w.py", "print('ran')\n");
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  spdlog::default_logger()->sinks().push_back(sink);
+  PosixProcessLauncher launcher;
+  WarmStart::Options o = Importing({});
+  o.python_dir = dir.path();
+  WarmStart warm(o, &launcher, nullptr);
+  WorkerLaunch w;
+  w.argv = {"/usr/bin/python3", "-u", dir / "w.py"};
+  w.env = {"PATH=/usr/bin:/bin", "PYTHONPATH=" + dir.path(), "LAUNCH_PROGRESS_FD=3", "RANK=0"};
+  warm.Prepare({w});
+  EXPECT_EQ(warm.started(), 1);
+  Worker a = Start(&warm, w, "");
+  EXPECT_EQ(a.pid, -1);  // cold: the group spawns it
+  EXPECT_EQ(warm.taken(), 0);
+  warm.Prepare({w});
+  EXPECT_EQ(warm.started(), 1);  // every standby of this run would refuse alike
+  spdlog::default_logger()->flush();
+  spdlog::default_logger()->sinks().pop_back();
+  EXPECT_THAT(log.str(), HasSubstr(absl::StrCat(
+                             "starts cold: its standby refused the go: launch standby: launch speaks worker contract version ",
+                             launch_sdk::kContractVersion,
+                             ", this standby's Python module (_launch_standby) version 99: install launch and launch-sdk "
+                             "(or launch's Python modules) of one release")));
+  EXPECT_THAT(log.str(), HasSubstr("[warning]"));
 }
 
 }  // namespace

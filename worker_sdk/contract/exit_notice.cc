@@ -16,9 +16,6 @@
 namespace launch_sdk {
 namespace {
 
-// As the agent's bound on the workers of a node.
-constexpr long kMaxLocalRanks = 4096;
-
 std::mutex g_mu;
 ExitNoticeSlot* g_held = nullptr;
 

@@ -6,6 +6,8 @@
 #include <climits>
 #include <cstdlib>
 
+#include "launch_sdk/contract.h"
+
 namespace launch_sdk {
 
 namespace {
@@ -21,7 +23,7 @@ int NonNegative(const char* v, int fallback) {
 }  // namespace
 
 ProgressReporter ProgressReporter::FromEnv() {
-  return ProgressReporter(NonNegative(std::getenv("LAUNCH_PROGRESS_FD"), -1), NonNegative(std::getenv("RANK"), 0));
+  return ProgressReporter(NonNegative(std::getenv(kProgressFdEnv), -1), NonNegative(std::getenv("RANK"), 0));
 }
 
 void ProgressReporter::Report(int64_t step, double loss, double step_seconds, double wait_seconds) {

@@ -12,11 +12,14 @@ a rank imports once per job. Through a middle process that exits at once, the fo
 agent's child, as a worker started cold is. Otherwise the standby itself becomes the worker.
 Anything it cannot import it reports ("F<why>") and exits, and the agent starts that worker cold.
 
-Protocol. Agent -> standby, per go: b"LGO1", a little-endian u32 N, then N bytes of NUL-separated
-KEY=VALUE; the first byte carries the worker's descriptors (SCM_RIGHTS): its progress socket,
-stdin, stdout, stderr and, when there is one, the orphan guard's pipe. Standby -> agent: "R" once
-ready; per go "P<pid>\\n", the worker's pid (its own: it is the worker, and serves no more), and
-after a fork "D\\n" once the worker is the agent's child.
+Protocol (launch_sdk/contract.h declares it; tests/contract_check.py compares the values below
+with it). Agent -> standby, per go: b"LGOV", the contract version (u32, little endian), the body's
+length N (u32, little endian), then N bytes of NUL-separated KEY=VALUE; the first byte carries the
+worker's descriptors (SCM_RIGHTS): its progress socket, stdin, stdout, stderr and, when there is
+one, the orphan guard's pipe. Standby -> agent: "R" once ready; per go "P<pid>\\n", the worker's
+pid (its own: it is the worker, and serves no more), and after a fork "D\\n" once the worker is
+the agent's child. A go it cannot serve (of another contract version: launch and this module come
+from different releases) it answers "F<why>\\n" and exits; the worker starts cold.
 """
 
 import array
@@ -30,10 +33,21 @@ import socket
 import struct
 import sys
 
-_MAGIC = b"LGO1"
-_PROGRESS_FD = 3  # LAUNCH_PROGRESS_FD, where a cold worker finds it too
+# launch_sdk/contract.h's, which tests/contract_check.py compares them with.
+CONTRACT_VERSION = 2
+_STANDBY_FD_ENV = "LAUNCH_STANDBY_FD"
+_STANDBY_FORK_ENV = "LAUNCH_STANDBY_FORK"
+_STANDBY_IMPORTS_ENV = "LAUNCH_STANDBY_IMPORTS"
+_EXIT_NOTICE_ENV = "LAUNCH_EXIT_NOTICE"
+_PROGRESS_FD = 3  # where a cold worker finds its progress socket too
+_GO_MAGIC = b"LGOV"
+_GO_MAGIC_V1 = b"LGO1"  # contract version 1's go, which carried no version
+_GO_VERSION_BYTES = 8  # magic and version: the same in every version
+_GO_HEADER_BYTES = 12  # then the body's length
 _MAX_GO = 64 << 20
+_MIN_FDS = 4
 _MAX_FDS = 5
+_READY, _FAILED, _PID, _FORKED = b"R", b"F", b"P", b"D"
 _MAX_REPLAY = 1 << 20  # of what the imports printed, replayed into each worker's stdout and stderr
 _PR_SET_PDEATHSIG = 1
 
@@ -45,10 +59,39 @@ def _say(sock, data):
         os._exit(0)  # the agent let this standby go
 
 
+def _refuse(sock, why):
+    """A go this standby cannot serve: tells the agent why (the worker starts cold) and ends."""
+    sys.stderr.write(why + "\n")
+    try:
+        sock.sendall(_FAILED + why.encode("utf-8", "replace") + b"\n")
+    except OSError:
+        pass
+    os._exit(70)
+
+
+def _go_version(head):
+    """The contract version of the launch that sent a go beginning with `head`; 0: not a go."""
+    if head[:4] == _GO_MAGIC_V1:
+        return 1
+    if head[:4] != _GO_MAGIC:
+        return 0
+    return struct.unpack("<I", head[4:8])[0]
+
+
+def _recv_all(sock, n):
+    data = bytearray()
+    while len(data) < n:
+        chunk = sock.recv(min(n - len(data), 1 << 20))
+        if not chunk:
+            os._exit(0)  # the agent let this standby go
+        data += chunk
+    return bytes(data)
+
+
 def _read_go(sock):
     head, fds = b"", []
-    while len(head) < 8:
-        data, anc, _, _ = sock.recvmsg(8 - len(head), socket.CMSG_SPACE(_MAX_FDS * 4))
+    while len(head) < _GO_VERSION_BYTES:
+        data, anc, _, _ = sock.recvmsg(_GO_VERSION_BYTES - len(head), socket.CMSG_SPACE(_MAX_FDS * 4))
         for level, kind, payload in anc:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 a = array.array("i")
@@ -57,18 +100,20 @@ def _read_go(sock):
         if not data:
             os._exit(0)  # closed without a go: this standby is not needed
         head += data
-    (size,) = struct.unpack("<I", head[4:8])
-    if head[:4] != _MAGIC or size > _MAX_GO or len(fds) not in (4, 5):
-        sys.stderr.write("launch standby: a malformed go from the agent\n")
-        os._exit(70)
-    body = bytearray()
-    while len(body) < size:
-        chunk = sock.recv(min(size - len(body), 1 << 20))
-        if not chunk:
-            os._exit(0)
-        body += chunk
+    version = _go_version(head)
+    if version == 0:
+        _refuse(sock, "launch standby: the go is malformed (no go magic)")
+    if version != CONTRACT_VERSION:
+        _refuse(sock, "launch standby: launch speaks worker contract version %d, this standby's Python module "
+                "(_launch_standby) version %d: install launch and launch-sdk (or launch's Python modules) of one "
+                "release" % (version, CONTRACT_VERSION))
+    head += _recv_all(sock, _GO_HEADER_BYTES - _GO_VERSION_BYTES)
+    (size,) = struct.unpack("<I", head[_GO_VERSION_BYTES:_GO_HEADER_BYTES])
+    if size > _MAX_GO or not _MIN_FDS <= len(fds) <= _MAX_FDS:
+        _refuse(sock, "launch standby: the go is malformed (a body of %d bytes, %d descriptors)" % (size, len(fds)))
+    body = _recv_all(sock, size)
     env = {}
-    for entry in bytes(body).split(b"\0"):
+    for entry in body.split(b"\0"):
         if entry:
             key, _, value = entry.partition(b"=")
             env[key] = value
@@ -128,7 +173,7 @@ def _fork(sock, guard, agent):
             os.setpgid(worker, 0)  # here, so that the agent never signals a group not yet made
             if guard >= 0:
                 os.write(guard, b"+%d\n" % worker)
-            sock.sendall(b"P%d\n" % worker)
+            sock.sendall(_PID + b"%d\n" % worker)
             os.write(w, b"1")
         except BaseException:
             os._exit(1)  # a worker, if made, reads EOF and exits
@@ -247,8 +292,9 @@ def _run_module(name):
     runpy._run_module_as_main(name, alter_argv=True)
 
 
-# launch_sdk/exit_notice.h's slot: seq, pid, tid (int32 each), 4 bytes, then the mutex; 64 bytes.
-_SLOT_BYTES, _MUTEX_OFFSET = 64, 16
+# launch_sdk/contract.h's exit-notice slot: seq (u32), pid, tid (i32 each), 4 bytes, then the mutex.
+_SLOT_BYTES, _SEQ_OFFSET, _PID_OFFSET, _TID_OFFSET, _MUTEX_OFFSET = 64, 0, 4, 8, 16
+_MAX_LOCAL_RANKS = 4096
 _SYS_FUTEX = {"x86_64": 202, "aarch64": 98}
 _NOTICE = None  # the file's mapping, once held
 
@@ -259,7 +305,7 @@ def _hold_exit_notice():
     thread exits, before it frees the worker's memory, so that launch stops the group sooner on a
     failure. Held by the main thread, which runs the script. Without the variable: nothing."""
     global _NOTICE
-    path, local = os.environ.get("LAUNCH_EXIT_NOTICE"), os.environ.get("LOCAL_RANK")
+    path, local = os.environ.get(_EXIT_NOTICE_ENV), os.environ.get("LOCAL_RANK")
     if not path or not local or _NOTICE is not None:
         return
     # Through ctypes only where the standby's imports loaded it (torch does): imported here, it
@@ -272,7 +318,7 @@ def _hold_exit_notice():
         import errno
 
         rank = int(local)
-        if not 0 <= rank < 4096:
+        if not 0 <= rank < _MAX_LOCAL_RANKS:
             raise ValueError("LOCAL_RANK '%s' is not a local rank" % local)
         end = (rank + 1) * _SLOT_BYTES
         libc = ctypes.CDLL(None, use_errno=True)
@@ -298,7 +344,7 @@ def _hold_exit_notice():
         held = libc.pthread_mutex_trylock(mutex)
         if held == errno.EBUSY:
             raise OSError(held, "local rank %d's slot in %s is held by process %d"
-                          % (rank, path, struct.unpack_from("i", mm, at + 4)[0]))
+                          % (rank, path, struct.unpack_from("i", mm, at + _PID_OFFSET)[0]))
         if held == errno.EOWNERDEAD:
             libc.pthread_mutex_consistent(mutex)
         if held in (0, errno.EOWNERDEAD):
@@ -311,13 +357,13 @@ def _hold_exit_notice():
         tid = _thread.get_native_id()
         if rc != 0 or struct.unpack_from("I", mm, at + _MUTEX_OFFSET)[0] & 0x3FFFFFFF != tid:
             raise OSError(rc, "cannot hold its mutex" if rc else "this C library's mutex is not the kernel's robust futex")
-        struct.pack_into("i", mm, at + 8, tid)  # tid before pid, as exit_notice.cc
-        struct.pack_into("i", mm, at + 4, os.getpid())
-        seq = (struct.unpack_from("I", mm, at)[0] + 1) & 0xFFFFFFFF
-        struct.pack_into("I", mm, at, seq)
+        struct.pack_into("i", mm, at + _TID_OFFSET, tid)  # tid before pid, as exit_notice.cc
+        struct.pack_into("i", mm, at + _PID_OFFSET, os.getpid())
+        seq = (struct.unpack_from("I", mm, at + _SEQ_OFFSET)[0] + 1) & 0xFFFFFFFF
+        struct.pack_into("I", mm, at + _SEQ_OFFSET, seq)
         sys_futex = _SYS_FUTEX.get(os.uname().machine)
         if sys_futex is not None:  # FUTEX_WAKE, shared: launch maps the file too
-            libc.syscall(ctypes.c_long(sys_futex), ctypes.c_void_p(addr + at), 1, 0x7FFFFFFF, None, None, 0)
+            libc.syscall(ctypes.c_long(sys_futex), ctypes.c_void_p(addr + at + _SEQ_OFFSET), 1, 0x7FFFFFFF, None, None, 0)
         _NOTICE = mm  # mapped for the life of the process
     except Exception as e:  # the worker runs on; launch sees its exit when it is reaped
         print("launch: launch will see this worker's exit only once it is reaped: %s" % e, file=sys.stderr)
@@ -326,8 +372,8 @@ def _hold_exit_notice():
 def main():
     args = sys.argv[1:]
     module = len(args) >= 2 and args[0] == "-m"
-    sock = socket.socket(fileno=int(os.environ["LAUNCH_STANDBY_FD"]))
-    may_fork = os.environ.get("LAUNCH_STANDBY_FORK") == "1"
+    sock = socket.socket(fileno=int(os.environ[_STANDBY_FD_ENV]))
+    may_fork = os.environ.get(_STANDBY_FORK_ENV) == "1"
     agent = os.getppid()
     # As `python -u [-m] TARGET ARGS` sets them, before anything is imported.
     flags = sys.orig_argv[: sys.orig_argv.index("-c")] if hasattr(sys, "orig_argv") else []
@@ -342,16 +388,16 @@ def main():
     if flags:
         sys.orig_argv = flags + args
 
-    for name in filter(None, os.environ.get("LAUNCH_STANDBY_IMPORTS", "").split(",")):
+    for name in filter(None, os.environ.get(_STANDBY_IMPORTS_ENV, "").split(",")):
         try:
             importlib.import_module(name)
         except BaseException as e:  # SystemExit from a module counts too
             why = str(e).splitlines()[0] if str(e) else ""
-            _say(sock, ("F" + "cannot import %s: %s%s\n" % (name, type(e).__name__, ": " + why if why else ""))
+            _say(sock, _FAILED + ("cannot import %s: %s%s\n" % (name, type(e).__name__, ": " + why if why else ""))
                  .encode("utf-8", "replace"))
             os._exit(1)
     may_fork = may_fork and _settle()
-    _say(sock, b"R")
+    _say(sock, _READY)
 
     while True:
         env, fds = _read_go(sock)
@@ -360,10 +406,10 @@ def main():
         if how == _SERVED:  # a worker of its own now: this standby serves the next go
             for fd in fds:
                 os.close(fd)
-            _say(sock, b"D\n")
+            _say(sock, _FORKED + b"\n")
             continue
         if how == _NOT_FORKED:
-            _say(sock, b"P%d\n" % os.getpid())  # the standby itself becomes the worker
+            _say(sock, _PID + b"%d\n" % os.getpid())  # the standby itself becomes the worker
         break
     forked = how == _WORKER
 

@@ -25,6 +25,9 @@ import time
 
 __all__ = ["Reporter", "step"]
 
+# launch_sdk/contract.h's and progress.h's, which tests/contract_check.py compares them with.
+_PROGRESS_FD_ENV = "LAUNCH_PROGRESS_FD"
+_STACK_FILE_ENV = "LAUNCH_STACK_FILE"
 _PROGRESS = struct.Struct("=Iiqddd")  # magic, rank, step, loss, step_seconds, wait_seconds
 _STACKS = struct.Struct("=Iiii")  # magic, rank, signal, reserved
 _PROGRESS_MAGIC = 0x4C50524F  # "LPRO"
@@ -43,7 +46,7 @@ class Reporter:
     """Sends progress to launch's agent; a no-op when not run under launch."""
 
     def __init__(self):
-        self._fd = _env_int("LAUNCH_PROGRESS_FD", -1)
+        self._fd = _env_int(_PROGRESS_FD_ENV, -1)
         self._rank = _env_int("RANK", 0)
         self._last = None
         self._stack_file = None
@@ -79,7 +82,7 @@ class Reporter:
             self._fd = -1  # the descriptor is not launch's socket (closed by the program)
 
     def _offer_stacks(self):
-        path = os.environ.get("LAUNCH_STACK_FILE", "")
+        path = os.environ.get(_STACK_FILE_ENV, "")
         if not path or signal.getsignal(signal.SIGUSR1) not in (signal.SIG_DFL, None):
             return
         try:

@@ -30,6 +30,7 @@
 #include <type_traits>
 
 #include "launch_sdk/context.h"
+#include "launch_sdk/contract.h"
 #include "launch_sdk/memory.h"
 #include "premap.h"
 
@@ -655,7 +656,7 @@ std::atomic<bool> g_memory_taken{false};
 std::pair<std::string, std::string> MemoryPaths(const std::string& list) {
   const size_t comma = list.find(',');
   if (comma == std::string::npos || list.size() > 2 * kMaxName || list.find(',', comma + 1) != std::string::npos)
-    throw std::runtime_error("LAUNCH_CHECKPOINT_MEMORY=" + list.substr(0, 200) + ": expected two paths, comma separated");
+    throw std::runtime_error(std::string(kCheckpointMemoryEnv) + "=" + list.substr(0, 200) + ": expected two paths, comma separated");
   return {list.substr(0, comma), list.substr(comma + 1)};
 }
 
@@ -780,7 +781,7 @@ uint64_t Checksum64(const void* data, size_t n) {
 void TouchPremappedCheckpointMemory() { internal::TouchPremapped(); }
 
 void PremapCheckpointMemory() {
-  const char* mem = std::getenv("LAUNCH_CHECKPOINT_MEMORY");
+  const char* mem = std::getenv(kCheckpointMemoryEnv);
   if (!mem || !*mem) return;
   std::pair<std::string, std::string> paths;
   try {
@@ -800,7 +801,7 @@ Checkpointer::Checkpointer(std::string dir, int keep_last) : dir_(std::move(dir)
 Checkpointer::Checkpointer(std::string dir, const Context& ctx, CheckpointOptions opts)
     : Checkpointer(std::move(dir), opts.keep_last) {
   ctx_ = &ctx;
-  const char* mem = std::getenv("LAUNCH_CHECKPOINT_MEMORY");
+  const char* mem = std::getenv(kCheckpointMemoryEnv);
   if (!opts.in_memory || !mem || !*mem) return;
   try {
     // One Checkpointer of a process has them: a second would overwrite the first's snapshots.

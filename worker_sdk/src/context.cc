@@ -28,6 +28,7 @@
 #include "library_pages.h"
 #include "premap.h"
 #include "launch_sdk/checkpoint.h"
+#include "launch_sdk/contract.h"
 #include "launch_sdk/errors.h"
 #include "launch_sdk/exit_notice.h"
 #include "launch_sdk/memory.h"
@@ -39,7 +40,6 @@ namespace launch_sdk {
 namespace {
 
 // The file launch keeps for the node's all-reduce segment (agent/worker_memory.h).
-constexpr char kShmAllreduceMemoryEnv[] = "LAUNCH_SHM_ALLREDUCE_MEMORY";
 
 bool IsLoopback(const std::string& host) {
   return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
@@ -149,7 +149,7 @@ std::unique_ptr<Context> Context::Init(const InitOptions& opts) {
     internal::DropLibraryPages();  // what loading touched; the warm-up brings back what a step uses
     if (opts.standby_warm_up) {
       // Neither variable is the round's: the standby has the values its worker will have.
-      const char* prefault = std::getenv("LAUNCH_PREFAULT");
+      const char* prefault = std::getenv(kPrefaultEnv);
       if (opts.prefault && !(prefault && std::strcmp(prefault, "0") == 0)) InstallPrefaultingCpuAllocator();
       // A malformed value is left for ReadWorkerEnv to name, after the go.
       if (const char* threads = internal::EnvValue("OMP_NUM_THREADS")) {
@@ -162,7 +162,7 @@ std::unique_ptr<Context> Context::Init(const InitOptions& opts) {
     }
     PremapCheckpointMemory();
     // Empty until the first group's rank 0 sizes it; Init drops the mapping when the group does not use it.
-    const char* off = internal::EnvValue("LAUNCH_SHM_ALLREDUCE");
+    const char* off = internal::EnvValue(kShmAllreduceEnv);
     if (const char* file = internal::EnvValue(kShmAllreduceMemoryEnv); file && !(off && std::strcmp(off, "0") == 0))
       internal::Premap(file, 0);
     AddStandbyKeepWarm([] {

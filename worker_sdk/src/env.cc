@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "env_vars.h"
+#include "launch_sdk/contract.h"
 #include "launch_sdk/warm_start.h"
 
 namespace launch_sdk {
@@ -84,26 +85,26 @@ WorkerEnv ReadWorkerEnv() {
   Str("TORCHELASTIC_ERROR_FILE", &e.error_file);
   // torch's own test (rendezvous.py): exactly "True".
   if (const char* v = EnvValue("TORCHELASTIC_USE_AGENT_STORE")) e.use_agent_store = std::string(v) == "True";
-  Str("LAUNCH_GPU_BINDING", &e.gpu_binding);
+  Str(kGpuBindingEnv, &e.gpu_binding);
   OptInt("OMP_NUM_THREADS", &e.omp_threads, 1);
-  OptDouble("LAUNCH_LR", &e.lr);
-  OptDouble("LAUNCH_LR_SCALE", &e.lr_scale);
-  OptInt("LAUNCH_PER_WORKER_BATCH", &e.per_worker_batch, 1);
-  OptInt("LAUNCH_GLOBAL_BATCH", &e.global_batch, 1);
-  Str("LAUNCH_LOG_DIR", &e.log_dir);
-  Str("LAUNCH_PROFILE_STEPS", &e.profile_steps);
-  Int("LAUNCH_PROGRESS_FD", &e.progress_fd, 0);
-  Bool("LAUNCH_SHM_ALLREDUCE", &e.shm_allreduce);
-  Bool("LAUNCH_PREFAULT", &e.prefault);
+  OptDouble(kLrEnv, &e.lr);
+  OptDouble(kLrScaleEnv, &e.lr_scale);
+  OptInt(kPerWorkerBatchEnv, &e.per_worker_batch, 1);
+  OptInt(kGlobalBatchEnv, &e.global_batch, 1);
+  Str(kLogDirEnv, &e.log_dir);
+  Str(kProfileStepsEnv, &e.profile_steps);
+  Int(kProgressFdEnv, &e.progress_fd, 0);
+  Bool(kShmAllreduceEnv, &e.shm_allreduce);
+  Bool(kPrefaultEnv, &e.prefault);
   int keep_warm_ms = 0;  // a standby's (warm_start.h); a cold worker rejects what a standby would
-  Int("LAUNCH_STANDBY_KEEP_WARM_MS", &keep_warm_ms, 0, internal::kMaxStandbyKeepWarmMs);
+  Int(kStandbyKeepWarmMsEnv, &keep_warm_ms, 0, internal::kMaxStandbyKeepWarmMs);
   if (e.world_size < 1) throw std::invalid_argument("WORLD_SIZE must be at least 1");
   if (e.rank < 0 || e.rank >= e.world_size) {
     throw std::invalid_argument("RANK=" + std::to_string(e.rank) + ": expected 0.." +
                                 std::to_string(e.world_size - 1));
   }
   if (e.gpu_binding != "shared" && e.gpu_binding != "isolate")
-    throw std::invalid_argument("LAUNCH_GPU_BINDING=" + e.gpu_binding + ": expected shared or isolate");
+    throw std::invalid_argument(std::string(kGpuBindingEnv) + "=" + e.gpu_binding + ": expected shared or isolate");
   return e;
 }
 

@@ -13,6 +13,8 @@
 #include <set>
 #include <stdexcept>
 
+#include "launch_sdk/contract.h"
+
 namespace launch_sdk {
 
 struct StepProfiler::Impl {
@@ -39,13 +41,13 @@ StepProfiler::StepProfiler(const std::string& spec, std::string trace_path)
     first_ = -2;
   }
   if (first_ < 1 || last_ < first_) {
-    throw std::invalid_argument("LAUNCH_PROFILE_STEPS=" + spec + ": expected a-b with 1 <= a <= b");
+    throw std::invalid_argument(std::string(kProfileStepsEnv) + "=" + spec + ": expected a-b with 1 <= a <= b");
   }
 }
 
 StepProfiler StepProfiler::FromEnv(int rank) {
-  const char* spec = std::getenv("LAUNCH_PROFILE_STEPS");
-  const char* dir = std::getenv("LAUNCH_LOG_DIR");
+  const char* spec = std::getenv(kProfileStepsEnv);
+  const char* dir = std::getenv(kLogDirEnv);
   std::string base = dir && *dir ? std::string(dir) + "/" : std::string();
   return StepProfiler(spec ? spec : "", base + "trace_rank" + std::to_string(rank) + ".json");
 }

@@ -1,12 +1,10 @@
 #include "launch_sdk/warm_start.h"
 
-// The standby's side of the protocol agent/warm_start.h speaks (the Python standby,
-// _launch_standby.py, speaks the same). Agent -> standby, per go: "LGO1", a little-endian u32 N,
-// then N bytes of NUL-separated KEY=VALUE; the first byte carries the worker's descriptors
-// (SCM_RIGHTS): its progress socket, stdin, stdout, stderr and, when there is one, the orphan
-// guard's pipe. Standby -> agent: "R" once ready, then "P<pid>\n" at its go: its own pid, since a C++
-// standby becomes the worker and serves no more (a Python standby may fork its workers instead,
-// and then says "D\n" too; the agent allows that only to Python, LAUNCH_STANDBY_FORK).
+// The standby's side of the protocol agent/warm_start.h speaks, as launch_sdk/contract.h declares
+// it (the Python standby, _launch_standby.py, speaks the same). A C++ standby becomes the worker at
+// its go and serves no more: it answers a go with its own pid (a Python standby may fork its
+// workers instead; the agent allows that only to Python, kStandbyForkEnv). A go of another
+// contract version it refuses with one line that names both versions.
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -31,14 +29,11 @@
 #include <vector>
 
 #include "env_vars.h"
+#include "launch_sdk/contract.h"
 
 namespace launch_sdk {
 namespace {
 
-constexpr char kMagic[] = "LGO1";
-constexpr uint32_t kMaxGo = 64u << 20;  // as the agent's limit on a worker's environment
-constexpr size_t kMaxFds = 5;
-constexpr int kProgressFd = 3;          // LAUNCH_PROGRESS_FD, where a cold worker finds it too
 constexpr size_t kMaxReplay = 1 << 20;  // of what the standby printed, replayed into each worker
 constexpr int64_t kKeepWarmShare = 20;  // the keep-warm's runs: at most 5% of the standby's time
 
@@ -47,7 +42,7 @@ bool g_warm = false;
 char g_program_name[16] = {};  // comm before a standby renamed itself
 
 // LAUNCH_STANDBY_FD, when launch started this process as a standby; else null.
-const char* StandbyFdText() { return internal::EnvValue("LAUNCH_STANDBY_FD"); }
+const char* StandbyFdText() { return internal::EnvValue(kStandbyFdEnv); }
 
 // `ps -o comm`, top and the like tell a standby from a worker (whose name is the program's again
 // after its go): from this program's static initialization on, before its own code runs (the
@@ -86,18 +81,34 @@ void WriteAll(int fd, const char* data, size_t n) {
   }
 }
 
-[[noreturn]] void Malformed() {
-  static const char kMsg[] = "launch_sdk standby: a malformed go from the agent\n";
-  WriteAll(2, kMsg, sizeof kMsg - 1);
+// A go this standby cannot serve: it tells the agent why (the worker starts cold) and ends.
+[[noreturn]] void Refuse(int sock, const std::string& why) {
+  const std::string line = kStandbyFailed + why + "\n";
+  WriteAll(2, line.data() + 1, line.size() - 1);
+  SendAll(sock, line.data(), line.size());
   ::_exit(70);
+}
+
+[[noreturn]] void Malformed(int sock, const std::string& what) {
+  Refuse(sock, "launch_sdk standby: the go is malformed (" + what + ")");
+}
+
+// Reads `n` bytes; exits when the agent closed the socket first.
+void RecvAll(int sock, char* data, size_t n) {
+  for (size_t off = 0; off < n;) {
+    const ssize_t got = ::recv(sock, data + off, n - off, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) ::_exit(0);
+    off += static_cast<size_t>(got);
+  }
 }
 
 // LAUNCH_STANDBY_KEEP_WARM_MS: how often a waiting standby runs AddStandbyKeepWarm's functions.
 int KeepWarmMs() {
-  const char* text = internal::EnvValue("LAUNCH_STANDBY_KEEP_WARM_MS");
+  const char* text = internal::EnvValue(kStandbyKeepWarmMsEnv);
   if (!text) return internal::kDefaultStandbyKeepWarmMs;
   try {
-    return static_cast<int>(internal::ParseEnvLong("LAUNCH_STANDBY_KEEP_WARM_MS", text, 0, internal::kMaxStandbyKeepWarmMs));
+    return static_cast<int>(internal::ParseEnvLong(kStandbyKeepWarmMsEnv, text, 0, internal::kMaxStandbyKeepWarmMs));
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "launch_sdk: %s (0: never)\n", e.what());
     std::fflush(stderr);
@@ -109,10 +120,12 @@ int KeepWarmMs() {
 // Until it comes, the keep-warm function runs every `keep_warm_ms` (0: never), or less often
 // where it takes long: its runs take at most 1/kKeepWarmShare of the time.
 void ReadGo(int sock, int keep_warm_ms, std::vector<std::string>* env, std::vector<int>* fds) {
-  char head[8];
+  char head[kGoHeaderBytes];
   size_t got = 0;
   int wait_ms = keep_warm_ms;
-  while (got < sizeof head) {
+  // First the magic and the version, which every version's go begins with: with them the go's
+  // descriptors.
+  while (got < kGoVersionBytes) {
     if (got == 0 && keep_warm_ms > 0 && g_keep_warm && !g_keep_warm->empty()) {
       pollfd p{sock, POLLIN, 0};
       const int n = ::poll(&p, 1, wait_ms);
@@ -125,8 +138,8 @@ void ReadGo(int sock, int keep_warm_ms, std::vector<std::string>* env, std::vect
       if (n == 0 || (n < 0 && errno == EINTR)) continue;
       if (n < 0) keep_warm_ms = 0;  // poll fails otherwise: the go is read without the keep-warm
     }
-    alignas(cmsghdr) char control[CMSG_SPACE(kMaxFds * sizeof(int))];
-    iovec iov{head + got, sizeof head - got};
+    alignas(cmsghdr) char control[CMSG_SPACE(kGoMaxFds * sizeof(int))];
+    iovec iov{head + got, kGoVersionBytes - got};
     msghdr mh{};
     mh.msg_iov = &iov;
     mh.msg_iovlen = 1;
@@ -144,25 +157,19 @@ void ReadGo(int sock, int keep_warm_ms, std::vector<std::string>* env, std::vect
         fds->push_back(fd);
       }
     }
-    if (mh.msg_flags & MSG_CTRUNC) Malformed();
+    if (mh.msg_flags & MSG_CTRUNC) Malformed(sock, "more descriptors than " + std::to_string(kGoMaxFds));
     got += static_cast<size_t>(n);
   }
-  uint32_t size = 0;
-  for (int i = 0; i < 4; ++i) size |= static_cast<uint32_t>(static_cast<unsigned char>(head[4 + i])) << (8 * i);
-  if (std::memcmp(head, kMagic, 4) != 0 || size > kMaxGo || (fds->size() != 4 && fds->size() != 5)) Malformed();
+  const uint32_t version = GoVersion(head);
+  if (version == 0) Malformed(sock, "no go magic");
+  if (version != kContractVersion) Refuse(sock, "launch_sdk standby: " + VersionSkew(version, kContractVersion, "launch_sdk"));
+  RecvAll(sock, head + kGoVersionBytes, kGoHeaderBytes - kGoVersionBytes);
+  const uint32_t size = GoBodyLength(head);
+  if (size > kMaxGoBody) Malformed(sock, "a body of " + std::to_string(size) + " bytes");
+  if (fds->size() < kGoMinFds || fds->size() > kGoMaxFds) Malformed(sock, std::to_string(fds->size()) + " descriptors");
   std::string body(size, '\0');
-  for (size_t off = 0; off < size;) {
-    const ssize_t n = ::recv(sock, body.data() + off, size - off, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) ::_exit(0);
-    off += static_cast<size_t>(n);
-  }
-  for (size_t start = 0; start < body.size();) {
-    size_t end = body.find('\0', start);
-    if (end == std::string::npos) end = body.size();
-    if (end > start) env->push_back(body.substr(start, end - start));
-    start = end + 1;
-  }
+  RecvAll(sock, body.data(), size);
+  *env = DecodeGoBody(body);
 }
 
 // The worker's threads get the program's name back: this one, and those made in the standby
@@ -216,24 +223,24 @@ void AwaitWorkerStart() {
   char* end = nullptr;
   const long sock_fd = std::strtol(fd_text, &end, 10);
   if (*end != '\0' || sock_fd < 0 || sock_fd > 1024 * 1024) {
-    std::fprintf(stderr, "launch_sdk: LAUNCH_STANDBY_FD=%s: expected the descriptor launch gave a standby\n",
+    std::fprintf(stderr, "launch_sdk: %s=%s: expected the descriptor launch gave a standby\n", kStandbyFdEnv,
                  fd_text);
     std::exit(2);
   }
   const int sock = static_cast<int>(sock_fd);
-  // Named at its static initialization (g_named) unless that ran without LAUNCH_STANDBY_FD, or
+  // Named at its static initialization (g_named) unless that ran without kStandbyFdEnv, or
   // not yet (a static initializer that came first called this).
   if (!g_program_name[0]) ::prctl(PR_GET_NAME, g_program_name, 0, 0, 0);
   ::prctl(PR_SET_NAME, "launch-standby", 0, 0, 0);
 
   FlushOutput();  // what main printed so far is replayed once into the worker, after its go
   const int keep_warm_ms = KeepWarmMs();
-  Say(sock, "R");
+  Say(sock, std::string(1, kStandbyReady));
 
   std::vector<std::string> env;
   std::vector<int> fds;
   ReadGo(sock, keep_warm_ms, &env, &fds);
-  Say(sock, "P" + std::to_string(::getpid()) + "\n");  // it is the worker
+  Say(sock, kStandbyPid + std::to_string(::getpid()) + "\n");  // it is the worker
 
   RenameThreads();
   const int progress = fds[0], in = fds[1], out = fds[2], err = fds[3];

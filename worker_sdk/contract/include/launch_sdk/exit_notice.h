@@ -7,7 +7,7 @@
 // (/proc/<pid>/task/<tid>/stat), and stops the other workers while the kernel still frees the
 // dead one's memory.
 //
-// The file (LAUNCH_EXIT_NOTICE=/proc/<agent pid>/fd/<n>) holds one ExitNoticeSlot per local rank.
+// The file (kExitNoticeEnv=/proc/<agent pid>/fd/<n>) holds one ExitNoticeSlot per local rank.
 #pragma once
 
 #include <pthread.h>
@@ -16,9 +16,9 @@
 #include <cstdint>
 #include <string>
 
-namespace launch_sdk {
+#include "launch_sdk/contract.h"
 
-inline constexpr char kExitNoticeEnv[] = "LAUNCH_EXIT_NOTICE";
+namespace launch_sdk {
 
 struct alignas(64) ExitNoticeSlot {
   // Bumped by the worker once it holds `mutex` (a futex word: the agent is woken to look).
@@ -30,15 +30,18 @@ struct alignas(64) ExitNoticeSlot {
   // whose low 30 bits are the holder's thread id (the kernel's robust-futex protocol).
   pthread_mutex_t mutex;
 };
-// The layout launch's Python standby writes too (worker_sdk/python/_launch_standby.py).
-static_assert(sizeof(ExitNoticeSlot) == 64, "an exit notice slot is 64 bytes");
-static_assert(offsetof(ExitNoticeSlot, mutex) == 16, "an exit notice slot's mutex is at byte 16");
+// The layout the contract declares (launch_sdk/contract.h), which launch's Python standby writes too.
+static_assert(sizeof(ExitNoticeSlot) == kExitNoticeSlotBytes, "an exit notice slot's size is the contract's");
+static_assert(offsetof(ExitNoticeSlot, seq) == kExitNoticeSeqOffset, "seq where the contract puts it");
+static_assert(offsetof(ExitNoticeSlot, pid) == kExitNoticePidOffset, "pid where the contract puts it");
+static_assert(offsetof(ExitNoticeSlot, tid) == kExitNoticeTidOffset, "tid where the contract puts it");
+static_assert(offsetof(ExitNoticeSlot, mutex) == kExitNoticeMutexOffset, "the mutex where the contract puts it");
 
 // The slot of `local_rank` in the file at `path`, held by the calling thread for the life of the
 // process (it should be the thread that lives longest: the main one). Idempotent: a process holds
 // one slot. False, with `why`, when the file cannot be used; the worker runs on without it.
 bool HoldExitNotice(const std::string& path, int local_rank, std::string* why);
-// Under launch (LAUNCH_EXIT_NOTICE and LOCAL_RANK set): HoldExitNotice. Without them: false,
+// Under launch (kExitNoticeEnv and LOCAL_RANK set): HoldExitNotice. Without them: false,
 // `why` empty.
 bool HoldExitNoticeFromEnv(std::string* why);
 // Whether this process holds a slot.
