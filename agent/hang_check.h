@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/tunables.h"
 
 namespace launch {
 
@@ -19,8 +20,8 @@ struct HangOptions {
   // --hang-timeout: nullopt: the larger of `factor` x the worker's median step time and `floor`;
   // zero: off.
   std::optional<std::chrono::milliseconds> timeout;
-  std::chrono::milliseconds floor{300000};
-  int factor = 10;
+  std::chrono::milliseconds floor = kHangTimeoutFloor;
+  int factor = kHangTimeoutFactor;
   // The debugger that captures native stacks (gdb); empty: only workers that dump their own.
   std::string debugger;
 

@@ -25,6 +25,8 @@
 #include "agent/signals.h"
 #include "agent/worker_launch.h"
 #include "common/clock.h"
+#include "common/exit_status.h"
+#include "common/tunables.h"
 #include "common/unique_fd.h"
 
 namespace launch {
@@ -51,13 +53,13 @@ struct WorkerResult {
   // Its failing exit was seen from its exit notice, before it was reaped.
   bool exit_noticed = false;
   bool failed() const { return hung || signal != 0 || exit_code != 0; }
-  // torchrun's meaning of a worker's status as a process exit code; a hung worker's is
-  // kHungExitCode.
-  int AsExitCode() const { return hung ? kHungExitCode : signal ? 128 + signal : exit_code; }
+  // torchrun's meaning of a worker's status as a process exit code (common/exit_status.h): 0, its
+  // code, 128 + the signal that killed it, or kHungExitCode for a hung worker.
+  int AsExitCode() const {
+    return failed() ? ExitStatus(LaunchOutcome::WorkerFailed(exit_code, signal, hung)) : 0;
+  }
   // "exit 3", "SIGKILL" or "hung".
   std::string StatusText() const;
-  // As timeout(1) exits when its command times out.
-  static constexpr int kHungExitCode = 124;
 };
 
 // The descriptors a worker gets: its progress socket (fd 3), stdin, stdout and stderr.
@@ -90,7 +92,7 @@ class WorkerGroup {
  public:
   struct Options {
     // How the workers are stopped: SIGTERM, the grace (--stop-timeout), SIGKILL.
-    StopEscalation stop = StopEscalation::TermThenKill(std::chrono::seconds(30));
+    StopEscalation stop = StopEscalation::TermThenKill(kDefaultStopTimeout);
     // Readable when the coordinator wants the group stopped (-1: none); then whether it wants the
     // workers' stacks first (a rank hung on another node).
     int stop_fd = -1;

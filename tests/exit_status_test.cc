@@ -38,19 +38,21 @@ INSTANTIATE_TEST_SUITE_P(
         Row{"FailureWithNeitherCodeNorSignal", LaunchOutcome::WorkerFailed(0, 0), 1}),
     [](const ::testing::TestParamInfo<Row>& info) { return std::string(info.param.name); });
 
-// A local worker's result gives the same code through the table as through its own AsExitCode.
-TEST(ExitStatus, AgreesWithAWorkersResult) {
-  for (const auto& [code, sig, hung] : {std::tuple{3, 0, false}, std::tuple{0, SIGKILL, false},
-                                        std::tuple{0, SIGTERM, true}, std::tuple{7, 0, false}}) {
+// A local worker's result as a process exit code: 0 when it succeeded, else the table's code.
+TEST(ExitStatus, AWorkersResultAsAnExitCode) {
+  struct Row {
+    int code, sig;
+    bool hung;
+    int want;
+  } rows[] = {{0, 0, false, 0},       {3, 0, false, 3},      {0, SIGKILL, false, 128 + SIGKILL},
+              {0, SIGTERM, true, kHungExitCode}, {7, SIGSEGV, false, 128 + SIGSEGV}};
+  for (const Row& r : rows) {
     WorkerResult w;
-    w.exit_code = code;
-    w.signal = sig;
-    w.hung = hung;
-    EXPECT_EQ(ExitStatus(LaunchOutcome::WorkerFailed(w.exit_code, w.signal, w.hung)),
-              w.AsExitCode())
-        << code << " " << sig << " " << hung;
+    w.exit_code = r.code;
+    w.signal = r.sig;
+    w.hung = r.hung;
+    EXPECT_EQ(w.AsExitCode(), r.want) << r.code << " " << r.sig << " " << r.hung;
   }
-  EXPECT_EQ(kHungExitCode, WorkerResult::kHungExitCode);
 }
 
 }  // namespace

@@ -567,7 +567,7 @@ TEST_F(FakeGroupTest, ASilentWorkerIsHungAndTheStacksNameTheOneOutsideTheCollect
   EXPECT_TRUE(out->workers[1].hung);
   EXPECT_FALSE(out->workers[0].hung);
   EXPECT_EQ(out->workers[1].StatusText(), "hung");
-  EXPECT_EQ(out->workers[1].AsExitCode(), WorkerResult::kHungExitCode);
+  EXPECT_EQ(out->workers[1].AsExitCode(), kHungExitCode);
   EXPECT_EQ(out->workers[1].stack_top, (std::vector<std::string>{"nanosleep (libc.so.6)", "HangForever (train_mlp.cc:42)"}));
   EXPECT_EQ(reported, std::vector<int>{1});
   // Both were debugged before anything was signalled.
