@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/launch_env.h"
+#include "common/status_macros.h"
 
 extern char** environ;
 
@@ -64,6 +65,24 @@ absl::StatusOr<ScaledTraining> ScaleTraining(const TrainScaling& t, int world_si
   return out;
 }
 
+ThreadPlan PlanThreads(const Env& parent, std::optional<int> threads_per_worker, int usable_cpus,
+                       int workers) {
+  ThreadPlan plan;
+  // The CPUs this process may use, divided among the local workers.
+  plan.threads = threads_per_worker ? *threads_per_worker : std::max(1, usable_cpus / std::max(1, workers));
+  plan.value = std::to_string(plan.threads);
+  // A user's OMP_NUM_THREADS is their choice for the other two libraries as well (torch sizes
+  // MKL's and OpenBLAS's pools from theirs when set), unless those are set themselves.
+  if (auto omp = parent.find("OMP_NUM_THREADS"); omp != parent.end()) {
+    int user = 0;
+    if (absl::SimpleAtoi(omp->second, &user) && user >= 1) {
+      plan.value = std::to_string(user);
+      plan.from_user = true;
+    }
+  }
+  return plan;
+}
+
 namespace {
 
 std::string FormatDouble(double v) {
@@ -100,25 +119,114 @@ bool SetUnlessUserSet(const Env& parent, Env& env, const std::string& key, const
   return true;
 }
 
-}  // namespace
 
-ThreadPlan PlanThreads(const Env& parent, std::optional<int> threads_per_worker, int usable_cpus,
-                       int workers) {
-  ThreadPlan plan;
-  // The CPUs this process may use, divided among the local workers.
-  plan.threads = threads_per_worker ? *threads_per_worker : std::max(1, usable_cpus / std::max(1, workers));
-  plan.value = std::to_string(plan.threads);
-  // A user's OMP_NUM_THREADS is their choice for the other two libraries as well (torch sizes
-  // MKL's and OpenBLAS's pools from theirs when set), unless those are set themselves.
-  if (auto omp = parent.find("OMP_NUM_THREADS"); omp != parent.end()) {
-    int user = 0;
-    if (absl::SimpleAtoi(omp->second, &user) && user >= 1) {
-      plan.value = std::to_string(user);
-      plan.from_user = true;
-    }
+// GPUs each worker gets of the pool under --gpu-binding=isolate (0: shared, or no GPUs).
+absl::StatusOr<int> PerWorkerGpus(const WorkerGroupSpec& spec, int n, std::vector<std::string>* notes) {
+  const int pool = static_cast<int>(spec.gpu_pool.size());
+  if (pool == 0 || spec.gpu_binding != GpuBinding::kIsolate) return 0;
+  if (pool < n) {
+    return absl::InvalidArgumentError(absl::StrCat("--gpu-binding=isolate needs at least one GPU per worker: ",
+                                                   n, " workers, ", pool, " GPUs"));
   }
-  return plan;
+  const int per_worker = pool / n;
+  if (pool % n != 0) {
+    notes->push_back(absl::StrCat("gpu-binding isolate: ", per_worker, " GPU(s) per worker; ", pool % n,
+                                  " GPU(s) of the pool left unused"));
+  }
+  return per_worker;
 }
+
+// torchrun's variables for local rank `local`, and launch's own that every worker gets.
+void SetRankEnv(const Env& parent, const WorkerGroupSpec& spec, const RoundInfo& round, const WorkerPaths& paths,
+                int local, Env& env) {
+  // The rendezvous token is launch's: a worker (or anything it runs) has no use for it.
+  env.erase(kRdzvTokenEnv);
+  // A standby's (agent/warm_start.h), were launch itself run by one: never a worker's.
+  for (const char* k : {launch_sdk::kStandbyFdEnv, launch_sdk::kStandbyForkEnv, launch_sdk::kStandbyImportsEnv}) env.erase(k);
+  const int rank = round.rank_offset + local;
+  env["RANK"] = std::to_string(rank);
+  env["LOCAL_RANK"] = std::to_string(spec.virtual_local_rank ? 0 : local);
+  env["GROUP_RANK"] = std::to_string(round.group_rank);
+  env["ROLE_RANK"] = std::to_string(rank);
+  env["ROLE_NAME"] = spec.role;
+  env["LOCAL_WORLD_SIZE"] = std::to_string(spec.local_world_size);
+  env["WORLD_SIZE"] = std::to_string(round.world_size);
+  env["GROUP_WORLD_SIZE"] = std::to_string(round.group_world_size);
+  env["ROLE_WORLD_SIZE"] = std::to_string(round.world_size);
+  env["MASTER_ADDR"] = round.master_addr;
+  env["MASTER_PORT"] = std::to_string(round.master_port);
+  env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(round.restart_count);
+  env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(spec.max_restarts);
+  env["TORCHELASTIC_RUN_ID"] = spec.run_id;
+  // torch's workers test for exactly "True": then none of them hosts the store, and torch 1.x
+  // prefixes their keys with /worker/attempt_<TORCHELASTIC_RESTART_COUNT>.
+  env["TORCHELASTIC_USE_AGENT_STORE"] = round.agent_store ? "True" : "False";
+  env["TORCHELASTIC_ERROR_FILE"] = paths.error_file;
+  if (!paths.log_dir.empty()) env[launch_sdk::kLogDirEnv] = paths.log_dir;
+  if (!paths.stack_file.empty()) env[launch_sdk::kStackFileEnv] = paths.stack_file;
+  if (!spec.python_dir.empty()) {
+    // After the user's entries: launch_progress never shadows a module of theirs.
+    auto user = parent.find("PYTHONPATH");
+    env["PYTHONPATH"] = user != parent.end() && !user->second.empty() ? absl::StrCat(user->second, ":", spec.python_dir)
+                                                                        : spec.python_dir;
+  }
+  env[launch_sdk::kProgressFdEnv] = std::to_string(kProgressFd);
+  // torch 2.x reads TORCH_NCCL_ASYNC_ERROR_HANDLING, 1.x NCCL_ASYNC_ERROR_HANDLING: both, with
+  // the user's value of either one when only that one is set.
+  for (const auto& [name, other] : {std::pair<const char*, const char*>{"TORCH_NCCL_ASYNC_ERROR_HANDLING",
+                                                                       "NCCL_ASYNC_ERROR_HANDLING"},
+                                   {"NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}}) {
+    auto user = parent.find(other);
+    SetUnlessUserSet(parent, env, name, user != parent.end() ? user->second : "1");
+  }
+  env[launch_sdk::kRoundEnv] = std::to_string(round.round);
+}
+
+// The GPUs local rank `local` sees: the whole pool (shared) or its own slice (isolate).
+void SetGpuEnv(const Env& parent, const WorkerGroupSpec& spec, const WorkerPaths& paths, int local,
+               int per_worker_gpus, Env& env) {
+  if (spec.gpu_pool.empty()) return;
+  env[launch_sdk::kGpuBindingEnv] = spec.gpu_binding == GpuBinding::kShared ? "shared" : "isolate";
+  if (spec.gpu_binding == GpuBinding::kShared) {
+    env["CUDA_VISIBLE_DEVICES"] = absl::StrJoin(spec.gpu_pool, ",");
+  } else {
+    std::vector<std::string> mine(spec.gpu_pool.begin() + local * per_worker_gpus,
+                                  spec.gpu_pool.begin() + (local + 1) * per_worker_gpus);
+    env["CUDA_VISIBLE_DEVICES"] = absl::StrJoin(mine, ",");
+  }
+  if (spec.gpu_pool_is_nvml_indices) SetUnlessUserSet(parent, env, "CUDA_DEVICE_ORDER", "PCI_BUS_ID");
+  if (spec.flight_recorder) SetFlightRecorder(parent, paths.log_dir, env);
+}
+
+void SetTrainingEnv(const ScaledTraining& scaled, Env& env) {
+  env[launch_sdk::kLrEnv] = FormatDouble(scaled.lr);
+  env[launch_sdk::kLrScaleEnv] = FormatDouble(scaled.lr_scale);
+  env[launch_sdk::kPerWorkerBatchEnv] = std::to_string(scaled.per_worker_batch);
+  env[launch_sdk::kGlobalBatchEnv] = std::to_string(scaled.global_batch);
+}
+
+// "threads: OMP_NUM_THREADS, ... = 4 (why); kept the user's ...".
+std::string ThreadsNote(const Env& parent, const WorkerGroupSpec& spec, const ThreadPlan& thread_plan,
+                        const std::vector<std::string>& set, const std::vector<std::string>& user) {
+  const std::string& threads_text = thread_plan.value;
+  std::string note = absl::StrCat("threads: ");
+  if (!set.empty()) {
+    absl::StrAppend(&note, absl::StrJoin(set, ", "), " = ", threads_text,
+                    threads_text != std::to_string(thread_plan.threads) ? " (the user's OMP_NUM_THREADS)"
+                    : spec.threads_per_worker
+                        ? " (--threads-per-worker)"
+                        : absl::StrCat(" (", spec.usable_cpus, " usable CPUs / ", spec.local_world_size,
+                                       " local workers)"));
+  }
+  if (!user.empty()) {
+    std::vector<std::string> kept;
+    for (const auto& v : user) kept.push_back(absl::StrCat(v, "=", parent.at(v)));
+    absl::StrAppend(&note, set.empty() ? "" : "; ", "kept the user's ", absl::StrJoin(kept, ", "));
+  }
+  return note;
+}
+
+}  // namespace
 
 absl::StatusOr<WorkerEnvPlan> BuildWorkerEnvs(const Env& parent, const WorkerGroupSpec& spec,
                                               const RoundInfo& round,
@@ -129,125 +237,32 @@ absl::StatusOr<WorkerEnvPlan> BuildWorkerEnvs(const Env& parent, const WorkerGro
     return absl::InvalidArgumentError("one set of paths per local rank expected");
   }
   WorkerEnvPlan plan;
-
   // GPUs: shared (every worker sees the pool, picks LOCAL_RANK) or isolate (own slice).
-  const int pool = static_cast<int>(spec.gpu_pool.size());
-  int per_worker_gpus = 0;
-  if (pool > 0 && spec.gpu_binding == GpuBinding::kIsolate) {
-    if (pool < n) {
-      return absl::InvalidArgumentError(absl::StrCat("--gpu-binding=isolate needs at least one GPU per worker: ",
-                                                     n, " workers, ", pool, " GPUs"));
-    }
-    per_worker_gpus = pool / n;
-    if (pool % n != 0) {
-      plan.notes.push_back(absl::StrCat("gpu-binding isolate: ", per_worker_gpus, " GPU(s) per worker; ",
-                                        pool % n, " GPU(s) of the pool left unused"));
-    }
-  }
-
+  ASSIGN_OR_RETURN(const int per_worker_gpus, PerWorkerGpus(spec, n, &plan.notes));
   const ThreadPlan thread_plan = PlanThreads(parent, spec.threads_per_worker, spec.usable_cpus, n);
-  const int threads = thread_plan.threads;
-  const std::string& threads_text = thread_plan.value;
   std::vector<std::string> thread_vars_set, thread_vars_user;
-
   // PYTORCH_CUDA_ALLOC_CONF: the user's, else --cuda-alloc-conf, else a default when GPUs are used.
   std::optional<std::string> alloc_conf = spec.cuda_alloc_conf;
-  if (!alloc_conf && pool > 0) alloc_conf = "max_split_size_mb:128";
-
+  if (!alloc_conf && !spec.gpu_pool.empty()) alloc_conf = "max_split_size_mb:128";
   std::optional<ScaledTraining> scaled;
   if (spec.train) {
-    auto s = ScaleTraining(*spec.train, round.world_size);
-    if (!s.ok()) return s.status();
-    scaled = *s;
+    ASSIGN_OR_RETURN(scaled, ScaleTraining(*spec.train, round.world_size));
   }
 
   for (int local = 0; local < n; ++local) {
     Env env = parent;
-    // The rendezvous token is launch's: a worker (or anything it runs) has no use for it.
-    env.erase(kRdzvTokenEnv);
-    // A standby's (agent/warm_start.h), were launch itself run by one: never a worker's.
-    for (const char* k : {launch_sdk::kStandbyFdEnv, launch_sdk::kStandbyForkEnv, launch_sdk::kStandbyImportsEnv}) env.erase(k);
-    const int rank = round.rank_offset + local;
-    env["RANK"] = std::to_string(rank);
-    env["LOCAL_RANK"] = std::to_string(spec.virtual_local_rank ? 0 : local);
-    env["GROUP_RANK"] = std::to_string(round.group_rank);
-    env["ROLE_RANK"] = std::to_string(rank);
-    env["ROLE_NAME"] = spec.role;
-    env["LOCAL_WORLD_SIZE"] = std::to_string(n);
-    env["WORLD_SIZE"] = std::to_string(round.world_size);
-    env["GROUP_WORLD_SIZE"] = std::to_string(round.group_world_size);
-    env["ROLE_WORLD_SIZE"] = std::to_string(round.world_size);
-    env["MASTER_ADDR"] = round.master_addr;
-    env["MASTER_PORT"] = std::to_string(round.master_port);
-    env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(round.restart_count);
-    env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(spec.max_restarts);
-    env["TORCHELASTIC_RUN_ID"] = spec.run_id;
-    // torch's workers test for exactly "True": then none of them hosts the store, and torch 1.x
-    // prefixes their keys with /worker/attempt_<TORCHELASTIC_RESTART_COUNT>.
-    env["TORCHELASTIC_USE_AGENT_STORE"] = round.agent_store ? "True" : "False";
-    env["TORCHELASTIC_ERROR_FILE"] = paths[local].error_file;
-    if (!paths[local].log_dir.empty()) env[launch_sdk::kLogDirEnv] = paths[local].log_dir;
-    if (!paths[local].stack_file.empty()) env[launch_sdk::kStackFileEnv] = paths[local].stack_file;
-    if (!spec.python_dir.empty()) {
-      // After the user's entries: launch_progress never shadows a module of theirs.
-      auto user = parent.find("PYTHONPATH");
-      env["PYTHONPATH"] = user != parent.end() && !user->second.empty() ? absl::StrCat(user->second, ":", spec.python_dir)
-                                                                          : spec.python_dir;
-    }
-    env[launch_sdk::kProgressFdEnv] = std::to_string(kProgressFd);
-    // torch 2.x reads TORCH_NCCL_ASYNC_ERROR_HANDLING, 1.x NCCL_ASYNC_ERROR_HANDLING: both, with
-    // the user's value of either one when only that one is set.
-    for (const auto& [name, other] : {std::pair<const char*, const char*>{"TORCH_NCCL_ASYNC_ERROR_HANDLING",
-                                                                         "NCCL_ASYNC_ERROR_HANDLING"},
-                                     {"NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}}) {
-      auto user = parent.find(other);
-      SetUnlessUserSet(parent, env, name, user != parent.end() ? user->second : "1");
-    }
-    env[launch_sdk::kRoundEnv] = std::to_string(round.round);
-
+    SetRankEnv(parent, spec, round, paths[local], local, env);
     for (const char* var : {"OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) {
-      bool set = SetUnlessUserSet(parent, env, var, threads_text);
+      bool set = SetUnlessUserSet(parent, env, var, thread_plan.value);
       if (local == 0) (set ? thread_vars_set : thread_vars_user).push_back(var);
     }
-
-    if (pool > 0) {
-      env[launch_sdk::kGpuBindingEnv] = spec.gpu_binding == GpuBinding::kShared ? "shared" : "isolate";
-      if (spec.gpu_binding == GpuBinding::kShared) {
-        env["CUDA_VISIBLE_DEVICES"] = absl::StrJoin(spec.gpu_pool, ",");
-      } else {
-        std::vector<std::string> mine(spec.gpu_pool.begin() + local * per_worker_gpus,
-                                      spec.gpu_pool.begin() + (local + 1) * per_worker_gpus);
-        env["CUDA_VISIBLE_DEVICES"] = absl::StrJoin(mine, ",");
-      }
-      if (spec.gpu_pool_is_nvml_indices) SetUnlessUserSet(parent, env, "CUDA_DEVICE_ORDER", "PCI_BUS_ID");
-      if (spec.flight_recorder) SetFlightRecorder(parent, paths[local].log_dir, env);
-    }
+    SetGpuEnv(parent, spec, paths[local], local, per_worker_gpus, env);
     if (alloc_conf) SetUnlessUserSet(parent, env, "PYTORCH_CUDA_ALLOC_CONF", *alloc_conf);
-
-    if (scaled) {
-      env[launch_sdk::kLrEnv] = FormatDouble(scaled->lr);
-      env[launch_sdk::kLrScaleEnv] = FormatDouble(scaled->lr_scale);
-      env[launch_sdk::kPerWorkerBatchEnv] = std::to_string(scaled->per_worker_batch);
-      env[launch_sdk::kGlobalBatchEnv] = std::to_string(scaled->global_batch);
-    }
+    if (scaled) SetTrainingEnv(*scaled, env);
     plan.envs.push_back(std::move(env));
   }
 
-  std::string note = absl::StrCat("threads: ");
-  if (!thread_vars_set.empty()) {
-    absl::StrAppend(&note, absl::StrJoin(thread_vars_set, ", "), " = ", threads_text,
-                    threads_text != std::to_string(threads) ? " (the user's OMP_NUM_THREADS)"
-                    : spec.threads_per_worker
-                        ? " (--threads-per-worker)"
-                        : absl::StrCat(" (", spec.usable_cpus, " usable CPUs / ", n, " local workers)"));
-  }
-  if (!thread_vars_user.empty()) {
-    std::vector<std::string> kept;
-    for (const auto& v : thread_vars_user) kept.push_back(absl::StrCat(v, "=", parent.at(v)));
-    absl::StrAppend(&note, thread_vars_set.empty() ? "" : "; ", "kept the user's ",
-                    absl::StrJoin(kept, ", "));
-  }
-  plan.notes.push_back(note);
+  plan.notes.push_back(ThreadsNote(parent, spec, thread_plan, thread_vars_set, thread_vars_user));
   if (scaled) {
     plan.notes.push_back(absl::StrCat("training: world size ", round.world_size, ", lr ",
                                       FormatDouble(scaled->lr), " (x", FormatDouble(scaled->lr_scale),
