@@ -487,6 +487,69 @@ absl::Status Agent::HostStore(const v1::Assignment& a) {
   return absl::OkStatus();
 }
 
+// The worker group's options that follow from the agent's.
+WorkerGroup::Options Agent::GroupOptions(const Attempt& at, int stop_fd) {
+  WorkerGroup::Options gopts;
+  gopts.stop = StopEscalation::TermThenKill(opts_.stop_timeout);
+  gopts.hang.timeout = opts_.hang_timeout;
+  gopts.hang.floor = kHangTimeoutFloor;
+  gopts.hang.factor = kHangTimeoutFactor;
+  gopts.hang.debugger = opts_.debugger;
+  gopts.stop_fd = stop_fd;
+  gopts.live = &live_;
+  gopts.exit_notices = exit_notices_.get();
+  gopts.stdout_filters = opts_.duplicate_stdout_filters;
+  gopts.stderr_filters = opts_.duplicate_stderr_filters;
+  gopts.filtered_stdout_file = at.dir + "/filtered_stdout.log";
+  gopts.filtered_stderr_file = at.dir + "/filtered_stderr.log";
+  return gopts;
+}
+
+// The monitor samples the ranks from the first attempt on (--monitor-interval).
+void Agent::StartMonitor(int round) {
+  if (opts_.monitor_interval && !monitor_) {
+    Monitor::Options mo;
+    mo.interval = *opts_.monitor_interval;
+    mo.run_id = opts_.spec.run_id;
+    mo.node_id = opts_.node.node_id();
+    mo.hostname = opts_.node.hostname();
+    if (!opts_.log_dir.empty()) mo.metrics_file = absl::StrCat(run_dir_, "/metrics.jsonl");
+    mo.coordinator = session_.client();
+    mo.gpus = opts_.sample_gpus;
+    monitor_ = std::make_unique<Monitor>(std::move(mo), &live_, clock_);
+    monitor_->Start();
+  }
+  if (monitor_) monitor_->SetRound(round);
+}
+
+// Warm workers for this attempt, and the next attempt's standbys once this one runs.
+void Agent::SetWarmStart(const v1::Assignment& a, Attempt* at, WorkerGroup::Options* gopts) {
+  gopts->warm = warm_.get();
+  const int taken_before = warm_->taken(), forked_before = warm_->forked();
+  // The next attempt's standbys load while this one runs, if there can be a next one.
+  const bool elastic = opts_.run_spec.min_nodes() != opts_.run_spec.max_nodes();
+  const bool next = a.restart_count() < a.max_restarts() || elastic;
+  gopts->on_started = [this, &a, at, taken_before, forked_before, next] {
+    spdlog::info("round {}: {} of {} worker(s) started warm ({} forked from standbys that stay)", a.round(),
+                 warm_->taken() - taken_before, at->workers.size(), warm_->forked() - forked_before);
+    if (next && warm_->stays()) warm_->Prepare(at->workers);  // only ranks whose standby is gone
+  };
+  // New standbys (each became its worker) load once every rank trains, not while the attempt
+  // resumes on the same cores. An attempt that fails before then restarts cold, as without
+  // standbys.
+  if (next && !warm_->stays()) gopts->on_stepping = [this, at] { warm_->Prepare(at->workers); };
+}
+
+// Launch was stopped by a signal: the coordinator hears that this node leaves.
+void Agent::ReportLeaving(int round) {
+  v1::ReportExitRequest leaving;
+  leaving.set_run_id(opts_.spec.run_id);
+  leaving.set_node_id(opts_.node.node_id());
+  leaving.set_round(round);
+  leaving.set_leaving(true);
+  (void)session_.client()->ReportExit(leaving, kLeavingReportDeadline);
+}
+
 AgentEvent Agent::RunWorkers(Attempt* at) {
   const v1::Assignment& a = at->assignment;
   at->dir = absl::StrCat(run_dir_, "/attempt_", a.restart_count());
@@ -512,32 +575,8 @@ AgentEvent Agent::RunWorkers(Attempt* at) {
     at->error = std::string(st.message());
     return AgentEvent::Of(AgentEvent::Kind::kError);
   }
-  WorkerGroup::Options gopts;
-  gopts.stop = StopEscalation::TermThenKill(opts_.stop_timeout);
-  gopts.hang.timeout = opts_.hang_timeout;
-  gopts.hang.floor = kHangTimeoutFloor;
-  gopts.hang.factor = kHangTimeoutFactor;
-  gopts.hang.debugger = opts_.debugger;
-  gopts.stop_fd = watch.fd();
-  gopts.live = &live_;
-  gopts.exit_notices = exit_notices_.get();
-  gopts.stdout_filters = opts_.duplicate_stdout_filters;
-  gopts.stderr_filters = opts_.duplicate_stderr_filters;
-  gopts.filtered_stdout_file = at->dir + "/filtered_stdout.log";
-  gopts.filtered_stderr_file = at->dir + "/filtered_stderr.log";
-  if (opts_.monitor_interval && !monitor_) {
-    Monitor::Options mo;
-    mo.interval = *opts_.monitor_interval;
-    mo.run_id = opts_.spec.run_id;
-    mo.node_id = opts_.node.node_id();
-    mo.hostname = opts_.node.hostname();
-    if (!opts_.log_dir.empty()) mo.metrics_file = absl::StrCat(run_dir_, "/metrics.jsonl");
-    mo.coordinator = session_.client();
-    mo.gpus = opts_.sample_gpus;
-    monitor_ = std::make_unique<Monitor>(std::move(mo), &live_, clock_);
-    monitor_->Start();
-  }
-  if (monitor_) monitor_->SetRound(a.round());
+  WorkerGroup::Options gopts = GroupOptions(*at, watch.fd());
+  StartMonitor(a.round());
   gopts.stop_wants_stacks = [&watch] { return WantsStacks(watch.answer()); };
   // Tell the coordinator at once, not after the group has stopped, so the other nodes stop now;
   // on a thread of its own, so the call never holds up the group's supervision.
@@ -556,22 +595,7 @@ AgentEvent Agent::RunWorkers(Attempt* at) {
   if (file_timer_) {
     gopts.on_spawned = [this](const WorkerResult& w) { file_timer_->AddWorker(w.pid, w.rank); };
   }
-  if (warm_) {
-    gopts.warm = warm_.get();
-    const int taken_before = warm_->taken(), forked_before = warm_->forked();
-    // The next attempt's standbys load while this one runs, if there can be a next one.
-    const bool elastic = opts_.run_spec.min_nodes() != opts_.run_spec.max_nodes();
-    const bool next = a.restart_count() < a.max_restarts() || elastic;
-    gopts.on_started = [this, &a, at, taken_before, forked_before, next] {
-      spdlog::info("round {}: {} of {} worker(s) started warm ({} forked from standbys that stay)", a.round(),
-                   warm_->taken() - taken_before, at->workers.size(), warm_->forked() - forked_before);
-      if (next && warm_->stays()) warm_->Prepare(at->workers);  // only ranks whose standby is gone
-    };
-    // New standbys (each became its worker) load once every rank trains, not while the attempt
-    // resumes on the same cores. An attempt that fails before then restarts cold, as without
-    // standbys.
-    if (next && !warm_->stays()) gopts.on_stepping = [this, at] { warm_->Prepare(at->workers); };
-  }
+  if (warm_) SetWarmStart(a, at, &gopts);
   WorkerGroup group(gopts, launcher_, guard_, signals_, clock_);
   auto outcome = group.Run(at->workers);
   if (file_timer_) file_timer_->ClearWorkers();  // the next attempt's workers start with no timers
@@ -585,12 +609,7 @@ AgentEvent Agent::RunWorkers(Attempt* at) {
   at->outcome = std::move(*outcome);
   at->why = watch.answer();
   if (at->outcome.kind == GroupEnd::kInterrupted) {
-    v1::ReportExitRequest leaving;
-    leaving.set_run_id(opts_.spec.run_id);
-    leaving.set_node_id(opts_.node.node_id());
-    leaving.set_round(a.round());
-    leaving.set_leaving(true);
-    (void)session_.client()->ReportExit(leaving, kLeavingReportDeadline);
+    ReportLeaving(a.round());
     spdlog::warn("stopped by {}", SignalName(at->outcome.signal));
   }
   // The agent-hosted coordinator died with its node: nobody is left to report to.

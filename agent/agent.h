@@ -65,6 +65,10 @@ class Agent {
   // One phase's work each; what happened comes back as the event for NextAgentState.
   AgentEvent Join(Attempt* at);
   AgentEvent RunWorkers(Attempt* at);
+  WorkerGroup::Options GroupOptions(const Attempt& at, int stop_fd);
+  void StartMonitor(int round);
+  void SetWarmStart(const v1::Assignment& a, Attempt* at, WorkerGroup::Options* gopts);
+  void ReportLeaving(int round);
   AgentEvent ReportOutcome(const AgentState& state, Attempt* at);
   AgentEvent AwaitOthers(Attempt* at);
   AgentEvent BackOff();
