@@ -47,8 +47,9 @@ struct OptionDef {
 
 // Every setting, once: the flags (torchrun's first, then launch's) and the YAML-only keys. Built
 // on first use (its help texts print defaults from common/tunables.h), not at start-up.
-const std::vector<OptionDef>& OptionTable() {
-  static const auto* const kOptions = new std::vector<OptionDef>{
+// The workers, the rendezvous, their output and logs: torchrun's flags first, then launch's.
+std::vector<OptionDef> WorkerAndRendezvousOptions() {
+  return {
     {"nproc_per_node", "--nproc-per-node,--nproc_per_node", Kind::kValue,
      "Workers on this node: a number, cpu, gpu or auto (default 1)"},
     {"nnodes", "--nnodes", Kind::kValue, "Nodes: N or MIN:MAX (default 1)"},
@@ -106,6 +107,12 @@ const std::vector<OptionDef>& OptionTable() {
      "(without GPUs: the NUMA nodes divided among the workers)"},
     {"virtual_local_rank", "--virtual-local-rank,--virtual_local_rank", Kind::kFlag,
      "LOCAL_RANK=0 for every worker, each seeing only its own GPU(s) (implies --gpu-binding=isolate)"},
+  };
+}
+
+// Addresses, stopping, hangs, GPUs, checks and credentials; then the YAML-only keys.
+std::vector<OptionDef> NodeAndCredentialOptions() {
+  return {
     {"master_addr", "--master-addr,--master_addr", Kind::kValue,
      "MASTER_ADDR (default 127.0.0.1 on a single node)"},
     {"master_port", "--master-port,--master_port", Kind::kValue,
@@ -154,6 +161,14 @@ const std::vector<OptionDef>& OptionTable() {
     {"train_grad_accum_steps", "", Kind::kYamlOnly, ""},
     {"train_lr_scaling", "", Kind::kYamlOnly, ""},
   };
+}
+
+const std::vector<OptionDef>& OptionTable() {
+  static const auto* const kOptions = [] {
+    auto* all = new std::vector<OptionDef>(WorkerAndRendezvousOptions());
+    for (OptionDef& d : NodeAndCredentialOptions()) all->push_back(std::move(d));
+    return all;
+  }();
   return *kOptions;
 }
 
