@@ -48,8 +48,9 @@ absl::StatusOr<std::string> MakeRunLogDir(const std::string& log_dir, const std:
     if (::mkdir(dir.c_str(), 0755) == 0) return dir;  // made now: no other run writes here
     if (errno != EEXIST) return ErrnoStatus(absl::StrCat("cannot create the log directory ", dir));
   }
-  return absl::ResourceExhaustedError(absl::StrCat("--log-dir=", log_dir, ": ", kMaxRuns, " runs named '", run_id,
-                                                   "' are there already; expected a new --rdzv-id or a clean --log-dir"));
+  return absl::ResourceExhaustedError(
+      absl::StrCat("--log-dir=", log_dir, ": ", kMaxRuns, " runs named '", run_id,
+                   "' are there already; expected a new --rdzv-id or a clean --log-dir"));
 }
 
 namespace {
@@ -86,7 +87,8 @@ Agent::Agent(AgentOptions opts, CoordinatorClient* coordinator, ProcessLauncher*
     : opts_(std::move(opts)),
       session_(
           CoordinatorSession::Options{opts_.spec.run_id, opts_.node, opts_.run_spec, {}, opts_.coordinator_patience},
-          coordinator, clock, [this](int fd, std::optional<std::chrono::milliseconds> t) { return WaitSignalOr(fd, t); }),
+          coordinator, clock,
+          [this](int fd, std::optional<std::chrono::milliseconds> t) { return WaitSignalOr(fd, t); }),
       launcher_(launcher),
       guard_(guard),
       signals_(signals),
@@ -116,8 +118,8 @@ int Agent::WaitSignalOr(int fd, std::optional<std::chrono::milliseconds> timeout
   }
 }
 
-absl::StatusOr<std::vector<WorkerLaunch>> Agent::PrepareAttempt(const v1::Assignment& a,
-                                                                const std::string& attempt_dir, bool make_dirs) {
+absl::StatusOr<std::vector<WorkerLaunch>> Agent::PrepareAttempt(const v1::Assignment& a, const std::string& attempt_dir,
+                                                                bool make_dirs) {
   const int n = opts_.spec.local_world_size;
   std::vector<WorkerPaths> paths;
   for (int i = 0; i < n; ++i) {
@@ -229,8 +231,8 @@ std::string DescribeFailure(const v1::Failure& f) {
   w.signal = f.exit().signal();
   std::string msg = f.exit().error_message().substr(0, f.exit().error_message().find('\n'));
   return absl::StrCat("rank ", f.exit().rank(), " on ", f.hostname().empty() ? f.node_id() : f.hostname(),
-                      f.host_address().empty() ? "" : absl::StrCat(" (", f.host_address(), ")"), ": ",
-                      w.StatusText(), msg.empty() ? "" : ": ", msg);
+                      f.host_address().empty() ? "" : absl::StrCat(" (", f.host_address(), ")"), ": ", w.StatusText(),
+                      msg.empty() ? "" : ": ", msg);
 }
 
 }  // namespace
@@ -338,12 +340,23 @@ int Agent::Run() {
   while (state.phase != AgentPhase::kDone) {
     AgentEvent event = AgentEvent::Of(AgentEvent::Kind::kError);
     switch (state.phase) {
-      case AgentPhase::kJoining: event = Join(&at); break;
-      case AgentPhase::kRunning: event = RunWorkers(&at); break;
-      case AgentPhase::kReporting: event = ReportOutcome(state, &at); break;
-      case AgentPhase::kAwaiting: event = AwaitOthers(&at); break;
-      case AgentPhase::kBackingOff: event = BackOff(); break;
-      case AgentPhase::kDone: break;
+      case AgentPhase::kJoining:
+        event = Join(&at);
+        break;
+      case AgentPhase::kRunning:
+        event = RunWorkers(&at);
+        break;
+      case AgentPhase::kReporting:
+        event = ReportOutcome(state, &at);
+        break;
+      case AgentPhase::kAwaiting:
+        event = AwaitOthers(&at);
+        break;
+      case AgentPhase::kBackingOff:
+        event = BackOff();
+        break;
+      case AgentPhase::kDone:
+        break;
     }
     const AgentState next = NextAgentState(state, event);
     LogMove(state, next, at);
@@ -351,17 +364,18 @@ int Agent::Run() {
     if (next.phase == AgentPhase::kDone && monitor_) monitor_->Stop();  // its last events before the end
     if (event.kind == AgentEvent::Kind::kGroupEnded && at.outcome.stacks_captured) {
       if (dir.temporary()) dir.Keep();
-      spdlog::warn("the stacks of this node's workers{} are in {}/*/stacks.txt (py_stacks.txt for Python workers "
-                   "that use launch_progress)",
-                   at.outcome.kind == GroupEnd::kCoordinatorStop ? ", stopped for a rank hung elsewhere," : "", at.dir);
+      spdlog::warn(
+          "the stacks of this node's workers{} are in {}/*/stacks.txt (py_stacks.txt for Python workers "
+          "that use launch_progress)",
+          at.outcome.kind == GroupEnd::kCoordinatorStop ? ", stopped for a rank hung elsewhere," : "", at.dir);
     }
   }
   const int code = Finish(state, at, dir.temporary());
-  file_timer_.reset();  // the FIFO goes with the run (the agent may stay to serve the coordinator)
+  file_timer_.reset();     // the FIFO goes with the run (the agent may stay to serve the coordinator)
   worker_memory_.reset();  // and so do the checkpoints and the all-reduce segment kept in memory
   exit_notices_.reset();
-  store_.reset();       // and so does the workers' store
-  warm_.reset();        // and the standbys no attempt took
+  store_.reset();  // and so does the workers' store
+  warm_.reset();   // and the standbys no attempt took
   return code;
 }
 
@@ -412,8 +426,8 @@ AgentEvent Agent::Join(Attempt* at) {
       if (!store_) {
         auto store = StoreServer::Bind(opts_.master_addr, 0, last_picked_port_, StoreServer::Options());
         if (!store.ok()) {
-          return absl::UnavailableError(absl::StrCat("cannot bind a port for the workers' store on ",
-                                                     opts_.master_addr, ": ", store.status().message()));
+          return absl::UnavailableError(absl::StrCat("cannot bind a port for the workers' store on ", opts_.master_addr,
+                                                     ": ", store.status().message()));
         }
         store_ = std::move(*store);
       }
@@ -587,9 +601,8 @@ AgentEvent Agent::RunWorkers(Attempt* at) {
     early.set_node_id(opts_.node.node_id());
     early.set_round(a.round());
     *early.add_exits() = ToProto(w);
-    auto st = early_report.Start([this, early](CallCanceller*) {
-      (void)session_.client()->ReportExit(early, kEarlyReportDeadline);
-    });
+    auto st = early_report.Start(
+        [this, early](CallCanceller*) { (void)session_.client()->ReportExit(early, kEarlyReportDeadline); });
     if (!st.ok()) spdlog::warn("cannot tell the coordinator of the failure early: {}", std::string(st.message()));
   };
   if (file_timer_) {
@@ -599,7 +612,7 @@ AgentEvent Agent::RunWorkers(Attempt* at) {
   WorkerGroup group(gopts, launcher_, guard_, signals_, clock_);
   auto outcome = group.Run(at->workers);
   if (file_timer_) file_timer_->ClearWorkers();  // the next attempt's workers start with no timers
-  early_report.Wait();  // the early report stays the first the coordinator hears
+  early_report.Wait();                           // the early report stays the first the coordinator hears
   watch.Stop();
   if (!outcome.ok()) {
     // launch's own failure (exit 1; 2 is for bad input): the workers it started are gone.
@@ -646,7 +659,8 @@ AgentEvent Agent::ReportOutcome(const AgentState& state, Attempt* at) {
   at->has_verdict = true;
   Verdict v = ToVerdict(*verdict);
   // The watch already said the job failed (e.g. the node hosting the coordinator is gone).
-  if (o.kind == GroupEnd::kCoordinatorStop && OrderOf(at->why) == HeartbeatOrder::kJobFailed && v != Verdict::kSucceeded) {
+  if (o.kind == GroupEnd::kCoordinatorStop && OrderOf(at->why) == HeartbeatOrder::kJobFailed &&
+      v != Verdict::kSucceeded) {
     v = Verdict::kFailed;
   }
   return AgentEvent::Answered(v);
@@ -721,8 +735,7 @@ int Agent::Finish(const AgentState& state, const Attempt& at, bool temp_dir) {
     }
     std::string reason = at.has_verdict ? at.verdict.reason() : at.error;
     if (at.outcome.kind == GroupEnd::kCoordinatorStop && OrderOf(at.why) == HeartbeatOrder::kJobFailed &&
-        !at.why.reason().empty() &&
-        (!at.has_verdict || reason.empty())) {
+        !at.why.reason().empty() && (!at.has_verdict || reason.empty())) {
       reason = at.why.reason();
     }
     ConsoleErr().Write(absl::StrCat("launch: job failed: ", reason, "\n"));
@@ -759,7 +772,8 @@ int Agent::Finish(const AgentState& state, const Attempt& at, bool temp_dir) {
       << at.workers.size() << " workers";
   const WorkerResult& root = at.outcome.workers[at.outcome.root_cause];
   std::string headline = absl::StrCat("launch: worker group failed after ", at.assignment.restart_count(),
-                                      " restart(s)", at.assignment.max_restarts() > 0 ? " (restart budget exhausted)" : "",
+                                      " restart(s)",
+                                      at.assignment.max_restarts() > 0 ? " (restart budget exhausted)" : "",
                                       temp_dir ? "" : absl::StrCat("; logs in ", at.dir));
   ConsoleErr().Write(FailureSummary(at.outcome, headline));
   if (auto own = parent_env_.find("TORCHELASTIC_ERROR_FILE"); own != parent_env_.end() && !own->second.empty()) {

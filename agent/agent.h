@@ -56,10 +56,10 @@ class Agent {
     std::string dir;  // <run dir>/attempt_<restart>
     std::vector<WorkerLaunch> workers;
     GroupOutcome outcome;
-    v1::HeartbeatResponse why;        // the watch's answer that stopped the group
-    v1::ReportExitResponse verdict;   // the coordinator's last answer to a report
+    v1::HeartbeatResponse why;       // the watch's answer that stopped the group
+    v1::ReportExitResponse verdict;  // the coordinator's last answer to a report
     bool has_verdict = false;
-    std::string error;                // what ended the run as launch's own error or bad input
+    std::string error;  // what ended the run as launch's own error or bad input
   };
 
   // One phase's work each; what happened comes back as the event for NextAgentState.
@@ -97,10 +97,10 @@ class Agent {
   SignalFd* signals_;
   const Clock* clock_;
   Env parent_env_;
-  std::string run_dir_;       // this run's log (or temporary) directory
+  std::string run_dir_;  // this run's log (or temporary) directory
   long last_round_ = 0;
-  int last_picked_port_ = 0;  // the MASTER_PORT this node last proposed
-  LiveRanks live_;  // the workers' figures (the worker group writes, the monitor reads)
+  int last_picked_port_ = 0;          // the MASTER_PORT this node last proposed
+  LiveRanks live_;                    // the workers' figures (the worker group writes, the monitor reads)
   std::unique_ptr<Monitor> monitor_;  // from the first attempt on, when --monitor-interval is on
   // torchrun's file timer (TORCHELASTIC_ENABLE_FILE_TIMER=1): one for the run, every attempt's
   // workers registered with it; null when not asked for.

@@ -4,12 +4,18 @@ namespace launch {
 
 const char* AgentPhaseName(AgentPhase p) {
   switch (p) {
-    case AgentPhase::kJoining: return "joining";
-    case AgentPhase::kRunning: return "running";
-    case AgentPhase::kReporting: return "reporting";
-    case AgentPhase::kAwaiting: return "awaiting";
-    case AgentPhase::kBackingOff: return "backing off";
-    case AgentPhase::kDone: return "done";
+    case AgentPhase::kJoining:
+      return "joining";
+    case AgentPhase::kRunning:
+      return "running";
+    case AgentPhase::kReporting:
+      return "reporting";
+    case AgentPhase::kAwaiting:
+      return "awaiting";
+    case AgentPhase::kBackingOff:
+      return "backing off";
+    case AgentPhase::kDone:
+      return "done";
   }
   return "?";
 }

@@ -9,11 +9,11 @@
 namespace launch {
 
 enum class AgentPhase {
-  kJoining,    // waiting for a rendezvous round
-  kRunning,    // this node's workers run
-  kReporting,  // telling the coordinator how they ended, for its verdict
-  kAwaiting,   // this node's workers succeeded; the other nodes' have not all ended
-  kBackingOff, // --restart-backoff before the next round
+  kJoining,     // waiting for a rendezvous round
+  kRunning,     // this node's workers run
+  kReporting,   // telling the coordinator how they ended, for its verdict
+  kAwaiting,    // this node's workers succeeded; the other nodes' have not all ended
+  kBackingOff,  // --restart-backoff before the next round
   kDone,
 };
 
@@ -52,15 +52,15 @@ Verdict VerdictFrom(bool job_succeeded, bool job_failed, bool new_round);
 
 struct AgentEvent {
   enum class Kind {
-    kAssigned,    // kJoining: the round formed
-    kDryRun,      // kRunning: the workers' plan was printed instead of run
-    kGroupEnded,  // kRunning: the workers ended as `group_end`
-    kVerdict,     // kReporting / kAwaiting: the coordinator answered with `verdict`
-    kNoVerdict,   // kReporting / kAwaiting: no answer (unreachable past patience, or refused)
-    kBackoffOver, // kBackingOff
-    kSignal,      // any phase: launch got `signal` (the group handles its own while it runs)
-    kError,       // any phase: launch itself cannot go on
-    kBadInput,    // kRunning: the workers' environment cannot be built
+    kAssigned,     // kJoining: the round formed
+    kDryRun,       // kRunning: the workers' plan was printed instead of run
+    kGroupEnded,   // kRunning: the workers ended as `group_end`
+    kVerdict,      // kReporting / kAwaiting: the coordinator answered with `verdict`
+    kNoVerdict,    // kReporting / kAwaiting: no answer (unreachable past patience, or refused)
+    kBackoffOver,  // kBackingOff
+    kSignal,       // any phase: launch got `signal` (the group handles its own while it runs)
+    kError,        // any phase: launch itself cannot go on
+    kBadInput,     // kRunning: the workers' environment cannot be built
   };
   Kind kind = Kind::kError;
   GroupEnd group_end = GroupEnd::kSucceeded;
@@ -75,7 +75,9 @@ struct AgentEvent {
     return AgentEvent{Kind::kGroupEnded, e, Verdict::kGoOn, sig, coordinator_gone};
   }
   static AgentEvent Answered(Verdict v) { return AgentEvent{Kind::kVerdict, GroupEnd::kSucceeded, v, 0, false}; }
-  static AgentEvent Signal(int sig) { return AgentEvent{Kind::kSignal, GroupEnd::kSucceeded, Verdict::kGoOn, sig, false}; }
+  static AgentEvent Signal(int sig) {
+    return AgentEvent{Kind::kSignal, GroupEnd::kSucceeded, Verdict::kGoOn, sig, false};
+  }
 };
 
 // The one transition function. It is total: an event that cannot come in a phase (a verdict while

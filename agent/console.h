@@ -58,15 +58,15 @@ class ConsoleStream {
   UniqueFd ready_;
   mutable std::mutex mu_;
   std::condition_variable wake_, idle_;
-  std::string queue_;        // under mu_
-  size_t in_flight_ = 0;     // bytes the writer has taken and not yet written; under mu_
+  std::string queue_;     // under mu_
+  size_t in_flight_ = 0;  // bytes the writer has taken and not yet written; under mu_
   const void* open_owner_ = nullptr;
   bool open_ = false;        // the last text written left its line open
   bool backlogged_ = false;  // went over kHighWater and has not drained below kLowWater yet
   bool failed_ = false;      // the descriptor refused a write: later output is dropped
   bool closing_ = false;
-  std::thread writer_;       // started with the first write
-  UniqueFd idle_event_;      // readable while nothing is queued (for Drain with an interrupt)
+  std::thread writer_;   // started with the first write
+  UniqueFd idle_event_;  // readable while nothing is queued (for Drain with an interrupt)
 };
 
 // The process's two console streams (fds 1 and 2), made on first use and never destroyed (their

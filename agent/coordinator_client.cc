@@ -10,8 +10,7 @@ namespace launch {
 
 absl::Status FromGrpc(const grpc::Status& s, const std::string& what) {
   if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                      absl::StrCat(what, ": ", s.error_message()));
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), absl::StrCat(what, ": ", s.error_message()));
 }
 
 bool CoordinatorUnreachable(const absl::Status& s) {
@@ -71,9 +70,10 @@ absl::StatusOr<v1::Assignment> GrpcCoordinatorClient::Join(const v1::JoinRequest
   grpc::Status s = stub_->Join(&ctx, req, &resp);
   if (cancel) cancel->Detach();
   if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "rendezvous join at ", target_, ": no answer within the join timeout (", join_timeout_.count() / 1000.0,
-        " s); the coordinator is unreachable, or its TLS settings differ from this node's"));
+    return absl::DeadlineExceededError(
+        absl::StrCat("rendezvous join at ", target_, ": no answer within the join timeout (",
+                     join_timeout_.count() / 1000.0,
+                     " s); the coordinator is unreachable, or its TLS settings differ from this node's"));
   }
   if (!s.ok()) return FromGrpc(s, absl::StrCat("rendezvous join at ", target_));
   return resp.assignment();

@@ -69,8 +69,7 @@ class CoordinatorSession {
   // Reports this node's exits for `a`'s round and returns the coordinator's verdict; a coordinator
   // that does not know the run (it restarted) is re-registered first. Retries an unreachable one
   // for the patience.
-  absl::StatusOr<v1::ReportExitResponse> Report(const v1::ReportExitRequest& req, const v1::Assignment& a,
-                                                int* signal);
+  absl::StatusOr<v1::ReportExitResponse> Report(const v1::ReportExitRequest& req, const v1::Assignment& a, int* signal);
   // The heartbeat that tells a coordinator everything it needs to rebuild the run (the first
   // message of every Watch stream, and the re-registration before a report).
   v1::HeartbeatRequest Registration(const v1::Assignment& a) const;

@@ -46,8 +46,7 @@ int AffinityCpuCount() {
 }
 
 std::optional<int> ParseCgroupV2CpuMax(const std::string& contents) {
-  std::vector<std::string> parts =
-      absl::StrSplit(absl::StripAsciiWhitespace(contents), ' ', absl::SkipEmpty());
+  std::vector<std::string> parts = absl::StrSplit(absl::StripAsciiWhitespace(contents), ' ', absl::SkipEmpty());
   if (parts.size() != 2 || parts[0] == "max") return std::nullopt;
   double quota, period;
   if (!absl::SimpleAtod(parts[0], &quota) || !absl::SimpleAtod(parts[1], &period)) return std::nullopt;

@@ -16,8 +16,7 @@ namespace launch {
 namespace {
 
 std::string Describe(const GpuInfo& g) {
-  std::string s = absl::StrCat(g.name.empty() ? "GPU" : g.name, ", ",
-                               g.memory_bytes / (1024ull * 1024 * 1024), " GiB");
+  std::string s = absl::StrCat(g.name.empty() ? "GPU" : g.name, ", ", g.memory_bytes / (1024ull * 1024 * 1024), " GiB");
   if (g.sm_count > 0) absl::StrAppend(&s, ", ", g.sm_count, " SMs");
   return s;
 }
@@ -103,9 +102,9 @@ absl::StatusOr<GpuPool> SelectGpuPool(const std::vector<GpuInfo>& all, const Gpu
       const GpuInfo* g = FindGpu(all, tok);
       if (!g && all.empty()) continue;  // no driver: nothing to narrow, the variable passes through
       if (!g) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "CUDA_VISIBLE_DEVICES=", *sel.inherited_cuda_visible_devices, ": '", tok,
-            "' matches no GPU; expected indices or UUIDs of: ", Known(all)));
+        return absl::InvalidArgumentError(absl::StrCat("CUDA_VISIBLE_DEVICES=", *sel.inherited_cuda_visible_devices,
+                                                       ": '", tok,
+                                                       "' matches no GPU; expected indices or UUIDs of: ", Known(all)));
       }
       members.emplace_back(tok, g);
     }
@@ -120,9 +119,8 @@ absl::StatusOr<GpuPool> SelectGpuPool(const std::vector<GpuInfo>& all, const Gpu
     for (const auto& n : names) {
       const GpuInfo* g = FindGpu(all, n);
       if (!g) {
-        return absl::InvalidArgumentError(absl::StrCat(flag, "=", absl::StrJoin(names, ","), ": '",
-                                                       n, "' matches no GPU; expected indices or UUIDs of: ",
-                                                       Known(all)));
+        return absl::InvalidArgumentError(absl::StrCat(flag, "=", absl::StrJoin(names, ","), ": '", n,
+                                                       "' matches no GPU; expected indices or UUIDs of: ", Known(all)));
       }
       out.insert(g);
     }
@@ -135,10 +133,10 @@ absl::StatusOr<GpuPool> SelectGpuPool(const std::vector<GpuInfo>& all, const Gpu
     for (auto& m : members)
       if (keep->count(m.second)) narrowed.push_back(m);
     if (narrowed.size() != keep->size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--gpus=", absl::StrJoin(sel.gpus, ","),
-          ": some of these GPUs are outside the inherited CUDA_VISIBLE_DEVICES=",
-          sel.inherited_cuda_visible_devices.value_or("")));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--gpus=", absl::StrJoin(sel.gpus, ","),
+                       ": some of these GPUs are outside the inherited CUDA_VISIBLE_DEVICES=",
+                       sel.inherited_cuda_visible_devices.value_or("")));
     }
     members = std::move(narrowed);
   }
@@ -155,9 +153,9 @@ absl::StatusOr<GpuPool> SelectGpuPool(const std::vector<GpuInfo>& all, const Gpu
   }
 
   if (auto imbalance = FindImbalance(pool.gpus)) {
-    pool.warnings.push_back(absl::StrCat("the GPU pool is imbalanced: ", imbalance->kinds,
-                                         "; every step waits for the slowest, consider --exclude-gpus=",
-                                         imbalance->exclude_list));
+    pool.warnings.push_back(
+        absl::StrCat("the GPU pool is imbalanced: ", imbalance->kinds,
+                     "; every step waits for the slowest, consider --exclude-gpus=", imbalance->exclude_list));
   }
   return pool;
 }

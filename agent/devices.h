@@ -18,7 +18,7 @@ struct GpuInfo {
   std::string uuid;
   std::string name;
   uint64_t memory_bytes = 0;
-  int sm_count = -1;  // -1 when NVML cannot tell
+  int sm_count = -1;       // -1 when NVML cannot tell
   std::string pci_bus_id;  // NVML's "00000000:18:00.0"; empty when unknown
   int numa_node = -1;      // from sysfs, where --numa-binding asks; -1: unknown
 };
@@ -71,9 +71,9 @@ struct GpuSelection {
 // GPUs that differ in memory or SM count: data parallelism runs at the pace of the slowest, so
 // all but the largest kind (most memory, then most SMs) are the ones to leave out.
 struct GpuImbalance {
-  std::string kinds;          // "0,2 (H100, 80 GiB, 132 SMs) vs 1 (A100, 40 GiB, 108 SMs)"
-  std::vector<int> slower;    // NVML indices of the GPUs to exclude
-  std::string exclude_list;   // the same as --exclude-gpus takes them: "1"
+  std::string kinds;         // "0,2 (H100, 80 GiB, 132 SMs) vs 1 (A100, 40 GiB, 108 SMs)"
+  std::vector<int> slower;   // NVML indices of the GPUs to exclude
+  std::string exclude_list;  // the same as --exclude-gpus takes them: "1"
 };
 // nullopt when every GPU is alike (or there are fewer than two).
 std::optional<GpuImbalance> FindImbalance(const std::vector<GpuInfo>& gpus);

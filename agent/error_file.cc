@@ -18,14 +18,16 @@ using google::protobuf::Value;
 
 std::string ValueText(const Value& v) {
   switch (v.kind_case()) {
-    case Value::kStringValue: return v.string_value();
+    case Value::kStringValue:
+      return v.string_value();
     case Value::kNumberValue: {
       std::ostringstream s;
       s.precision(15);
       s << v.number_value();
       return s.str();
     }
-    default: return "";
+    default:
+      return "";
   }
 }
 

@@ -37,7 +37,7 @@ struct WaitV {  // struct futex_waitv (linux/futex.h, Linux 5.16)
   uint32_t flags;
   uint32_t reserved;
 };
-constexpr uint32_t kFutex32 = 2;  // FUTEX2_SIZE_U32
+constexpr uint32_t kFutex32 = 2;         // FUTEX2_SIZE_U32
 constexpr uint32_t kFutexPrivate = 128;  // FUTEX2_PRIVATE
 
 void AddWait(std::vector<unsigned char>* waits, const uint32_t* word, uint32_t value, bool shared) {
@@ -57,7 +57,8 @@ std::optional<int> ExitingThreadStatus(pid_t pid, pid_t tid) {
   // The name (field 2) is in parentheses and may hold anything: fields go on after the last ')'.
   const size_t close = line.rfind(')');
   if (close == std::string::npos) return std::nullopt;
-  std::vector<absl::string_view> fields = absl::StrSplit(absl::string_view(line).substr(close + 1), ' ', absl::SkipEmpty());
+  std::vector<absl::string_view> fields = absl::StrSplit(absl::string_view(line).substr(close + 1), ' ',
+                                                         absl::SkipEmpty());
   constexpr size_t kExitCode = 52 - 3;  // fields[0] is field 3 (state)
   int status = 0;
   if (fields.size() <= kExitCode || !absl::SimpleAtoi(fields[kExitCode], &status)) return std::nullopt;
@@ -217,7 +218,8 @@ void ExitNotices::Run() {
       for (size_t r = 0; r < watched_.size(); ++r) Look(static_cast<int>(r), &waits);
     }
     // Any word that no longer holds its value, or a wake-up on one, ends the wait: then look again.
-    if (::syscall(SYS_futex_waitv, waits.data(), static_cast<unsigned>(waits.size() / sizeof(WaitV)), 0u, nullptr, 0) < 0 &&
+    if (::syscall(SYS_futex_waitv, waits.data(), static_cast<unsigned>(waits.size() / sizeof(WaitV)), 0u, nullptr, 0) <
+            0 &&
         errno != EAGAIN && errno != EINTR) {
       // Never spin: from here on workers are seen as they are reaped.
       spdlog::warn("exit notices stop: futex_waitv: {}", std::strerror(errno));

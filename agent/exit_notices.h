@@ -51,7 +51,7 @@ class ExitNotices {
 
  private:
   struct Watched {
-    pid_t pid = 0;      // 0: not watched
+    pid_t pid = 0;       // 0: not watched
     bool armed = false;  // waiting on the mutex word, with FUTEX_WAITERS set in it
     bool done = false;   // its holder is gone (or was never the worker's): nothing more to see
     uint32_t armed_word = 0;

@@ -49,22 +49,21 @@ absl::StatusOr<TimerRequest> ParseTimerRequest(absl::string_view line) {
                            {m.has_scope_id(), "scope_id"},
                            {m.has_expiration_time(), "expiration_time"},
                            {m.has_signal(), "signal"}}) {
-    if (!has)
-      return absl::InvalidArgumentError(absl::StrCat("a timer request without \"", name, "\""));
+    if (!has) return absl::InvalidArgumentError(absl::StrCat("a timer request without \"", name, "\""));
   }
   if (m.pid() <= 0 || m.pid() > std::numeric_limits<pid_t>::max()) {
     return absl::InvalidArgumentError(absl::StrCat("pid ", m.pid(), " is not a process id"));
   }
   if (m.scope_id().size() > kMaxTimerScopeLength) {
-    return absl::InvalidArgumentError(absl::StrCat("a scope_id of ", m.scope_id().size(),
-                                                   " bytes (at most ", kMaxTimerScopeLength, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("a scope_id of ", m.scope_id().size(), " bytes (at most ", kMaxTimerScopeLength, ")"));
   }
   if (!std::isfinite(m.expiration_time())) {
     return absl::InvalidArgumentError("expiration_time is not a finite number");
   }
   if (m.signal() > kMaxSignal) {
-    return absl::InvalidArgumentError(absl::StrCat("signal ", m.signal(), " (expected 1..",
-                                                   kMaxSignal, ", or 0 or less for none)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("signal ", m.signal(), " (expected 1..", kMaxSignal, ", or 0 or less for none)"));
   }
   TimerRequest r;
   r.pid = static_cast<pid_t>(m.pid());
@@ -95,8 +94,7 @@ std::vector<std::string> TimerTable::ClearWorkers() {
     std::set<pid_t> pids;
     for (const TimerRequest& r : held_) pids.insert(r.pid);
     warnings.push_back(absl::StrCat("ignored ", held_.size(), " request(s) from ", pids.size(),
-                                    " pid(s) that were no worker of the attempt (the first: ",
-                                    held_.front().pid, ")"));
+                                    " pid(s) that were no worker of the attempt (the first: ", held_.front().pid, ")"));
     counts_.unknown_pid += static_cast<int64_t>(held_.size());
   }
   held_.clear();
@@ -122,8 +120,7 @@ std::vector<std::string> TimerTable::Feed(absl::string_view bytes) {
       dropping_ = true;
       partial_.clear();
       ++counts_.overlong;
-      WarnOnce(&warned_invalid_,
-               absl::StrCat("ignored a line over ", kMaxTimerRequestBytes, " bytes"), &warnings);
+      WarnOnce(&warned_invalid_, absl::StrCat("ignored a line over ", kMaxTimerRequestBytes, " bytes"), &warnings);
     }
     if (!dropping_) partial_.append(piece.data(), piece.size());
     if (nl == absl::string_view::npos) break;
@@ -178,8 +175,7 @@ void TimerTable::Take(TimerRequest r, std::vector<std::string>* warnings) {
     if (timers_.size() >= kMaxLiveTimers) {
       ++counts_.full;
       WarnOnce(&warned_full_,
-               absl::StrCat("ignored a new timer of pid ", key.first, ": ", kMaxLiveTimers,
-                            " are held already"),
+               absl::StrCat("ignored a new timer of pid ", key.first, ": ", kMaxLiveTimers, " are held already"),
                warnings);
       return;
     }
@@ -196,9 +192,8 @@ std::vector<TimerExpiry> TimerTable::TakeExpired(double now) {
     auto [it, fresh] = chosen.try_emplace(key.first);
     TimerExpiry& e = it->second;
     // torch's choice: the earliest expired timer that names a signal, else the earliest.
-    const bool better =
-        fresh ||
-        ((t.signal > 0) != (e.signal > 0) ? t.signal > 0 : t.expiration_time < e.expiration_time);
+    const bool better = fresh ||
+                        ((t.signal > 0) != (e.signal > 0) ? t.signal > 0 : t.expiration_time < e.expiration_time);
     if (!better) continue;
     e.pid = key.first;
     e.rank = workers_[key.first];
@@ -211,9 +206,8 @@ std::vector<TimerExpiry> TimerTable::TakeExpired(double now) {
   }
   std::vector<TimerExpiry> out;
   for (auto& [pid, e] : chosen) out.push_back(std::move(e));
-  std::stable_sort(out.begin(), out.end(), [](const TimerExpiry& a, const TimerExpiry& b) {
-    return a.expiration_time < b.expiration_time;
-  });
+  std::stable_sort(out.begin(), out.end(),
+                   [](const TimerExpiry& a, const TimerExpiry& b) { return a.expiration_time < b.expiration_time; });
   counts_.expired += static_cast<int64_t>(out.size());
   return out;
 }
@@ -240,9 +234,8 @@ absl::Status MakeOwnFifo(const std::string& path) {
   struct stat st {};
   if (::lstat(path.c_str(), &st) != 0) return ErrnoStatus(absl::StrCat("cannot look at ", path));
   if (!S_ISFIFO(st.st_mode) || st.st_uid != ::geteuid()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(path, " exists and is not a FIFO of this user's (uid ", ::geteuid(),
-                     "); expected a path that does not exist"));
+    return absl::FailedPreconditionError(absl::StrCat(path, " exists and is not a FIFO of this user's (uid ",
+                                                      ::geteuid(), "); expected a path that does not exist"));
   }
   if (::unlink(path.c_str()) != 0 || ::mkfifo(path.c_str(), 0600) != 0) {
     return ErrnoStatus(absl::StrCat("cannot replace the FIFO ", path));
@@ -253,8 +246,7 @@ absl::Status MakeOwnFifo(const std::string& path) {
 // 0, or why `sig` could not be sent.
 int SendSignal(const UniqueFd& pidfd, pid_t pid, int sig) {
 #ifdef SYS_pidfd_send_signal
-  if (pidfd.valid())
-    return ::syscall(SYS_pidfd_send_signal, pidfd.get(), sig, nullptr, 0) == 0 ? 0 : errno;
+  if (pidfd.valid()) return ::syscall(SYS_pidfd_send_signal, pidfd.get(), sig, nullptr, 0) == 0 ? 0 : errno;
 #endif
   return ::kill(pid, sig) == 0 ? 0 : errno;
 }
@@ -268,8 +260,7 @@ FileTimerServer::FileTimerServer(Options opts) : opts_(std::move(opts)) {
 absl::Status FileTimerServer::Start() {
   RETURN_IF_ERROR(MakeOwnFifo(opts_.path));
   struct stat made {};
-  if (::lstat(opts_.path.c_str(), &made) != 0 || !S_ISFIFO(made.st_mode) ||
-      made.st_uid != ::geteuid()) {
+  if (::lstat(opts_.path.c_str(), &made) != 0 || !S_ISFIFO(made.st_mode) || made.st_uid != ::geteuid()) {
     return absl::FailedPreconditionError(absl::StrCat(opts_.path, " was replaced as it was made"));
   }
   dev_ = made.st_dev;  // from now on Stop removes the FIFO, if it is still this one
@@ -289,8 +280,7 @@ absl::Status FileTimerServer::Start() {
   for (const struct stat& st : {opened, written}) {
     if (st.st_dev != dev_ || st.st_ino != ino_) {
       Stop();
-      return absl::FailedPreconditionError(
-          absl::StrCat(opts_.path, " was replaced as it was made"));
+      return absl::FailedPreconditionError(absl::StrCat(opts_.path, " was replaced as it was made"));
     }
   }
   stop_.Reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
@@ -321,14 +311,12 @@ void FileTimerServer::Stop() {
   }
   if (ino_ == 0) return;
   struct stat st {};
-  if (::lstat(opts_.path.c_str(), &st) == 0 && st.st_dev == dev_ && st.st_ino == ino_)
-    ::unlink(opts_.path.c_str());
+  if (::lstat(opts_.path.c_str(), &st) == 0 && st.st_dev == dev_ && st.st_ino == ino_) ::unlink(opts_.path.c_str());
   ino_ = 0;
   const TimerCounts c = counts();
   if (c.ignored() > 0) {
     std::vector<std::string> why;
-    if (c.overlong)
-      why.push_back(absl::StrCat(c.overlong, " over ", kMaxTimerRequestBytes, " bytes"));
+    if (c.overlong) why.push_back(absl::StrCat(c.overlong, " over ", kMaxTimerRequestBytes, " bytes"));
     if (c.invalid) why.push_back(absl::StrCat(c.invalid, " not valid"));
     if (c.unknown_pid) why.push_back(absl::StrCat(c.unknown_pid, " from pids that were no worker"));
     if (c.full) why.push_back(absl::StrCat(c.full, " beyond ", kMaxLiveTimers, " timers held"));
@@ -420,20 +408,18 @@ void FileTimerServer::ReadRequests() {
 }
 
 void FileTimerServer::Reap() {
-  std::vector<std::pair<TimerExpiry, int>>
-      handled;  // the expiry and why its signal failed (0: sent)
+  std::vector<std::pair<TimerExpiry, int>> handled;  // the expiry and why its signal failed (0: sent)
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (TimerExpiry& e : table_.TakeExpired(opts_.now())) {
       auto pidfd = pidfds_.find(e.pid);  // there for every worker the table knows
-      const int err =
-          e.signal > 0 && pidfd != pidfds_.end() ? SendSignal(pidfd->second, e.pid, e.signal) : 0;
+      const int err = e.signal > 0 && pidfd != pidfds_.end() ? SendSignal(pidfd->second, e.pid, e.signal) : 0;
       handled.emplace_back(std::move(e), err);
     }
   }
   for (const auto& [e, err] : handled) {
-    const std::string timer = absl::StrFormat("timer \"%s\" of pid %d (rank %d) expired",
-                                              absl::CEscape(e.scope_id), e.pid, e.rank);
+    const std::string timer = absl::StrFormat("timer \"%s\" of pid %d (rank %d) expired", absl::CEscape(e.scope_id),
+                                              e.pid, e.rank);
     if (e.signal <= 0) {
       spdlog::warn("{}; it names no signal: the worker goes on", timer);
     } else if (err == 0) {
@@ -461,8 +447,7 @@ std::optional<std::string> FileTimerPath(const Env& parent, const std::string& f
 
 absl::StatusOr<std::unique_ptr<FileTimerServer>> StartFileTimer(const Env& parent) {
   std::random_device random;
-  std::optional<std::string> path =
-      FileTimerPath(parent, absl::StrFormat("%08x%08x", random(), random()));
+  std::optional<std::string> path = FileTimerPath(parent, absl::StrFormat("%08x%08x", random(), random()));
   if (!path) return std::unique_ptr<FileTimerServer>();
   FileTimerServer::Options o;
   // Absolute, so a worker that changes directory still finds it.

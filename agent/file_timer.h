@@ -114,8 +114,8 @@ class TimerTable {
   std::map<pid_t, int> workers_;  // pid -> rank
   std::map<std::pair<pid_t, std::string>, Timer> timers_;
   std::deque<TimerRequest> held_;  // from pids not known yet, oldest first
-  std::string partial_;    // a line not finished yet
-  bool dropping_ = false;  // inside an overlong line, up to its newline
+  std::string partial_;            // a line not finished yet
+  bool dropping_ = false;          // inside an overlong line, up to its newline
   bool warned_invalid_ = false, warned_unknown_ = false, warned_full_ = false;
   TimerCounts counts_;
 };

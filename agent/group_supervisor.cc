@@ -14,10 +14,14 @@ StopEscalation StopEscalation::TermThenKill(std::chrono::milliseconds grace) {
 
 const char* SupervisorPhaseName(SupervisorState::Phase p) {
   switch (p) {
-    case SupervisorState::Phase::kRunning: return "running";
-    case SupervisorState::Phase::kCapturing: return "capturing";
-    case SupervisorState::Phase::kStopping: return "stopping";
-    case SupervisorState::Phase::kDone: return "done";
+    case SupervisorState::Phase::kRunning:
+      return "running";
+    case SupervisorState::Phase::kCapturing:
+      return "capturing";
+    case SupervisorState::Phase::kStopping:
+      return "stopping";
+    case SupervisorState::Phase::kDone:
+      return "done";
   }
   return "?";
 }
@@ -59,8 +63,8 @@ void OnSignal(const StopEscalation& stop, const SupervisorEvent& event, Supervis
   if (s.phase == Phase::kRunning || s.phase == Phase::kCapturing) {
     s.signal = event.signal;
     BeginStop(stop, GroupEnd::kInterrupted, event.signal, out);  // forwarded as it came
-    out->actions.warning =
-        absl::StrCat("got ", SignalName(event.signal), ": forwarding it to the workers (again to kill at once)");
+    out->actions.warning = absl::StrCat("got ", SignalName(event.signal),
+                                        ": forwarding it to the workers (again to kill at once)");
     return;
   }
   // The first forwarded signal said "again to kill at once": a second one of any kind does, and so
@@ -158,13 +162,27 @@ SupervisorStep Supervise(const StopEscalation& stop, const SupervisorState& stat
   if (state.phase == Phase::kDone) return out;  // nothing is left to supervise
   switch (event.kind) {
     case Kind::kWorkerExited:
-    case Kind::kWorkerFailing: OnWorkerEnded(stop, event, &out); break;
-    case Kind::kSignal: OnSignal(stop, event, &out); break;
-    case Kind::kCoordinatorStop: OnCoordinatorStop(stop, event, &out); break;
-    case Kind::kHung: OnHung(stop, event, &out); break;
-    case Kind::kCapturesDone: OnCapturesDone(stop, event, &out); break;
-    case Kind::kGraceOver: OnGraceOver(stop, &out); break;
-    case Kind::kGroupsChecked: OnGroupsChecked(stop, event, &out); break;
+    case Kind::kWorkerFailing:
+      OnWorkerEnded(stop, event, &out);
+      break;
+    case Kind::kSignal:
+      OnSignal(stop, event, &out);
+      break;
+    case Kind::kCoordinatorStop:
+      OnCoordinatorStop(stop, event, &out);
+      break;
+    case Kind::kHung:
+      OnHung(stop, event, &out);
+      break;
+    case Kind::kCapturesDone:
+      OnCapturesDone(stop, event, &out);
+      break;
+    case Kind::kGraceOver:
+      OnGraceOver(stop, &out);
+      break;
+    case Kind::kGroupsChecked:
+      OnGroupsChecked(stop, event, &out);
+      break;
   }
   return out;
 }

@@ -37,15 +37,15 @@ struct SupervisorState {
     kRunning,    // workers run; nothing asked them to stop
     kCapturing,  // a worker hung: its group's stacks are being captured before the stop
     kStopping,   // stop steps are being taken (a failure, a signal, the coordinator, or leftovers)
-    kDone,      // every worker reaped and every worker's process group empty
+    kDone,       // every worker reaped and every worker's process group empty
   };
   Phase phase = Phase::kRunning;
   GroupEnd end = GroupEnd::kSucceeded;
-  int signal = 0;             // kInterrupted: the signal launch got
-  int root_cause = -1;        // kFailed: the worker whose failure stopped the group
-  int hung = -1;              // the worker that stopped making progress (then also the root cause)
-  size_t next_step = 0;       // the escalation step the grace timer leads to
-  int running = 0;            // workers not yet reaped
+  int signal = 0;        // kInterrupted: the signal launch got
+  int root_cause = -1;   // kFailed: the worker whose failure stopped the group
+  int hung = -1;         // the worker that stopped making progress (then also the root cause)
+  size_t next_step = 0;  // the escalation step the grace timer leads to
+  int running = 0;       // workers not yet reaped
 };
 
 struct SupervisorEvent {
@@ -83,9 +83,9 @@ struct SupervisorEvent {
 struct SupervisorActions {
   int signal_groups = 0;  // send this signal to every worker's process group that is not empty
   std::optional<std::chrono::milliseconds> arm_grace;  // (re)arm the grace timer
-  int report_failure = -1;  // tell the coordinator at once that this worker failed
-  bool capture_stacks = false;  // capture every live worker's stacks, then say kCapturesDone
-  std::string warning;      // a line for launch's log
+  int report_failure = -1;                             // tell the coordinator at once that this worker failed
+  bool capture_stacks = false;                         // capture every live worker's stacks, then say kCapturesDone
+  std::string warning;                                 // a line for launch's log
 };
 
 struct SupervisorStep {

@@ -114,9 +114,22 @@ std::vector<std::string> MainThreadFrames(const std::string& text) {
 bool WaitsInCollective(const std::vector<std::string>& frames) {
   // Collectives, process groups and data-parallel wrappers (whose Finish or backward hook waits
   // for the bucket allreduces).
-  static const char* kMarks[] = {"allreduce", "all_reduce", "broadcast", "barrier", "allgather", "all_gather",
-                                 "reduce_scatter", "alltoall", "processgroup", "c10d", "gloo", "nccl",
-                                 "distributeddataparallel", "(ddp.cc:", "reducer", "(distributed.py:"};
+  static const char* kMarks[] = {"allreduce",
+                                 "all_reduce",
+                                 "broadcast",
+                                 "barrier",
+                                 "allgather",
+                                 "all_gather",
+                                 "reduce_scatter",
+                                 "alltoall",
+                                 "processgroup",
+                                 "c10d",
+                                 "gloo",
+                                 "nccl",
+                                 "distributeddataparallel",
+                                 "(ddp.cc:",
+                                 "reducer",
+                                 "(distributed.py:"};
   for (const std::string& f : frames) {
     const std::string lower = absl::AsciiStrToLower(f);
     for (const char* m : kMarks)

@@ -41,9 +41,9 @@ struct ProgressSeen {
 };
 
 struct HungWorker {
-  int worker = -1;                     // index into the workers
+  int worker = -1;                       // index into the workers
   std::chrono::milliseconds timeout{0};  // the timeout it ran past
-  double silent_seconds = 0;           // how long it had been silent
+  double silent_seconds = 0;             // how long it had been silent
 };
 
 // The running worker that reported a step and then none for longer than its timeout; of several,

@@ -13,8 +13,7 @@ HeartbeatOrder OrderOf(const v1::HeartbeatResponse& r) {
 
 bool WantsStacks(const v1::HeartbeatResponse& r) {
   const HeartbeatOrder o = OrderOf(r);
-  return r.capture_stacks() &&
-         (o == HeartbeatOrder::kStopWorkers || o == HeartbeatOrder::kJobFailed);
+  return r.capture_stacks() && (o == HeartbeatOrder::kStopWorkers || o == HeartbeatOrder::kJobFailed);
 }
 
 }  // namespace launch

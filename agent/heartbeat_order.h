@@ -25,9 +25,7 @@ bool WantsStacks(const v1::HeartbeatResponse& r);
 
 // Whether the coordinator answers a held heartbeat with `o` at once (the workers must stop, the
 // job ended, or the node must re-register) rather than when it next has news.
-inline bool Urgent(HeartbeatOrder o) {
-  return o != HeartbeatOrder::kCarryOn && o != HeartbeatOrder::kLeaseByStream;
-}
+inline bool Urgent(HeartbeatOrder o) { return o != HeartbeatOrder::kCarryOn && o != HeartbeatOrder::kLeaseByStream; }
 inline bool EndsTheJob(HeartbeatOrder o) {
   return o == HeartbeatOrder::kJobSucceeded || o == HeartbeatOrder::kJobFailed;
 }

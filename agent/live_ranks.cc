@@ -38,8 +38,8 @@ int WorkerGpu(const WorkerLaunch& w) {
   }
   if (visible.empty()) return -1;
   std::vector<absl::string_view> list = absl::StrSplit(visible, ',');
-  const absl::string_view pick = list.size() == 1 ? list[0]
-                                : local_rank < static_cast<int>(list.size()) ? list[local_rank]
+  const absl::string_view pick = list.size() == 1                             ? list[0]
+                                 : local_rank < static_cast<int>(list.size()) ? list[local_rank]
                                                                               : absl::string_view();
   int gpu;
   return absl::SimpleAtoi(pick, &gpu) && gpu >= 0 ? gpu : -1;
@@ -110,9 +110,8 @@ std::string LiveRanks::EndTable(const std::string& hostname, int restarts) const
   std::string out = absl::StrFormat("%-6s %-20s %8s %14s %10s %9s\n", "rank", "node", "steps", "mean step", "straggler",
                                     "restarts");
   for (const RankFigures& f : ranks_) {
-    const std::string mean = f.timed_steps > 0
-                                 ? absl::StrFormat("%.1f ms", 1000 * f.total_step_seconds / f.timed_steps)
-                                 : "-";
+    const std::string mean = f.timed_steps > 0 ? absl::StrFormat("%.1f ms", 1000 * f.total_step_seconds / f.timed_steps)
+                                               : "-";
     out += absl::StrFormat("%-6d %-20s %8d %14s %10s %9d\n", f.rank, hostname.substr(0, 20), f.total_steps, mean,
                            f.straggler_episodes > 0 ? absl::StrFormat("%dx", f.straggler_episodes) : "-", restarts);
   }

@@ -166,7 +166,8 @@ absl::StatusOr<std::string> FormatLinePrefix(std::string_view tmpl, const LinePr
       auto v = value(name);
       if (close == std::string_view::npos || !v) {
         return absl::InvalidArgumentError(
-            absl::StrCat("'${", std::string(name.substr(0, 32)), close == std::string_view::npos ? "' is not closed" : "}' is unknown",
+            absl::StrCat("'${", std::string(name.substr(0, 32)),
+                         close == std::string_view::npos ? "' is not closed" : "}' is unknown",
                          "; expected ${role_name}, ${rank}, ${local_rank} or ${hostname}"));
       }
       out += *v;

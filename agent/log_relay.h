@@ -34,9 +34,9 @@ class LineRelay {
 
  public:
   struct Options {
-    std::string prefix;               // "[3]:"
+    std::string prefix;                // "[3]:"
     ConsoleStream* console = nullptr;  // nullptr: not shown on the console
-    int file_fd = -1;                 // -1: no log file
+    int file_fd = -1;                  // -1: no log file
     size_t tail_lines = 0;
     // torchrun's --duplicate-std{out,err}-filters: each whole line that contains any of these is
     // also appended, prefixed, to filtered_fd (one file for the attempt's workers). Not owned.

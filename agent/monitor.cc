@@ -221,7 +221,8 @@ v1::SampleRequest Monitor::Collect() {
       r->set_threads(st->threads);
       marks[f.pid] = {st->cpu_ticks, now};
       auto before = cpu_marks_.find(f.pid);
-      if (before != cpu_marks_.end() && now > before->second.at && st->cpu_ticks >= before->second.ticks && kTicks > 0) {
+      if (before != cpu_marks_.end() && now > before->second.at && st->cpu_ticks >= before->second.ticks &&
+          kTicks > 0) {
         const double cpu_s = static_cast<double>(st->cpu_ticks - before->second.ticks) / static_cast<double>(kTicks);
         r->set_cpu_percent(100 * cpu_s / SecondsBetween(before->second.at, now));
       }

@@ -140,8 +140,8 @@ absl::StatusOr<std::vector<WorkerCpuBinding>> PlanNumaBinding(NumaBinding mode, 
       continue;
     }
     if (worker_nodes[i] < 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "--numa-binding: the NUMA node of local rank ", i, "'s GPU is unknown (sysfs has no numa_node for it)"));
+      return absl::FailedPreconditionError(absl::StrCat("--numa-binding: the NUMA node of local rank ", i,
+                                                        "'s GPU is unknown (sysfs has no numa_node for it)"));
     }
     if (!by_node.count(worker_nodes[i])) {
       return absl::FailedPreconditionError(absl::StrCat("--numa-binding: local rank ", i, "'s GPU is on NUMA node ",
@@ -179,8 +179,8 @@ absl::StatusOr<std::vector<WorkerCpuBinding>> PlanNumaBinding(NumaBinding mode, 
         const int m = static_cast<int>(sharing.size());
         const int count = static_cast<int>(cores.size());
         if (count < m) {
-          return absl::FailedPreconditionError(absl::StrCat("--numa-binding=exclusive: NUMA node ", node, " has ", count,
-                                                            " physical core(s) for ", m,
+          return absl::FailedPreconditionError(absl::StrCat("--numa-binding=exclusive: NUMA node ", node, " has ",
+                                                            count, " physical core(s) for ", m,
                                                             " workers; expected at least one core per worker"));
         }
         const int per = count / m, extra = count % m;

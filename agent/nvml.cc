@@ -73,9 +73,7 @@ int64_t ToInt64(unsigned long long v) {
   return v > static_cast<unsigned long long>(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(v);
 }
 // A string NVML wrote into a fixed buffer: up to the first NUL, never past the buffer.
-std::string FromBuffer(const char* buffer, size_t size) {
-  return std::string(buffer, strnlen(buffer, size));
-}
+std::string FromBuffer(const char* buffer, size_t size) { return std::string(buffer, strnlen(buffer, size)); }
 
 std::string ErrorText(abi::nvmlErrorString_fn* error_string, abi::nvmlReturn_t code) {
   const char* text = error_string ? error_string(code) : nullptr;
@@ -151,20 +149,19 @@ absl::StatusOr<std::unique_ptr<Nvml>> Nvml::Load(const std::string& library) {
   std::unique_ptr<void, LibraryCloser> handle(dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL));
   if (handle == nullptr) {
     const char* why = dlerror();
-    return absl::FailedPreconditionError(absl::StrCat("no NVIDIA driver: cannot load ", name, " (",
-                                                      why ? why : "no reason given", ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("no NVIDIA driver: cannot load ", name, " (", why ? why : "no reason given", ")"));
   }
   auto fns = std::make_unique<Functions>();
   fns->Resolve(handle.get());
   if (!fns->HasRequired()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        name,
-        " is not a usable NVML: it lacks nvmlInit_v2, nvmlShutdown, nvmlDeviceGetCount_v2 "
-        "or nvmlDeviceGetHandleByIndex_v2"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(name,
+                     " is not a usable NVML: it lacks nvmlInit_v2, nvmlShutdown, nvmlDeviceGetCount_v2 "
+                     "or nvmlDeviceGetHandleByIndex_v2"));
   }
   if (const abi::nvmlReturn_t rc = fns->nvmlInit_v2(); rc != abi::kSuccess) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("NVML init failed: ", ErrorText(fns->nvmlErrorString, rc)));
+    return absl::FailedPreconditionError(absl::StrCat("NVML init failed: ", ErrorText(fns->nvmlErrorString, rc)));
   }
   std::unique_ptr<Nvml> nvml(new Nvml(std::move(handle), std::move(fns)));
   unsigned int count = 0;
@@ -189,8 +186,8 @@ void Nvml::ReadSystem() {
     system_.driver_version = FromBuffer(version, sizeof version);
   }
   int cuda = 0;
-  if (fns_->nvmlSystemGetCudaDriverVersion &&
-      fns_->nvmlSystemGetCudaDriverVersion(&cuda) == abi::kSuccess && cuda > 0) {
+  if (fns_->nvmlSystemGetCudaDriverVersion && fns_->nvmlSystemGetCudaDriverVersion(&cuda) == abi::kSuccess &&
+      cuda > 0) {
     system_.cuda_driver_version = cuda;
   }
 }
@@ -203,8 +200,7 @@ void Nvml::OpenGpus(unsigned int count) {
     const abi::nvmlReturn_t rc = fns_->nvmlDeviceGetHandleByIndex_v2(i, &gpu.handle);
     if (rc != abi::kSuccess) {
       gpu.handle = nullptr;
-      gpu.fixed.error =
-          absl::StrCat("NVML cannot open GPU ", i, ": ", ErrorText(fns_->nvmlErrorString, rc));
+      gpu.fixed.error = absl::StrCat("NVML cannot open GPU ", i, ": ", ErrorText(fns_->nvmlErrorString, rc));
     } else {
       ReadFixedFigures(gpu.handle, &gpu.fixed);
     }
@@ -265,8 +261,8 @@ void Nvml::ReadVolatileFigures(abi::nvmlDevice_t device, GpuFigures* g) const {
     g->memory_clock_mhz = ToInt(value);
   }
   unsigned long long ecc = 0;
-  if (ask(f.nvmlDeviceGetTotalEccErrors, device, abi::kMemoryErrorUncorrected, abi::kVolatileEcc,
-          &ecc) == abi::kSuccess) {
+  if (ask(f.nvmlDeviceGetTotalEccErrors, device, abi::kMemoryErrorUncorrected, abi::kVolatileEcc, &ecc) ==
+      abi::kSuccess) {
     g->ecc_uncorrected_errors = ToInt64(ecc);
   }
   int64_t retired = -1;
@@ -282,8 +278,7 @@ void Nvml::ReadVolatileFigures(abi::nvmlDevice_t device, GpuFigures* g) const {
   }
   if (retired >= 0) g->retired_pages = retired > INT_MAX ? INT_MAX : static_cast<int>(retired);
   unsigned int corrected = 0, uncorrected = 0, pending = 0, failed = 0;
-  if (ask(f.nvmlDeviceGetRemappedRows, device, &corrected, &uncorrected, &pending, &failed) ==
-      abi::kSuccess) {
+  if (ask(f.nvmlDeviceGetRemappedRows, device, &corrected, &uncorrected, &pending, &failed) == abi::kSuccess) {
     g->row_remap_pending = pending != 0 ? 1 : 0;
   }
   int mode = 0;
@@ -294,8 +289,7 @@ void Nvml::ReadVolatileFigures(abi::nvmlDevice_t device, GpuFigures* g) const {
 
 void Nvml::RegisterXidEvents() {
   const Functions& f = *fns_;
-  if (!f.nvmlEventSetCreate || !f.nvmlDeviceRegisterEvents || !f.nvmlEventSetWait_v2 ||
-      !f.nvmlEventSetFree) {
+  if (!f.nvmlEventSetCreate || !f.nvmlDeviceRegisterEvents || !f.nvmlEventSetWait_v2 || !f.nvmlEventSetFree) {
     return;
   }
   abi::nvmlEventSet_t set = nullptr;
@@ -304,8 +298,7 @@ void Nvml::RegisterXidEvents() {
   for (const Gpu& gpu : gpus_) {
     // A GPU that cannot report XIDs (NOT_SUPPORTED, or no permission) simply never has any.
     if (gpu.handle != nullptr &&
-        f.nvmlDeviceRegisterEvents(gpu.handle, abi::kEventTypeXidCriticalError, set) ==
-            abi::kSuccess) {
+        f.nvmlDeviceRegisterEvents(gpu.handle, abi::kEventTypeXidCriticalError, set) == abi::kSuccess) {
       any = true;
     }
   }

@@ -69,7 +69,7 @@ class Nvml {
  private:
   struct Gpu {
     nvml_abi::nvmlDevice_st* handle = nullptr;  // null when NVML could not open the GPU
-    GpuFigures fixed;  // what does not change while the driver runs (name, UUID, SMs, ...)
+    GpuFigures fixed;                           // what does not change while the driver runs (name, UUID, SMs, ...)
   };
   struct Functions;  // the resolved symbols
   struct LibraryCloser {
@@ -127,8 +127,8 @@ struct nvmlPciInfo_t {  // filled by nvmlDeviceGetPciInfo_v3
   char busId[32];
 };
 struct nvmlDeviceAttributes_t {
-  unsigned int multiprocessorCount, sharedCopyEngineCount, sharedDecoderCount, sharedEncoderCount,
-      sharedJpegCount, sharedOfaCount, gpuInstanceSliceCount, computeInstanceSliceCount;
+  unsigned int multiprocessorCount, sharedCopyEngineCount, sharedDecoderCount, sharedEncoderCount, sharedJpegCount,
+      sharedOfaCount, gpuInstanceSliceCount, computeInstanceSliceCount;
   unsigned long long memorySizeMB;
 };
 struct nvmlEventData_t {
@@ -143,11 +143,11 @@ static_assert(sizeof(nvmlEventData_t) == 32);
 
 inline constexpr unsigned long long kEventTypeXidCriticalError = 0x8;  // nvmlEventTypeXid...
 inline constexpr int kTemperatureGpu = 0;                              // NVML_TEMPERATURE_GPU
-inline constexpr int kClockSm = 1, kClockMem = 2;  // NVML_CLOCK_SM, NVML_CLOCK_MEM
-inline constexpr int kMemoryErrorUncorrected = 1;  // NVML_MEMORY_ERROR_TYPE_UNCORRECTED
-inline constexpr int kVolatileEcc = 0;             // NVML_VOLATILE_ECC
-inline constexpr int kRetiredSingleBitEcc = 0;     // NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_...
-inline constexpr int kRetiredDoubleBitEcc = 1;     // NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_...
+inline constexpr int kClockSm = 1, kClockMem = 2;                      // NVML_CLOCK_SM, NVML_CLOCK_MEM
+inline constexpr int kMemoryErrorUncorrected = 1;                      // NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+inline constexpr int kVolatileEcc = 0;                                 // NVML_VOLATILE_ECC
+inline constexpr int kRetiredSingleBitEcc = 0;                         // NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_...
+inline constexpr int kRetiredDoubleBitEcc = 1;                         // NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_...
 
 // The functions' types, named after the exported symbols (the _v2/_v3 ones are what nvml.h's
 // macros map the plain names to).
@@ -169,10 +169,9 @@ using nvmlDeviceGetTemperature_fn = nvmlReturn_t(nvmlDevice_t, int, unsigned int
 using nvmlDeviceGetPowerUsage_fn = nvmlReturn_t(nvmlDevice_t, unsigned int*);      // milliwatts
 using nvmlDeviceGetClockInfo_fn = nvmlReturn_t(nvmlDevice_t, int, unsigned int*);  // MHz
 using nvmlDeviceGetTotalEccErrors_fn = nvmlReturn_t(nvmlDevice_t, int, int, unsigned long long*);
-using nvmlDeviceGetRetiredPages_fn = nvmlReturn_t(nvmlDevice_t, int, unsigned int*,
-                                                  unsigned long long*);
-using nvmlDeviceGetRemappedRows_fn = nvmlReturn_t(nvmlDevice_t, unsigned int*, unsigned int*,
-                                                  unsigned int*, unsigned int*);
+using nvmlDeviceGetRetiredPages_fn = nvmlReturn_t(nvmlDevice_t, int, unsigned int*, unsigned long long*);
+using nvmlDeviceGetRemappedRows_fn = nvmlReturn_t(nvmlDevice_t, unsigned int*, unsigned int*, unsigned int*,
+                                                  unsigned int*);
 using nvmlDeviceGetPersistenceMode_fn = nvmlReturn_t(nvmlDevice_t, int*);
 using nvmlEventSetCreate_fn = nvmlReturn_t(nvmlEventSet_t*);
 using nvmlDeviceRegisterEvents_fn = nvmlReturn_t(nvmlDevice_t, unsigned long long, nvmlEventSet_t);

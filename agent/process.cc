@@ -51,8 +51,7 @@ absl::Status CheckExecutable(const std::string& path, const std::string& program
 
 }  // namespace
 
-absl::StatusOr<std::string> ResolveExecutable(const std::string& program,
-                                              const std::string& path_env) {
+absl::StatusOr<std::string> ResolveExecutable(const std::string& program, const std::string& path_env) {
   if (program.empty()) return absl::InvalidArgumentError("empty program name");
   if (program.find('/') != std::string::npos) {
     RETURN_IF_ERROR(CheckExecutable(program, program));

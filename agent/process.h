@@ -21,7 +21,7 @@ struct SpawnOptions {
   int stdin_fd = -1;              // child's stdin; -1: inherit
   int stdout_fd = -1;             // child's stdout; -1: inherit
   int stderr_fd = -1;
-  int extra_fd = -1;          // given to the child as fd `extra_fd_target` (e.g. progress socket)
+  int extra_fd = -1;  // given to the child as fd `extra_fd_target` (e.g. progress socket)
   int extra_fd_target = 3;
   bool new_process_group = true;
   int parent_death_signal = SIGKILL;  // 0: none
@@ -77,8 +77,7 @@ class PosixProcessLauncher : public ProcessLauncher {
 
 // The path execve needs for `program`: as given when it contains '/', else searched on `path_env`.
 // NotFound / PermissionDenied errors name the program.
-absl::StatusOr<std::string> ResolveExecutable(const std::string& program,
-                                              const std::string& path_env);
+absl::StatusOr<std::string> ResolveExecutable(const std::string& program, const std::string& path_env);
 
 // "SIGTERM" for 15, "signal 99" for unknown numbers.
 std::string SignalName(int sig);

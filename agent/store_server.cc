@@ -27,7 +27,9 @@
 namespace launch {
 namespace {
 
-absl::Status Errno(const std::string& what) { return absl::UnavailableError(absl::StrCat(what, ": ", std::strerror(errno))); }
+absl::Status Errno(const std::string& what) {
+  return absl::UnavailableError(absl::StrCat(what, ": ", std::strerror(errno)));
+}
 
 // The numeric address and port of a socket address; an IPv4 peer of a dual-stack socket
 // (::ffff:a.b.c.d) as plain IPv4.
@@ -162,7 +164,7 @@ StoreServer::~StoreServer() { Stop(); }
 absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Bind(const std::string& host, int port, int avoid,
                                                                Options options) {
   // MASTER_ADDR on loopback: the workers are all here, so only loopback listens.
-  const Side loopback = host == "::1" ? Side::kLoopback6
+  const Side loopback = host == "::1"                               ? Side::kLoopback6
                         : IsLoopbackIp(host) || host == "localhost" ? Side::kLoopback4
                                                                     : Side::kEverywhere;
   if (port > 0) {
@@ -224,10 +226,10 @@ struct Connection {
   StoreRequestReader reader;
   std::string out;
   size_t out_sent = 0;
-  uint32_t events = 0;    // what the loop watches for it now
-  size_t counted_in = 0;  // its unparsed bytes as counted in the total
-  size_t counted_out = 0; // its unsent replies as counted in the total
-  bool closing = false;   // closed at the end of this turn: nothing more is done for it
+  uint32_t events = 0;     // what the loop watches for it now
+  size_t counted_in = 0;   // its unparsed bytes as counted in the total
+  size_t counted_out = 0;  // its unsent replies as counted in the total
+  bool closing = false;    // closed at the end of this turn: nothing more is done for it
   size_t pending() const { return out.size() - out_sent; }
 };
 
@@ -261,12 +263,12 @@ class StoreServer::Serving {
   std::unique_ptr<EventLoop> loop_;
   StoreState state_;
   std::map<int, std::unique_ptr<Connection>> conns_;  // by fd, which is also the store's connection id
-  std::set<std::string> local_;  // this host's addresses: connections from them are local
+  std::set<std::string> local_;                       // this host's addresses: connections from them are local
   const uid_t uid_;
   size_t buffered_ = 0, unsent_ = 0;  // every connection's unparsed requests and unsent replies
-  std::set<std::string> warned_;  // peers already told of, so a scan does not flood the log
-  std::vector<int> dead_;         // closed at the end of the turn
-  std::set<int> again_;  // connections whose replies drained while requests of theirs wait
+  std::set<std::string> warned_;      // peers already told of, so a scan does not flood the log
+  std::vector<int> dead_;             // closed at the end of the turn
+  std::set<int> again_;               // connections whose replies drained while requests of theirs wait
   bool running_ = true;
   char chunk_[kReadChunk];
 };
@@ -307,7 +309,8 @@ void StoreServer::Serving::Accept() {
   while (true) {
     sockaddr_storage ss{};
     socklen_t len = sizeof ss;
-    UniqueFd fd(::accept4(server_.listener_.get(), reinterpret_cast<sockaddr*>(&ss), &len, SOCK_NONBLOCK | SOCK_CLOEXEC));
+    UniqueFd fd(
+        ::accept4(server_.listener_.get(), reinterpret_cast<sockaddr*>(&ss), &len, SOCK_NONBLOCK | SOCK_CLOEXEC));
     if (!fd.valid()) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if (errno != EAGAIN && errno != EWOULDBLOCK) spdlog::warn("workers' store: accept: {}", std::strerror(errno));

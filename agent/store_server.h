@@ -30,8 +30,8 @@ namespace launch {
 
 // Who may connect.
 struct StorePeers {
-  uid_t uid = 0;                  // local connections: sockets of this user only
-  std::set<std::string> remote;   // other nodes' addresses (numeric); everyone else is refused
+  uid_t uid = 0;                 // local connections: sockets of this user only
+  std::set<std::string> remote;  // other nodes' addresses (numeric); everyone else is refused
 };
 
 struct StoreServerStats {
@@ -77,8 +77,8 @@ class StoreServer {
   int port_ = 0;
   Options options_;
   bool listening_ = false;
-  UniqueFd wake_;   // eventfd: Stop
-  SystemClock clock_;  // the loop's (it arms no timers)
+  UniqueFd wake_;                    // eventfd: Stop
+  SystemClock clock_;                // the loop's (it arms no timers)
   std::unique_ptr<EventLoop> loop_;  // made by Serve, taken by the thread
   std::thread thread_;
   StorePeers peers_;  // read by the thread only while it runs

@@ -24,14 +24,14 @@ constexpr char kKeyUpdated = 0, kKeyCreated = 1, kKeyDeleted = 2, kKeyCallbackRe
 
 // Wire number -> operation, per dialect (TCPStore.cpp's QueryType in 1.13.1; TCPStoreBackend.hpp's
 // in 2.6.0, with the queue operations of 2.8).
-constexpr StoreOp kTorch1Ops[] = {StoreOp::kSet,   StoreOp::kCompareSet, StoreOp::kGet,
-                                  StoreOp::kAdd,   StoreOp::kCheck,      StoreOp::kWait,
-                                  StoreOp::kNumKeys, StoreOp::kWatchKey, StoreOp::kDeleteKey};
-constexpr StoreOp kTorch2Ops[] = {
-    StoreOp::kValidate,  StoreOp::kSet,        StoreOp::kCompareSet, StoreOp::kGet,      StoreOp::kAdd,
-    StoreOp::kCheck,     StoreOp::kWait,       StoreOp::kNumKeys,    StoreOp::kDeleteKey, StoreOp::kAppend,
-    StoreOp::kMultiGet,  StoreOp::kMultiSet,   StoreOp::kCancelWait, StoreOp::kPing,     StoreOp::kQueuePush,
-    StoreOp::kQueuePop,  StoreOp::kQueueLen};
+constexpr StoreOp kTorch1Ops[] = {StoreOp::kSet,     StoreOp::kCompareSet, StoreOp::kGet,
+                                  StoreOp::kAdd,     StoreOp::kCheck,      StoreOp::kWait,
+                                  StoreOp::kNumKeys, StoreOp::kWatchKey,   StoreOp::kDeleteKey};
+constexpr StoreOp kTorch2Ops[] = {StoreOp::kValidate,   StoreOp::kSet,    StoreOp::kCompareSet, StoreOp::kGet,
+                                  StoreOp::kAdd,        StoreOp::kCheck,  StoreOp::kWait,       StoreOp::kNumKeys,
+                                  StoreOp::kDeleteKey,  StoreOp::kAppend, StoreOp::kMultiGet,   StoreOp::kMultiSet,
+                                  StoreOp::kCancelWait, StoreOp::kPing,   StoreOp::kQueuePush,  StoreOp::kQueuePop,
+                                  StoreOp::kQueueLen};
 
 // Reads fields off the unconsumed bytes. Each read either succeeds, or says the request is not
 // whole yet (need() bytes at least), or fails (status()).
@@ -82,9 +82,8 @@ class Cursor {
   bool Count(uint64_t* n) {
     if (!Value(n)) return false;
     if (*n > limits_.max_keys_per_request) {
-      status_ = absl::InvalidArgumentError(
-          absl::StrCat("a request for ", static_cast<int64_t>(*n), " keys (expected at most ",
-                       limits_.max_keys_per_request, ")"));
+      status_ = absl::InvalidArgumentError(absl::StrCat("a request for ", static_cast<int64_t>(*n),
+                                                        " keys (expected at most ", limits_.max_keys_per_request, ")"));
       return false;
     }
     return true;
@@ -192,24 +191,42 @@ void ReadArgs(StoreOp op, Cursor* c, StoreRequest* r, const StoreLimits& limits)
 
 const char* StoreOpName(StoreOp op) {
   switch (op) {
-    case StoreOp::kValidate: return "VALIDATE";
-    case StoreOp::kSet: return "SET";
-    case StoreOp::kCompareSet: return "COMPARE_SET";
-    case StoreOp::kGet: return "GET";
-    case StoreOp::kAdd: return "ADD";
-    case StoreOp::kCheck: return "CHECK";
-    case StoreOp::kWait: return "WAIT";
-    case StoreOp::kNumKeys: return "GETNUMKEYS";
-    case StoreOp::kWatchKey: return "WATCH_KEY";
-    case StoreOp::kDeleteKey: return "DELETE_KEY";
-    case StoreOp::kAppend: return "APPEND";
-    case StoreOp::kMultiGet: return "MULTI_GET";
-    case StoreOp::kMultiSet: return "MULTI_SET";
-    case StoreOp::kCancelWait: return "CANCEL_WAIT";
-    case StoreOp::kPing: return "PING";
-    case StoreOp::kQueuePush: return "QUEUE_PUSH";
-    case StoreOp::kQueuePop: return "QUEUE_POP";
-    case StoreOp::kQueueLen: return "QUEUE_LEN";
+    case StoreOp::kValidate:
+      return "VALIDATE";
+    case StoreOp::kSet:
+      return "SET";
+    case StoreOp::kCompareSet:
+      return "COMPARE_SET";
+    case StoreOp::kGet:
+      return "GET";
+    case StoreOp::kAdd:
+      return "ADD";
+    case StoreOp::kCheck:
+      return "CHECK";
+    case StoreOp::kWait:
+      return "WAIT";
+    case StoreOp::kNumKeys:
+      return "GETNUMKEYS";
+    case StoreOp::kWatchKey:
+      return "WATCH_KEY";
+    case StoreOp::kDeleteKey:
+      return "DELETE_KEY";
+    case StoreOp::kAppend:
+      return "APPEND";
+    case StoreOp::kMultiGet:
+      return "MULTI_GET";
+    case StoreOp::kMultiSet:
+      return "MULTI_SET";
+    case StoreOp::kCancelWait:
+      return "CANCEL_WAIT";
+    case StoreOp::kPing:
+      return "PING";
+    case StoreOp::kQueuePush:
+      return "QUEUE_PUSH";
+    case StoreOp::kQueuePop:
+      return "QUEUE_POP";
+    case StoreOp::kQueueLen:
+      return "QUEUE_LEN";
   }
   return "?";
 }
@@ -236,14 +253,14 @@ absl::StatusOr<std::optional<StoreRequest>> StoreRequestReader::Next() {
   StoreRequest r;
   if (dialect_ == StoreDialect::kTorch1) {
     if (code >= std::size(kTorch1Ops)) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown torch 1.x store operation ", code, " (expected 0-",
-                                                     std::size(kTorch1Ops) - 1, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown torch 1.x store operation ", code, " (expected 0-", std::size(kTorch1Ops) - 1, ")"));
     }
     r.op = kTorch1Ops[code];
   } else {
     if (code >= std::size(kTorch2Ops)) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown torch 2.x store operation ", code, " (expected 0-",
-                                                     std::size(kTorch2Ops) - 1, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown torch 2.x store operation ", code, " (expected 0-", std::size(kTorch2Ops) - 1, ")"));
     }
     r.op = kTorch2Ops[code];
   }
@@ -352,24 +369,42 @@ absl::Status StoreState::Apply(int conn, const StoreRequest& r, std::vector<Stor
 
 absl::Status StoreState::Handle(int conn, const StoreRequest& r, std::string* out, std::vector<StoreReply>* replies) {
   switch (r.op) {
-    case StoreOp::kValidate: return absl::OkStatus();
-    case StoreOp::kSet: return Put(r.keys[0], r.values[0], replies);
-    case StoreOp::kAppend: return OnAppend(r, replies);
-    case StoreOp::kCompareSet: return OnCompareSet(r, out, replies);
-    case StoreOp::kGet: return OnGet(r, out);
-    case StoreOp::kAdd: return OnAdd(r, out, replies);
-    case StoreOp::kCheck: return OnCheck(r, out);
-    case StoreOp::kWait: return OnWait(conn, r, out);
-    case StoreOp::kNumKeys: return OnNumKeys(out);
-    case StoreOp::kWatchKey: return OnWatchKey(conn, r, out);
-    case StoreOp::kDeleteKey: return OnDeleteKey(r, out, replies);
-    case StoreOp::kMultiGet: return OnMultiGet(r, out);
-    case StoreOp::kMultiSet: return OnMultiSet(r, replies);
-    case StoreOp::kCancelWait: return OnCancelWait(conn, out);
-    case StoreOp::kPing: return OnPing(r, out);
-    case StoreOp::kQueuePush: return OnQueuePush(r, replies);
-    case StoreOp::kQueuePop: return OnQueuePop(r, out);
-    case StoreOp::kQueueLen: return OnQueueLen(r, out);
+    case StoreOp::kValidate:
+      return absl::OkStatus();
+    case StoreOp::kSet:
+      return Put(r.keys[0], r.values[0], replies);
+    case StoreOp::kAppend:
+      return OnAppend(r, replies);
+    case StoreOp::kCompareSet:
+      return OnCompareSet(r, out, replies);
+    case StoreOp::kGet:
+      return OnGet(r, out);
+    case StoreOp::kAdd:
+      return OnAdd(r, out, replies);
+    case StoreOp::kCheck:
+      return OnCheck(r, out);
+    case StoreOp::kWait:
+      return OnWait(conn, r, out);
+    case StoreOp::kNumKeys:
+      return OnNumKeys(out);
+    case StoreOp::kWatchKey:
+      return OnWatchKey(conn, r, out);
+    case StoreOp::kDeleteKey:
+      return OnDeleteKey(r, out, replies);
+    case StoreOp::kMultiGet:
+      return OnMultiGet(r, out);
+    case StoreOp::kMultiSet:
+      return OnMultiSet(r, replies);
+    case StoreOp::kCancelWait:
+      return OnCancelWait(conn, out);
+    case StoreOp::kPing:
+      return OnPing(r, out);
+    case StoreOp::kQueuePush:
+      return OnQueuePush(r, replies);
+    case StoreOp::kQueuePop:
+      return OnQueuePop(r, out);
+    case StoreOp::kQueueLen:
+      return OnQueueLen(r, out);
   }
   return absl::InternalError("unhandled store operation");
 }
@@ -378,8 +413,8 @@ absl::Status StoreState::OnAppend(const StoreRequest& r, std::vector<StoreReply>
   auto it = kv_.find(r.keys[0]);
   std::string joined = it == kv_.end() ? r.values[0] : it->second + r.values[0];
   if (joined.size() > limits_.max_value) {
-    return absl::InvalidArgumentError(absl::StrCat("APPEND makes a value of ", joined.size(),
-                                                   " bytes (expected at most ", limits_.max_value, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("APPEND makes a value of ", joined.size(), " bytes (expected at most ", limits_.max_value, ")"));
   }
   return Put(r.keys[0], std::move(joined), replies);
 }

@@ -39,24 +39,24 @@ struct StoreLimits {
 
 // The operations of both dialects, by meaning (not by wire number).
 enum class StoreOp {
-  kValidate,   // 2.x handshake: the magic, no reply
-  kSet,        // key, value; no reply
-  kCompareSet, // key, expected, desired; replies the value after
-  kGet,        // key; replies the value
-  kAdd,        // key, delta; replies the sum
-  kCheck,      // keys; replies READY (0) or NOT_READY (1)
-  kWait,       // keys; replies STOP_WAITING (0) once all exist
-  kNumKeys,    // replies the count
-  kWatchKey,   // 1.13: key; replies KEY_CALLBACK_REGISTERED (3), then every change of the key
-  kDeleteKey,  // key; replies 1 or 0
-  kAppend,     // key, value; no reply
-  kMultiGet,   // keys; replies each value
-  kMultiSet,   // keys and values; no reply
-  kCancelWait, // replies WAIT_CANCELED (1)
-  kPing,       // nonce; replies it
-  kQueuePush,  // 2.8+: key, value; no reply
-  kQueuePop,   // key; replies the length before, then the front value if there was one
-  kQueueLen,   // key; replies the length
+  kValidate,    // 2.x handshake: the magic, no reply
+  kSet,         // key, value; no reply
+  kCompareSet,  // key, expected, desired; replies the value after
+  kGet,         // key; replies the value
+  kAdd,         // key, delta; replies the sum
+  kCheck,       // keys; replies READY (0) or NOT_READY (1)
+  kWait,        // keys; replies STOP_WAITING (0) once all exist
+  kNumKeys,     // replies the count
+  kWatchKey,    // 1.13: key; replies KEY_CALLBACK_REGISTERED (3), then every change of the key
+  kDeleteKey,   // key; replies 1 or 0
+  kAppend,      // key, value; no reply
+  kMultiGet,    // keys; replies each value
+  kMultiSet,    // keys and values; no reply
+  kCancelWait,  // replies WAIT_CANCELED (1)
+  kPing,        // nonce; replies it
+  kQueuePush,   // 2.8+: key, value; no reply
+  kQueuePop,    // key; replies the length before, then the front value if there was one
+  kQueueLen,    // key; replies the length
 };
 const char* StoreOpName(StoreOp op);
 

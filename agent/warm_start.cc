@@ -39,10 +39,10 @@ constexpr idtype_t kPidfdIdType = static_cast<idtype_t>(3);  // P_PIDFD (Linux 5
 
 const std::set<std::string>& RoundVariables() {
   static const auto* vars = new std::set<std::string>{
-      "RANK", "GROUP_RANK", "ROLE_RANK", "WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE",
-      "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE",
-      "TORCHELASTIC_ERROR_FILE", launch_sdk::kLogDirEnv, launch_sdk::kStackFileEnv, launch_sdk::kRoundEnv,
-      launch_sdk::kLrEnv, launch_sdk::kLrScaleEnv, launch_sdk::kPerWorkerBatchEnv, launch_sdk::kGlobalBatchEnv,
+      "RANK", "GROUP_RANK", "ROLE_RANK", "WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR",
+      "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE",
+      launch_sdk::kLogDirEnv, launch_sdk::kStackFileEnv, launch_sdk::kRoundEnv, launch_sdk::kLrEnv,
+      launch_sdk::kLrScaleEnv, launch_sdk::kPerWorkerBatchEnv, launch_sdk::kGlobalBatchEnv,
       // In the attempt's log directory; torch reads them when a process group is made.
       "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE"};
   return *vars;
@@ -81,8 +81,8 @@ std::optional<std::string> ReadLine(int fd, int timeout_ms, size_t max, bool* en
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   std::string line;
   for (;;) {
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
+                                                                            std::chrono::steady_clock::now());
     if (left.count() <= 0) return std::nullopt;
     if (!Readable(fd, static_cast<int>(left.count()))) continue;  // EINTR, or the deadline: checked above
     char c = 0;
@@ -163,8 +163,9 @@ absl::StatusOr<std::vector<std::string>> StandbyArgv(const std::vector<std::stri
   if (cold.empty()) return absl::InvalidArgumentError("the worker has no command");
   if (!python) {
     if (DeclaresWarmStart(cold[0])) return cold;
-    return absl::InvalidArgumentError(absl::StrCat(
-        "'", cold[0], "' is neither a Python worker nor a worker_sdk program that declares LAUNCH_SDK_WARM_START()"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", cold[0],
+                     "' is neither a Python worker nor a worker_sdk program that declares LAUNCH_SDK_WARM_START()"));
   }
   if (cold.size() < 3 || cold[1] != "-u" || (cold[2] == "-m" && cold.size() < 4)) {
     return absl::InvalidArgumentError(
@@ -190,8 +191,8 @@ void WarmStart::Prepare(const std::vector<WorkerLaunch>& launches) {
     if (!told_cold_) spdlog::info("warm start: {}; the workers start cold", why);
     told_cold_ = true;
   };
-  if (opts_.python && (opts_.python_dir.empty() ||
-                       ::access((opts_.python_dir + "/_launch_standby.py").c_str(), R_OK) != 0)) {
+  if (opts_.python &&
+      (opts_.python_dir.empty() || ::access((opts_.python_dir + "/_launch_standby.py").c_str(), R_OK) != 0)) {
     cold(absl::StrCat("launch's Python module _launch_standby is not in '", opts_.python_dir, "'"));
     return;
   }
@@ -265,8 +266,8 @@ std::string WarmStart::Ready(Standby& s, const WorkerLaunch& w) {
   if (s.ready) return "";  // it serves one go after another
   const auto deadline = std::chrono::steady_clock::now() + opts_.ready_timeout;
   for (;;) {
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
+                                                                            std::chrono::steady_clock::now());
     if (left.count() <= 0) {
       return absl::StrCat("its standby was not ready within ", opts_.ready_timeout.count() / 1000, " s");
     }
@@ -342,8 +343,8 @@ absl::Status WarmStart::SendGo(Standby& s, const WorkerLaunch& w, const WorkerFd
       ::poll(&p, 1, 100);
       continue;
     }
-    return absl::UnavailableError(absl::StrCat("cannot hand its standby the environment: ",
-                                               n < 0 ? std::strerror(errno) : "it took nothing"));
+    return absl::UnavailableError(
+        absl::StrCat("cannot hand its standby the environment: ", n < 0 ? std::strerror(errno) : "it took nothing"));
   }
   return absl::OkStatus();
 }

@@ -88,9 +88,9 @@ class WarmStart : public WarmWorkers {
  private:
   struct Standby {
     pid_t pid = -1;
-    UniqueFd pidfd;     // tells whether it is still there, even once reaped elsewhere
-    UniqueFd control;   // the agent's end of its control socket
-    UniqueFd err;       // its stderr (a memfd): what it said, when it exits before it is ready
+    UniqueFd pidfd;      // tells whether it is still there, even once reaped elsewhere
+    UniqueFd control;    // the agent's end of its control socket
+    UniqueFd err;        // its stderr (a memfd): what it said, when it exits before it is ready
     bool ready = false;  // it said "R"
     bool sent = false;   // it has a go whose worker is not taken yet
     std::vector<std::string> cold_argv;

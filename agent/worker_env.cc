@@ -33,8 +33,7 @@ std::vector<std::string> EnvToStrings(const Env& env) {
 absl::StatusOr<ScaledTraining> ScaleTraining(const TrainScaling& t, int world_size) {
   if (world_size < 1) return absl::InvalidArgumentError("world size must be at least 1");
   if (t.grad_accum_steps < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("train.grad_accum_steps=", t.grad_accum_steps, ": expected >= 1"));
+    return absl::InvalidArgumentError(absl::StrCat("train.grad_accum_steps=", t.grad_accum_steps, ": expected >= 1"));
   }
   ScaledTraining out;
   int per_step = world_size * t.grad_accum_steps;
@@ -43,15 +42,14 @@ absl::StatusOr<ScaledTraining> ScaleTraining(const TrainScaling& t, int world_si
     out.global_batch = *t.per_worker_batch * per_step;
   } else if (t.global_batch) {
     if (*t.global_batch % per_step != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "train.global_batch=", *t.global_batch, " is not divisible by world size ", world_size,
-          " x grad_accum_steps ", t.grad_accum_steps, "; expected a multiple of ", per_step));
+      return absl::InvalidArgumentError(
+          absl::StrCat("train.global_batch=", *t.global_batch, " is not divisible by world size ", world_size,
+                       " x grad_accum_steps ", t.grad_accum_steps, "; expected a multiple of ", per_step));
     }
     out.global_batch = *t.global_batch;
     out.per_worker_batch = *t.global_batch / per_step;
   } else {
-    return absl::InvalidArgumentError(
-        "train.base_lr needs train.per_worker_batch or train.global_batch");
+    return absl::InvalidArgumentError("train.base_lr needs train.per_worker_batch or train.global_batch");
   }
   launch_sdk::ScalingConfig c;
   c.base_lr = t.base_lr;
@@ -65,8 +63,7 @@ absl::StatusOr<ScaledTraining> ScaleTraining(const TrainScaling& t, int world_si
   return out;
 }
 
-ThreadPlan PlanThreads(const Env& parent, std::optional<int> threads_per_worker, int usable_cpus,
-                       int workers) {
+ThreadPlan PlanThreads(const Env& parent, std::optional<int> threads_per_worker, int usable_cpus, int workers) {
   ThreadPlan plan;
   // The CPUs this process may use, divided among the local workers.
   plan.threads = threads_per_worker ? *threads_per_worker : std::max(1, usable_cpus / std::max(1, workers));
@@ -119,14 +116,13 @@ bool SetUnlessUserSet(const Env& parent, Env& env, const std::string& key, const
   return true;
 }
 
-
 // GPUs each worker gets of the pool under --gpu-binding=isolate (0: shared, or no GPUs).
 absl::StatusOr<int> PerWorkerGpus(const WorkerGroupSpec& spec, int n, std::vector<std::string>* notes) {
   const int pool = static_cast<int>(spec.gpu_pool.size());
   if (pool == 0 || spec.gpu_binding != GpuBinding::kIsolate) return 0;
   if (pool < n) {
-    return absl::InvalidArgumentError(absl::StrCat("--gpu-binding=isolate needs at least one GPU per worker: ",
-                                                   n, " workers, ", pool, " GPUs"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--gpu-binding=isolate needs at least one GPU per worker: ", n, " workers, ", pool, " GPUs"));
   }
   const int per_worker = pool / n;
   if (pool % n != 0) {
@@ -142,7 +138,8 @@ void SetRankEnv(const Env& parent, const WorkerGroupSpec& spec, const RoundInfo&
   // The rendezvous token is launch's: a worker (or anything it runs) has no use for it.
   env.erase(kRdzvTokenEnv);
   // A standby's (agent/warm_start.h), were launch itself run by one: never a worker's.
-  for (const char* k : {launch_sdk::kStandbyFdEnv, launch_sdk::kStandbyForkEnv, launch_sdk::kStandbyImportsEnv}) env.erase(k);
+  for (const char* k : {launch_sdk::kStandbyFdEnv, launch_sdk::kStandbyForkEnv, launch_sdk::kStandbyImportsEnv})
+    env.erase(k);
   const int rank = round.rank_offset + local;
   env["RANK"] = std::to_string(rank);
   env["LOCAL_RANK"] = std::to_string(spec.virtual_local_rank ? 0 : local);
@@ -168,14 +165,14 @@ void SetRankEnv(const Env& parent, const WorkerGroupSpec& spec, const RoundInfo&
     // After the user's entries: launch_progress never shadows a module of theirs.
     auto user = parent.find("PYTHONPATH");
     env["PYTHONPATH"] = user != parent.end() && !user->second.empty() ? absl::StrCat(user->second, ":", spec.python_dir)
-                                                                        : spec.python_dir;
+                                                                      : spec.python_dir;
   }
   env[launch_sdk::kProgressFdEnv] = std::to_string(kProgressFd);
   // torch 2.x reads TORCH_NCCL_ASYNC_ERROR_HANDLING, 1.x NCCL_ASYNC_ERROR_HANDLING: both, with
   // the user's value of either one when only that one is set.
-  for (const auto& [name, other] : {std::pair<const char*, const char*>{"TORCH_NCCL_ASYNC_ERROR_HANDLING",
-                                                                       "NCCL_ASYNC_ERROR_HANDLING"},
-                                   {"NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}}) {
+  for (const auto& [name, other] :
+       {std::pair<const char*, const char*>{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"},
+        {"NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}}) {
     auto user = parent.find(other);
     SetUnlessUserSet(parent, env, name, user != parent.end() ? user->second : "1");
   }
@@ -183,8 +180,8 @@ void SetRankEnv(const Env& parent, const WorkerGroupSpec& spec, const RoundInfo&
 }
 
 // The GPUs local rank `local` sees: the whole pool (shared) or its own slice (isolate).
-void SetGpuEnv(const Env& parent, const WorkerGroupSpec& spec, const WorkerPaths& paths, int local,
-               int per_worker_gpus, Env& env) {
+void SetGpuEnv(const Env& parent, const WorkerGroupSpec& spec, const WorkerPaths& paths, int local, int per_worker_gpus,
+               Env& env) {
   if (spec.gpu_pool.empty()) return;
   env[launch_sdk::kGpuBindingEnv] = spec.gpu_binding == GpuBinding::kShared ? "shared" : "isolate";
   if (spec.gpu_binding == GpuBinding::kShared) {
@@ -213,10 +210,9 @@ std::string ThreadsNote(const Env& parent, const WorkerGroupSpec& spec, const Th
   if (!set.empty()) {
     absl::StrAppend(&note, absl::StrJoin(set, ", "), " = ", threads_text,
                     threads_text != std::to_string(thread_plan.threads) ? " (the user's OMP_NUM_THREADS)"
-                    : spec.threads_per_worker
-                        ? " (--threads-per-worker)"
-                        : absl::StrCat(" (", spec.usable_cpus, " usable CPUs / ", spec.local_world_size,
-                                       " local workers)"));
+                    : spec.threads_per_worker                           ? " (--threads-per-worker)"
+                                              : absl::StrCat(" (", spec.usable_cpus, " usable CPUs / ",
+                                                             spec.local_world_size, " local workers)"));
   }
   if (!user.empty()) {
     std::vector<std::string> kept;
@@ -228,8 +224,7 @@ std::string ThreadsNote(const Env& parent, const WorkerGroupSpec& spec, const Th
 
 }  // namespace
 
-absl::StatusOr<WorkerEnvPlan> BuildWorkerEnvs(const Env& parent, const WorkerGroupSpec& spec,
-                                              const RoundInfo& round,
+absl::StatusOr<WorkerEnvPlan> BuildWorkerEnvs(const Env& parent, const WorkerGroupSpec& spec, const RoundInfo& round,
                                               const std::vector<WorkerPaths>& paths) {
   const int n = spec.local_world_size;
   if (n < 1) return absl::InvalidArgumentError("local world size must be at least 1");
@@ -264,10 +259,9 @@ absl::StatusOr<WorkerEnvPlan> BuildWorkerEnvs(const Env& parent, const WorkerGro
 
   plan.notes.push_back(ThreadsNote(parent, spec, thread_plan, thread_vars_set, thread_vars_user));
   if (scaled) {
-    plan.notes.push_back(absl::StrCat("training: world size ", round.world_size, ", lr ",
-                                      FormatDouble(scaled->lr), " (x", FormatDouble(scaled->lr_scale),
-                                      "), per-worker batch ", scaled->per_worker_batch,
-                                      ", global batch ", scaled->global_batch));
+    plan.notes.push_back(absl::StrCat("training: world size ", round.world_size, ", lr ", FormatDouble(scaled->lr),
+                                      " (x", FormatDouble(scaled->lr_scale), "), per-worker batch ",
+                                      scaled->per_worker_batch, ", global batch ", scaled->global_batch));
   }
   return plan;
 }

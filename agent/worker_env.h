@@ -67,12 +67,10 @@ struct ThreadPlan {
   std::string value;       // what the workers get: `threads`, or the user's OMP_NUM_THREADS
   bool from_user = false;  // value is the user's OMP_NUM_THREADS
 };
-ThreadPlan PlanThreads(const Env& parent, std::optional<int> threads_per_worker, int usable_cpus,
-                       int workers);
+ThreadPlan PlanThreads(const Env& parent, std::optional<int> threads_per_worker, int usable_cpus, int workers);
 
 // paths[i] is local rank i's.
-absl::StatusOr<WorkerEnvPlan> BuildWorkerEnvs(const Env& parent, const WorkerGroupSpec& spec,
-                                              const RoundInfo& round,
+absl::StatusOr<WorkerEnvPlan> BuildWorkerEnvs(const Env& parent, const WorkerGroupSpec& spec, const RoundInfo& round,
                                               const std::vector<WorkerPaths>& paths);
 
 // The variables launch sets (for --dry-run output): the keys whose value differs from `parent`.

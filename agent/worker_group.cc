@@ -273,7 +273,7 @@ class StdinRelay {
       }
       if (w < 0 && errno == EINTR) continue;
       if (w < 0 && errno == EAGAIN) return;  // the worker reads later: wait for EPOLLOUT
-      pending_.clear();  // EPIPE: the worker closed its stdin or is gone
+      pending_.clear();                      // EPIPE: the worker closed its stdin or is gone
       done_ = true;
     }
     if (done_ && pending_.empty() && to_worker_.valid()) {
@@ -291,8 +291,8 @@ class StdinRelay {
   ConsoleStream* out_;
   ConsoleStream* err_;
   UniqueFd tty_;
-  UniqueFd to_worker_;   // the pipe's write end, non-blocking
-  std::string pending_;  // read from the terminal, not yet taken by the worker
+  UniqueFd to_worker_;    // the pipe's write end, non-blocking
+  std::string pending_;   // read from the terminal, not yet taken by the worker
   bool reading_ = false;  // the terminal is watched
   bool writing_ = false;  // the pipe is watched (the worker has not taken everything)
   bool done_ = false;     // EOF, or the worker closed its end
@@ -458,9 +458,9 @@ absl::Status GroupRun::PrepareSlot(size_t i, Pending* p) {
   s.result.rank = l.rank;
   ASSIGN_OR_RETURN(s.out_file, OpenLog(l.stdout_file));
   ASSIGN_OR_RETURN(s.err_file, OpenLog(l.stderr_file));
-  const std::string prefix =
-      !l.console_prefix.empty() ? l.console_prefix
-                                : absl::StrReplaceAll(opts_.console_prefix_format, {{"{rank}", std::to_string(l.rank)}});
+  const std::string prefix = !l.console_prefix.empty() ? l.console_prefix
+                                                       : absl::StrReplaceAll(opts_.console_prefix_format,
+                                                                             {{"{rank}", std::to_string(l.rank)}});
   s.out.console = l.stdout_console ? console_out_ : nullptr;
   s.err.console = l.stderr_console ? console_err_ : nullptr;
   s.out.relay = std::make_unique<LineRelay>(
@@ -814,9 +814,10 @@ void GroupRun::CheckHangs() {
   Slot& s = slots_[hung->worker];
   s.result.hung = true;
   s.result.hung_after_seconds = hung->silent_seconds;
-  spdlog::warn("rank {} (pid {}) reported no step for {:.1f} s (last step {}, hang timeout {:.1f} s): hung; "
-               "capturing every worker's stacks, then stopping them",
-               s.result.rank, s.pid, s.result.hung_after_seconds, s.result.last_step, hung->timeout.count() / 1000.0);
+  spdlog::warn(
+      "rank {} (pid {}) reported no step for {:.1f} s (last step {}, hang timeout {:.1f} s): hung; "
+      "capturing every worker's stacks, then stopping them",
+      s.result.rank, s.pid, s.result.hung_after_seconds, s.result.last_step, hung->timeout.count() / 1000.0);
   Apply(SupervisorEvent::Hung(hung->worker));
 }
 

@@ -47,17 +47,15 @@ struct WorkerResult {
   double last_step_seconds = 0;
   // Stopped because it reported no step for longer than its hang timeout.
   bool hung = false;
-  double hung_after_seconds = 0;  // how long it had been silent
-  bool in_collective = false;     // a hung worker's stacks show it waiting in a collective
+  double hung_after_seconds = 0;       // how long it had been silent
+  bool in_collective = false;          // a hung worker's stacks show it waiting in a collective
   std::vector<std::string> stack_top;  // a hung worker's top frames ("func (file:line)")
   // Its failing exit was seen from its exit notice, before it was reaped.
   bool exit_noticed = false;
   bool failed() const { return hung || signal != 0 || exit_code != 0; }
   // torchrun's meaning of a worker's status as a process exit code (common/exit_status.h): 0, its
   // code, 128 + the signal that killed it, or kHungExitCode for a hung worker.
-  int AsExitCode() const {
-    return failed() ? ExitStatus(LaunchOutcome::WorkerFailed(exit_code, signal, hung)) : 0;
-  }
+  int AsExitCode() const { return failed() ? ExitStatus(LaunchOutcome::WorkerFailed(exit_code, signal, hung)) : 0; }
   // "exit 3", "SIGKILL" or "hung".
   std::string StatusText() const;
 };
@@ -82,8 +80,8 @@ class WarmWorkers {
 
 struct GroupOutcome {
   GroupEnd kind = GroupEnd::kSucceeded;
-  int signal = 0;       // kInterrupted: the signal launch got
-  int root_cause = -1;  // kFailed: index into workers of the first failure
+  int signal = 0;                // kInterrupted: the signal launch got
+  int root_cause = -1;           // kFailed: index into workers of the first failure
   bool stacks_captured = false;  // the workers' stacks were captured before the stop
   std::vector<WorkerResult> workers;
 };
@@ -135,8 +133,7 @@ class WorkerGroup {
     // the terminal itself would stop it with SIGTTIN); anything else it inherits.
     int stdin_fd = 0;
   };
-  WorkerGroup(Options opts, ProcessLauncher* launcher, OrphanGuard* guard, SignalFd* signals,
-              const Clock* clock)
+  WorkerGroup(Options opts, ProcessLauncher* launcher, OrphanGuard* guard, SignalFd* signals, const Clock* clock)
       : opts_(std::move(opts)), launcher_(launcher), guard_(guard), signals_(signals), clock_(clock) {}
 
   // Runs to the end: every worker and every process of its group gone, output drained.

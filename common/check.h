@@ -37,7 +37,7 @@ struct Voidify {
 
 // `<<` binds tighter than `&`, which binds tighter than `?:`: the detail is streamed only when the
 // condition is false, and the whole is one expression usable as a statement.
-#define LAUNCH_CHECK(condition)                       \
-  (condition) ? static_cast<void>(0)                  \
-              : ::launch::check_internal::Voidify() & \
-                    ::launch::check_internal::CheckFailure(__FILE__, __LINE__, #condition)
+#define LAUNCH_CHECK(condition) \
+  (condition)                   \
+      ? static_cast<void>(0)    \
+      : ::launch::check_internal::Voidify() & ::launch::check_internal::CheckFailure(__FILE__, __LINE__, #condition)

@@ -2,8 +2,6 @@
 
 namespace launch {
 
-double SecondsBetween(Clock::TimePoint a, Clock::TimePoint b) {
-  return std::chrono::duration<double>(b - a).count();
-}
+double SecondsBetween(Clock::TimePoint a, Clock::TimePoint b) { return std::chrono::duration<double>(b - a).count(); }
 
 }  // namespace launch

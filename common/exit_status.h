@@ -17,8 +17,7 @@ struct LaunchOutcome {
     kWorkerFailed,  // a worker failed: its code, 128 + the signal that killed it, or kHungExitCode
   };
   Kind kind = Kind::kSucceeded;
-  int signal =
-      0;  // kSignalled: the signal launch got; kWorkerFailed: the one that killed the worker
+  int signal = 0;     // kSignalled: the signal launch got; kWorkerFailed: the one that killed the worker
   int exit_code = 0;  // kWorkerFailed, without a signal
   bool hung = false;  // kWorkerFailed: its agent stopped it for making no progress
 

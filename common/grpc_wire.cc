@@ -33,8 +33,7 @@ void ApplyKeepalive(grpc::ChannelArguments* client) {
 }
 
 void ApplyKeepalive(grpc::ServerBuilder* server) {
-  for (const auto& [name, value] : KeepaliveArgs(GrpcEnd::kServer))
-    server->AddChannelArgument(name, value);
+  for (const auto& [name, value] : KeepaliveArgs(GrpcEnd::kServer)) server->AddChannelArgument(name, value);
 }
 
 }  // namespace launch

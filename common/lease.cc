@@ -62,7 +62,8 @@ absl::StatusOr<UniqueFd> OpenUdp(const std::string& host, int port, bool listen)
       int rcvbuf = 4 << 20;  // a burst of datagrams waits here while a batch is handled
       ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
     }
-    if ((listen ? ::bind(fd.get(), ai->ai_addr, ai->ai_addrlen) : ::connect(fd.get(), ai->ai_addr, ai->ai_addrlen)) != 0) {
+    if ((listen ? ::bind(fd.get(), ai->ai_addr, ai->ai_addrlen) : ::connect(fd.get(), ai->ai_addr, ai->ai_addrlen)) !=
+        0) {
       st = absl::UnavailableError(absl::StrCat("cannot ", verb, " UDP ", host, ":", port, ": ", std::strerror(errno)));
       continue;
     }
@@ -91,8 +92,8 @@ std::string NodeLeaseKey(const std::string& run_key, const std::string& node_id)
 
 absl::StatusOr<std::string> EncodeLeaseBeat(const LeaseBeat& beat, const std::string& key) {
   if (beat.run_id.size() > kMaxRunIdLength || beat.node_id.size() > kMaxNodeIdLength) {
-    return absl::InvalidArgumentError(absl::StrCat("run id over ", kMaxRunIdLength, " or node id over ",
-                                                   kMaxNodeIdLength, " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("run id over ", kMaxRunIdLength, " or node id over ", kMaxNodeIdLength, " bytes"));
   }
   std::string out(kMagic, sizeof kMagic);
   out.push_back(static_cast<char>(beat.run_id.size()));

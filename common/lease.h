@@ -34,7 +34,9 @@ struct LeaseBeat {
 inline constexpr size_t kLeaseKeyBytes = 32;
 inline constexpr size_t kMaxLeaseDatagram = 512;
 // The datagram: "LB1", run id length and bytes, node id length and bytes, round, sequence, MAC.
-inline constexpr size_t LeaseDatagramBytes(size_t run_id, size_t node_id) { return 3 + 1 + run_id + 1 + node_id + 16 + 32; }
+inline constexpr size_t LeaseDatagramBytes(size_t run_id, size_t node_id) {
+  return 3 + 1 + run_id + 1 + node_id + 16 + 32;
+}
 // The longest ids the rendezvous accepts fit one datagram (and their one-byte lengths).
 static_assert(LeaseDatagramBytes(kMaxRunIdLength, kMaxNodeIdLength) <= kMaxLeaseDatagram);
 static_assert(kMaxRunIdLength <= 255 && kMaxNodeIdLength <= 255);

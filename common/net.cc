@@ -54,8 +54,7 @@ absl::StatusOr<HostPort> ParseHostPort(const std::string& value, const std::stri
   }
   if (hp.host.empty()) return bad("empty host");
   for (char c : hp.host) {
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_' || c == ':' ||
-          c == '%')) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_' || c == ':' || c == '%')) {
       return bad(absl::StrCat("'", hp.host, "' is not a host name or address"));
     }
   }
@@ -77,8 +76,7 @@ std::string JoinHostPort(const std::string& host, int port) {
 namespace {
 
 // Binds a TCP socket to host:port (SO_REUSEADDR, as TCPStore does); returns the socket.
-absl::StatusOr<UniqueFd> BindTcp(const std::string& host, int port, int* bound_port,
-                                 int* bind_errno = nullptr) {
+absl::StatusOr<UniqueFd> BindTcp(const std::string& host, int port, int* bound_port, int* bind_errno = nullptr) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;

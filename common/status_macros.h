@@ -13,14 +13,13 @@
 #define LAUNCH_CONCAT_INNER(a, b) a##b
 #define LAUNCH_CONCAT(a, b) LAUNCH_CONCAT_INNER(a, b)
 
-#define RETURN_IF_ERROR(expr)                  \
-  do {                                         \
-    ::absl::Status _st = (expr);               \
-    if (!_st.ok()) return _st;                 \
+#define RETURN_IF_ERROR(expr)    \
+  do {                           \
+    ::absl::Status _st = (expr); \
+    if (!_st.ok()) return _st;   \
   } while (0)
 
-#define ASSIGN_OR_RETURN(lhs, expr) \
-  ASSIGN_OR_RETURN_IMPL(LAUNCH_CONCAT(_statusor_, __LINE__), lhs, expr)
+#define ASSIGN_OR_RETURN(lhs, expr) ASSIGN_OR_RETURN_IMPL(LAUNCH_CONCAT(_statusor_, __LINE__), lhs, expr)
 #define ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
   auto tmp = (expr);                          \
   if (!tmp.ok()) return tmp.status();         \

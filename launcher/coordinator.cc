@@ -25,7 +25,9 @@ grpc::Status ToGrpc(const absl::Status& s) {
 }
 
 // A string from the wire as a log line shows it: at most 64 bytes (an id may be the attack).
-std::string Shown(const std::string& s) { return s.size() <= 64 ? s : absl::StrCat(s.substr(0, 64), "...(", s.size(), " bytes)"); }
+std::string Shown(const std::string& s) {
+  return s.size() <= 64 ? s : absl::StrCat(s.substr(0, 64), "...(", s.size(), " bytes)");
+}
 
 bool ValidId(const std::string& s, size_t max) {
   if (s.empty() || s.size() > max) return false;
@@ -34,10 +36,12 @@ bool ValidId(const std::string& s, size_t max) {
 
 absl::Status ValidateIds(const std::string& run_id, const std::string& node_id) {
   if (!ValidId(run_id, kMaxRunIdLength)) {
-    return absl::InvalidArgumentError(absl::StrCat("run id missing, over ", kMaxRunIdLength, " bytes or not printable"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("run id missing, over ", kMaxRunIdLength, " bytes or not printable"));
   }
   if (!ValidId(node_id, kMaxNodeIdLength)) {
-    return absl::InvalidArgumentError(absl::StrCat("node id missing, over ", kMaxNodeIdLength, " bytes or not printable"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("node id missing, over ", kMaxNodeIdLength, " bytes or not printable"));
   }
   return absl::OkStatus();
 }
@@ -45,8 +49,8 @@ absl::Status ValidateIds(const std::string& run_id, const std::string& node_id) 
 absl::Status ValidateNode(const std::string& run_id, const v1::NodeIdentity& n) {
   if (absl::Status st = ValidateIds(run_id, n.node_id()); !st.ok()) return st;
   if (n.local_world_size() < 1 || n.local_world_size() > kMaxWorkersPerNode) {
-    return absl::InvalidArgumentError(absl::StrCat("node ", n.node_id(), ": local_world_size ",
-                                                   n.local_world_size(), " is not 1-", kMaxWorkersPerNode));
+    return absl::InvalidArgumentError(absl::StrCat("node ", n.node_id(), ": local_world_size ", n.local_world_size(),
+                                                   " is not 1-", kMaxWorkersPerNode));
   }
   if (n.host_address().size() > kMaxHostLength || n.hostname().size() > kMaxHostLength) {
     return absl::InvalidArgumentError(absl::StrCat("host name or address over ", kMaxHostLength, " bytes"));
@@ -68,8 +72,8 @@ absl::Status ValidateNode(const std::string& run_id, const v1::NodeIdentity& n) 
 absl::Status ValidateJoin(const v1::JoinRequest& req) {
   if (absl::Status st = ValidateNode(req.run_id(), req.node()); !st.ok()) return st;
   if (!ValidId(req.proposed_master_addr(), kMaxHostLength)) {
-    return absl::InvalidArgumentError(absl::StrCat("proposed master address missing, over ", kMaxHostLength,
-                                                   " bytes or not printable"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("proposed master address missing, over ", kMaxHostLength, " bytes or not printable"));
   }
   if (req.proposed_master_port() < 1 || req.proposed_master_port() > 65535) {
     return absl::InvalidArgumentError(
@@ -112,7 +116,8 @@ class CoordinatorService::HeldCall final : public grpc::ServerUnaryReactor {
 // the node must act (stop its workers, the run ended, the node is unknown), and finishes with it.
 // Every decision to finish is taken under the service's mu_, so exactly one Finish happens; the
 // Finish itself comes after mu_ is released (Finishes).
-class CoordinatorService::WatchReactor final : public grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse> {
+class CoordinatorService::WatchReactor final
+    : public grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse> {
  public:
   WatchReactor(CoordinatorService* svc, grpc::CallbackServerContext* ctx) : svc_(svc), peer_(ctx->peer()) {
     if (grpc::Status st = svc_->CheckToken(ctx, "Watch"); !st.ok()) {
@@ -213,11 +218,11 @@ class CoordinatorService::WatchReactor final : public grpc::ServerBidiReactor<v1
   CoordinatorService* svc_;
   const std::string peer_;
   std::string run_id_;
-  Run* run_ = nullptr;  // set once the node is known; a run with watchers is never removed
+  Run* run_ = nullptr;     // set once the node is known; a run with watchers is never removed
   bool finished_ = false;  // under svc_->mu_
   bool answer_ = false;    // the decision: write out_ and finish OK, or finish with final_
   grpc::Status final_;
-  int messages_ = 0;       // read with lease_by_udp
+  int messages_ = 0;  // read with lease_by_udp
   v1::HeartbeatRequest in_, last_;
   v1::HeartbeatResponse out_;
 };
@@ -239,7 +244,8 @@ void CoordinatorService::Shutdown() {
     if (stopping_ && !timer_.joinable()) return;
     stopping_ = true;
     for (auto& [id, run] : runs_) {
-      for (HeldCall* c : run.held) f.emplace_back(c, grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down"));
+      for (HeldCall* c : run.held)
+        f.emplace_back(c, grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down"));
       run.held.clear();
       for (WatchReactor* w : run.watchers) w->ShutdownLocked(&f);
     }
@@ -343,8 +349,8 @@ bool CoordinatorService::AnswerIfReady(Run& run, HeldCall* c, Finishes* out) {
     return true;
   }
   if (auto refused = r.TakeJoinRefusal(id)) {
-    out->Warn(absl::StrCat("run '", c->run_id, "': gave up on spare node ", id, " from ", c->peer, ": ",
-                           refused->message()));
+    out->Warn(
+        absl::StrCat("run '", c->run_id, "': gave up on spare node ", id, " from ", c->peer, ": ", refused->message()));
     out->emplace_back(c, ToGrpc(*refused));
     return true;
   }
@@ -391,8 +397,8 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
     return call;
   }
   auto reject = [&](const absl::Status& st) {
-    spdlog::warn("rejected join of node {} to run '{}' from {}: {}", Shown(req->node().node_id()),
-                 Shown(req->run_id()), ctx->peer(), std::string(st.message()));
+    spdlog::warn("rejected join of node {} to run '{}' from {}: {}", Shown(req->node().node_id()), Shown(req->run_id()),
+                 ctx->peer(), std::string(st.message()));
     call->Finish(ToGrpc(st));
     return call;
   };
@@ -417,8 +423,8 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
         cfg = *c;
       }
       it = runs_.emplace(req->run_id(), NewRun(req->run_id(), cfg)).first;
-      f.Info(absl::StrCat("run '", req->run_id(), "': first node ", req->node().hostname(), " (",
-                          req->node().node_id(), ") from ", ctx->peer()));
+      f.Info(absl::StrCat("run '", req->run_id(), "': first node ", req->node().hostname(), " (", req->node().node_id(),
+                          ") from ", ctx->peer()));
     }
     Run& run = it->second;
     const uint64_t version = run.rdzv->version();
@@ -448,8 +454,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
 
 absl::StatusOr<CoordinatorService::Run*> CoordinatorService::HeartbeatLocked(const std::string& peer,
                                                                              const v1::HeartbeatRequest& req,
-                                                                             v1::HeartbeatResponse* ans,
-                                                                             Finishes* f) {
+                                                                             v1::HeartbeatResponse* ans, Finishes* f) {
   if (absl::Status st = ValidateIds(req.run_id(), req.node_id()); !st.ok()) {
     f->Warn(absl::StrCat("rejected heartbeat from ", peer, ": ", st.message()));
     return st;
@@ -472,8 +477,7 @@ absl::StatusOr<CoordinatorService::Run*> CoordinatorService::HeartbeatLocked(con
   const bool known_before = run.rdzv->Knows(req.node_id());
   uint64_t v = run.rdzv->version();
   *ans = run.rdzv->Heartbeat(req);
-  if (!known_before && run.rdzv->IsMember(req.node_id()) &&
-      req.assignment().lease_key().size() == kLeaseKeyBytes) {
+  if (!known_before && run.rdzv->IsMember(req.node_id()) && req.assignment().lease_key().size() == kLeaseKeyBytes) {
     // A restarted coordinator keeps each re-registered node's lease key: its datagrams stay valid.
     run.node_keys[req.node_id()] = req.assignment().lease_key();
   }
@@ -491,8 +495,7 @@ absl::StatusOr<CoordinatorService::Run*> CoordinatorService::HeartbeatLocked(con
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerContext* ctx,
-                                                        const v1::HeartbeatRequest* req,
-                                                        v1::HeartbeatResponse* resp) {
+                                                        const v1::HeartbeatRequest* req, v1::HeartbeatResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   grpc::Status status = Admit(ctx, *req, "Heartbeat");
   Finishes f;
@@ -632,8 +635,9 @@ void CoordinatorService::TimerLoop() {
     // were not renewed for a reason that is not theirs.
     if (const auto gap = now - last_awake; gap > kCoordinatorAwakePeriod + kCoordinatorPauseTolerance) {
       const auto paused = gap - kCoordinatorAwakePeriod;
-      f.Warn(absl::StrFormat("the coordinator did not run for %.1f s (stopped or paused): every lease is extended by that",
-                             std::chrono::duration<double>(paused).count()));
+      f.Warn(
+          absl::StrFormat("the coordinator did not run for %.1f s (stopped or paused): every lease is extended by that",
+                          std::chrono::duration<double>(paused).count()));
       for (auto& [id, run] : runs_) run.rdzv->ForgivePause(paused);
     }
     last_awake = now;
@@ -757,9 +761,10 @@ void CoordinatorServer::KeepListening() {
     // The spare descriptors are given back now: the rebuild needs a few while the flood still
     // holds the rest (and so does UBSan's vptr check, which reads vtables through a pipe).
     for (UniqueFd& fd : spare_fds_) fd.Reset();
-    spdlog::warn("the coordinator at {} stopped accepting connections (out of file descriptors: a connection "
-                 "flood?); restarting its listener",
-                 address_);
+    spdlog::warn(
+        "the coordinator at {} stopped accepting connections (out of file descriptors: a connection "
+        "flood?); restarting its listener",
+        address_);
     // The service and its runs stay; the connections of the old server close, and agents
     // reconnect and re-register as with a restarted coordinator. Descriptors come back as the
     // flood's connections close or time out (kHandshakeTimeout).

@@ -74,7 +74,7 @@ class CoordinatorService final : public v1::Rendezvous::CallbackService {
   struct Run {
     std::unique_ptr<Rendezvous> rdzv;
     std::unique_ptr<JobView> view;  // the nodes' monitor samples, stragglers
-    std::set<HeldCall*> held;  // joins waiting for their round
+    std::set<HeldCall*> held;       // joins waiting for their round
     std::set<WatchReactor*> watchers;
     // When the run's Tick is due (its last answer); nullopt: no timer. Heartbeats only push
     // leases later, so they need not tick the run.
@@ -92,7 +92,7 @@ class CoordinatorService final : public v1::Rendezvous::CallbackService {
   // reactor's OnDone, which takes mu_, inside Finish; a log line may wait on a slow console).
   struct Finishes {
     std::vector<std::pair<HeldCall*, grpc::Status>> calls;
-    std::vector<WatchReactor*> streams;  // each finishes as it decided (answer or status)
+    std::vector<WatchReactor*> streams;              // each finishes as it decided (answer or status)
     std::vector<std::pair<bool, std::string>> logs;  // (warning?, line)
     void emplace_back(HeldCall* c, grpc::Status st) { calls.emplace_back(c, std::move(st)); }
     void Info(std::string line) { logs.emplace_back(false, std::move(line)); }
@@ -137,10 +137,8 @@ class CoordinatorServer {
  public:
   // "127.0.0.1:0" picks a free port; port() tells which. An address already in use is an
   // AlreadyExists error (another agent on this host hosts it: be its client).
-  static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(const std::string& listen,
-                                                                   CoordinatorOptions opts,
-                                                                   const SecurityOptions& security,
-                                                                   const Clock* clock);
+  static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(const std::string& listen, CoordinatorOptions opts,
+                                                                  const SecurityOptions& security, const Clock* clock);
   ~CoordinatorServer();
   int port() const { return port_; }
   std::string address() const { return address_; }

@@ -44,9 +44,7 @@ std::string Bytes(uint64_t bytes) {
   return absl::StrFormat("%d MiB", bytes / kMiB);
 }
 
-std::string Plural(uint64_t n, const char* one, const char* many) {
-  return absl::StrCat(n, " ", n == 1 ? one : many);
-}
+std::string Plural(uint64_t n, const char* one, const char* many) { return absl::StrCat(n, " ", n == 1 ? one : many); }
 
 std::string FormatCpuList(std::vector<int> cpus) {
   std::sort(cpus.begin(), cpus.end());
@@ -64,16 +62,15 @@ std::string FormatCpuList(std::vector<int> cpus) {
 std::string DriverForCuda(int cuda_version) {
   static const std::map<int, const char*> kMinimum = {{11, "R450"}, {12, "R525"}, {13, "R580"}};
   auto it = kMinimum.find(cuda_version / 1000);
-  if (it == kMinimum.end())
-    return absl::StrCat("a driver for CUDA ", CudaVersionText(cuda_version));
+  if (it == kMinimum.end()) return absl::StrCat("a driver for CUDA ", CudaVersionText(cuda_version));
   return absl::StrCat(it->second, " or newer (CUDA ", cuda_version / 1000, ".x)");
 }
 
 // The first CUDA release that compiles for an architecture (sm_XY as XY), for fix lines.
 std::string CudaForArch(int arch) {
-  static const std::map<int, const char*> kFirst = {
-      {70, "9.0"},  {75, "10.0"},  {80, "11.0"},  {86, "11.1"},  {87, "11.4"},  {89, "11.8"},
-      {90, "11.8"}, {100, "12.8"}, {101, "12.8"}, {103, "12.9"}, {120, "12.8"}, {121, "12.9"}};
+  static const std::map<int, const char*> kFirst = {{70, "9.0"},   {75, "10.0"},  {80, "11.0"},  {86, "11.1"},
+                                                    {87, "11.4"},  {89, "11.8"},  {90, "11.8"},  {100, "12.8"},
+                                                    {101, "12.8"}, {103, "12.9"}, {120, "12.8"}, {121, "12.9"}};
   auto it = kFirst.find(arch);
   return it == kFirst.end() ? "" : it->second;
 }
@@ -103,8 +100,7 @@ std::optional<Arch> ParseArch(const std::string& name) {
 // "sm_50, sm_60, ..., sm_86" as a short range where the list is long.
 std::string ArchSummary(const std::vector<std::string>& archs) {
   if (archs.size() <= 12) return absl::StrJoin(archs, ", ");
-  return absl::StrCat(archs.front(), ", ", archs[1], ", ... ", archs.back(), " (", archs.size(),
-                      ")");
+  return absl::StrCat(archs.front(), ", ", archs[1], ", ... ", archs.back(), " (", archs.size(), ")");
 }
 
 std::string TorchName(const TorchFacts& t, bool python) {
@@ -129,8 +125,7 @@ Context MakeContext(const DoctorFacts& f) {
     c.pool.insert(f.request.gpu_pool->begin(), f.request.gpu_pool->end());
   } else if (f.nvml_loaded) {
     GpuSelection sel;
-    if (f.cuda_visible_devices_set)
-      sel.inherited_cuda_visible_devices = f.inherited_cuda_visible_devices;
+    if (f.cuda_visible_devices_set) sel.inherited_cuda_visible_devices = f.inherited_cuda_visible_devices;
     sel.exclude = f.request.exclude_gpus;
     auto pool = SelectGpuPool(c.infos, sel);
     if (pool.ok()) {
@@ -157,11 +152,10 @@ DoctorRow DriverRow(const Context& c) {
     return {"driver", CheckStatus::kNotApplicable, f.nvml_error,
             "install the NVIDIA driver (nvidia-smi must work) to train on GPUs"};
   }
-  std::string found = absl::StrCat(
-      "driver ", f.driver.driver_version.empty() ? "(version unknown)" : f.driver.driver_version);
+  std::string found = absl::StrCat("driver ",
+                                   f.driver.driver_version.empty() ? "(version unknown)" : f.driver.driver_version);
   if (f.driver.cuda_driver_version > 0)
-    absl::StrAppend(&found, ", supports CUDA up to ",
-                    CudaVersionText(f.driver.cuda_driver_version));
+    absl::StrAppend(&found, ", supports CUDA up to ", CudaVersionText(f.driver.cuda_driver_version));
   absl::StrAppend(&found, ", ", Plural(f.gpus.size(), "GPU", "GPUs"));
   if (f.gpus.empty()) {
     return {"driver", CheckStatus::kWarn, absl::StrCat(found, ": the driver sees no GPU"),
@@ -182,15 +176,13 @@ DoctorRow DriverCudaRow(const Context& c) {
             ""};
   }
   DoctorRow row{"driver.cuda", CheckStatus::kOk, "", ""};
-  std::vector<std::string> parts = {
-      absl::StrCat("the driver supports CUDA ", CudaVersionText(driver))};
+  std::vector<std::string> parts = {absl::StrCat("the driver supports CUDA ", CudaVersionText(driver))};
   // must_run: what cannot start on an older driver (a torch), as against what is merely installed;
   // major_only: only the major is known (a LibTorch's libcudart soname).
   auto compare = [&](const std::string& what, int needed, bool must_run, bool major_only) {
     if (needed <= 0) return;
     if (needed / 1000 > driver / 1000) {
-      parts.push_back(
-          absl::StrCat(what, " needs CUDA ", CudaVersionText(needed), ": too new for this driver"));
+      parts.push_back(absl::StrCat(what, " needs CUDA ", CudaVersionText(needed), ": too new for this driver"));
       const CheckStatus s = must_run ? CheckStatus::kFail : CheckStatus::kWarn;
       if (s > row.status) {
         row.status = s;
@@ -201,8 +193,7 @@ DoctorRow DriverCudaRow(const Context& c) {
                                    ": runs through minor-version compatibility, without PTX JIT"));
       if (row.status < CheckStatus::kWarn) {
         row.status = CheckStatus::kWarn;
-        row.fix = absl::StrCat("update the NVIDIA driver to one for CUDA ", CudaVersionText(needed),
-                               " or newer");
+        row.fix = absl::StrCat("update the NVIDIA driver to one for CUDA ", CudaVersionText(needed), " or newer");
       }
     } else {
       parts.push_back(absl::StrCat(what, " (CUDA ", CudaVersionText(needed), ") ok"));
@@ -216,8 +207,7 @@ DoctorRow DriverCudaRow(const Context& c) {
   }
   if (f.cuda.runtime.found)
     compare(absl::StrCat("libcudart ", f.cuda.runtime.path), f.cuda.runtime.version, false, false);
-  if (!f.cuda.toolkit_root.empty())
-    compare("the CUDA toolkit", f.cuda.toolkit_version, false, false);
+  if (!f.cuda.toolkit_root.empty()) compare("the CUDA toolkit", f.cuda.toolkit_version, false, false);
   row.found = absl::StrJoin(parts, "; ");
   return row;
 }
@@ -232,36 +222,30 @@ DoctorRow ToolkitRow(const Context& c) {
   }
   DoctorRow row{"cuda.toolkit", CheckStatus::kOk,
                 cuda.toolkit_version > 0
-                    ? absl::StrCat("CUDA ", CudaVersionText(cuda.toolkit_version), " toolkit at ",
-                                   cuda.toolkit_root)
-                    : absl::StrCat("a CUDA toolkit at ", cuda.toolkit_root,
-                                   " (no include/cuda.h: version unknown)"),
+                    ? absl::StrCat("CUDA ", CudaVersionText(cuda.toolkit_version), " toolkit at ", cuda.toolkit_root)
+                    : absl::StrCat("a CUDA toolkit at ", cuda.toolkit_root, " (no include/cuda.h: version unknown)"),
                 ""};
   // Extensions built with nvcc against torch must use torch's CUDA major (cpp_extension checks).
   for (const auto& [t, python] : c.torches) {
     const int torch_cuda = t->cuda ? ParseCudaVersionText(t->cuda_version) : 0;
-    if (torch_cuda > 0 && cuda.toolkit_version > 0 &&
-        torch_cuda / 1000 != cuda.toolkit_version / 1000) {
+    if (torch_cuda > 0 && cuda.toolkit_version > 0 && torch_cuda / 1000 != cuda.toolkit_version / 1000) {
       row.status = CheckStatus::kWarn;
-      absl::StrAppend(&row.found, "; ", TorchName(*t, python), " is built for CUDA ",
-                      t->cuda_version,
+      absl::StrAppend(&row.found, "; ", TorchName(*t, python), " is built for CUDA ", t->cuda_version,
                       ": CUDA code compiled with this toolkit will not link or load with it");
-      row.fix = absl::StrCat("install a CUDA ", torch_cuda / 1000,
-                             ".x toolkit and point CUDA_HOME at it");
+      row.fix = absl::StrCat("install a CUDA ", torch_cuda / 1000, ".x toolkit and point CUDA_HOME at it");
     }
   }
   return row;
 }
 
-DoctorRow LibraryRow(const char* id, const char* name, const LoadedLibrary& lib,
-                     const std::string& version, const char* needed_for) {
+DoctorRow LibraryRow(const char* id, const char* name, const LoadedLibrary& lib, const std::string& version,
+                     const char* needed_for) {
   if (!lib.found) {
-    return {id, CheckStatus::kNotApplicable,
-            absl::StrCat("no ", name, " (", lib.error, "); needed for ", needed_for), ""};
+    return {id, CheckStatus::kNotApplicable, absl::StrCat("no ", name, " (", lib.error, "); needed for ", needed_for),
+            ""};
   }
   if (lib.version <= 0) {
-    return {id, CheckStatus::kWarn,
-            absl::StrCat(name, " at ", lib.path, " did not tell its version"),
+    return {id, CheckStatus::kWarn, absl::StrCat(name, " at ", lib.path, " did not tell its version"),
             absl::StrCat("reinstall ", name, ": this one may be damaged or not NVIDIA's")};
   }
   return {id, CheckStatus::kOk, absl::StrCat(name, " ", version, " at ", lib.path), ""};
@@ -275,10 +259,9 @@ DoctorRow CudnnRow(const Context& c) {
   absl::StrAppend(&row.found, ", built for CUDA ", CudaVersionText(cuda.cudnn_cuda_version));
   if (cuda.runtime.version > 0 && cuda.runtime.version / 1000 != cuda.cudnn_cuda_version / 1000) {
     row.status = CheckStatus::kWarn;
-    absl::StrAppend(&row.found, ", but the CUDA runtime is ",
-                    CudaVersionText(cuda.runtime.version));
-    row.fix = absl::StrCat("install the cuDNN build for CUDA ", cuda.runtime.version / 1000,
-                           " (e.g. cudnn9-cuda-", cuda.runtime.version / 1000, ")");
+    absl::StrAppend(&row.found, ", but the CUDA runtime is ", CudaVersionText(cuda.runtime.version));
+    row.fix = absl::StrCat("install the cuDNN build for CUDA ", cuda.runtime.version / 1000, " (e.g. cudnn9-cuda-",
+                           cuda.runtime.version / 1000, ")");
   }
   return row;
 }
@@ -287,28 +270,22 @@ DoctorRow TorchRow(const Context& c, const TorchFacts& t, bool python) {
   const char* id = python ? "python.torch" : "libtorch";
   if (!t.found) {
     if (python && !t.error.empty())
-      return {id, CheckStatus::kWarn, t.error,
-              "check that the interpreter imports torch: python3 -c 'import torch'"};
-    std::string found =
-        python && !t.where.empty() ? absl::StrCat(t.where, ": ", t.missing) : t.missing;
+      return {id, CheckStatus::kWarn, t.error, "check that the interpreter imports torch: python3 -c 'import torch'"};
+    std::string found = python && !t.where.empty() ? absl::StrCat(t.where, ": ", t.missing) : t.missing;
     return {id, CheckStatus::kNotApplicable, found,
             python ? "pip install torch, or set PYTHON_EXEC to a Python that has it (needed for "
                      ".py workers)"
                    : "install LibTorch and add its lib directory to LD_LIBRARY_PATH (needed for "
                      "C++ workers)"};
   }
-  DoctorRow row{id, CheckStatus::kOk,
-                absl::StrCat(TorchName(t, python), python ? " in " : " at ", t.where), ""};
+  DoctorRow row{id, CheckStatus::kOk, absl::StrCat(TorchName(t, python), python ? " in " : " at ", t.where), ""};
   if (!t.cuda) {
     absl::StrAppend(&row.found, ": CPU-only", python ? "" : " (no libtorch_cuda.so)");
   } else {
-    absl::StrAppend(&row.found, ": CUDA ",
-                    t.cuda_version.empty() ? "(version unknown)" : t.cuda_version);
-    if (t.cudnn_version > 0)
-      absl::StrAppend(&row.found, ", cuDNN ", CudnnVersionText(t.cudnn_version));
+    absl::StrAppend(&row.found, ": CUDA ", t.cuda_version.empty() ? "(version unknown)" : t.cuda_version);
+    if (t.cudnn_version > 0) absl::StrAppend(&row.found, ", cuDNN ", CudnnVersionText(t.cudnn_version));
     if (!t.nccl_version.empty()) absl::StrAppend(&row.found, ", NCCL ", t.nccl_version);
-    absl::StrAppend(&row.found, ", kernels ",
-                    t.arch_list.empty() ? "unknown" : ArchSummary(t.arch_list));
+    absl::StrAppend(&row.found, ", kernels ", t.arch_list.empty() ? "unknown" : ArchSummary(t.arch_list));
   }
   if (!t.error.empty()) {
     row.status = CheckStatus::kWarn;
@@ -316,19 +293,16 @@ DoctorRow TorchRow(const Context& c, const TorchFacts& t, bool python) {
   }
   if (!t.unresolved.empty()) {
     row.status = CheckStatus::kFail;
-    absl::StrAppend(&row.found, "; it needs ", absl::StrJoin(t.unresolved, ", "),
-                    ", which the loader does not find");
+    absl::StrAppend(&row.found, "; it needs ", absl::StrJoin(t.unresolved, ", "), ", which the loader does not find");
     row.fix = "install them, or add their directory to LD_LIBRARY_PATH";
   } else if (!t.cuda && c.GpusUsable()) {
     row.status = std::max(row.status, CheckStatus::kWarn);
-    absl::StrAppend(&row.found, ", so ", python ? ".py" : "C++",
-                    " workers cannot use this machine's GPUs");
-    row.fix = absl::StrCat(
-        "install a CUDA build of ", python ? "torch" : "LibTorch",
-        c.f.driver.cuda_driver_version > 0
-            ? absl::StrCat(" for CUDA ", CudaVersionText(c.f.driver.cuda_driver_version),
-                           " or older")
-            : "");
+    absl::StrAppend(&row.found, ", so ", python ? ".py" : "C++", " workers cannot use this machine's GPUs");
+    row.fix = absl::StrCat("install a CUDA build of ", python ? "torch" : "LibTorch",
+                           c.f.driver.cuda_driver_version > 0
+                               ? absl::StrCat(" for CUDA ", CudaVersionText(c.f.driver.cuda_driver_version),
+                                              " or older")
+                               : "");
   }
   return row;
 }
@@ -343,23 +317,19 @@ DoctorRow GpuStackRow(const Context& c) {
   if (c.GpusUsable()) {
     if (!cuda_torches.empty()) {
       return {"gpu.stack", CheckStatus::kOk,
-              absl::StrCat(Plural(c.pool.size(), "GPU", "GPUs"), " for ",
-                           absl::StrJoin(cuda_torches, " and "), " (CUDA)"),
+              absl::StrCat(Plural(c.pool.size(), "GPU", "GPUs"), " for ", absl::StrJoin(cuda_torches, " and "),
+                           " (CUDA)"),
               ""};
     }
-    const std::string fix =
-        absl::StrCat("install a CUDA build of torch for CUDA ",
-                     CudaVersionText(f.driver.cuda_driver_version), " or older");
+    const std::string fix = absl::StrCat("install a CUDA build of torch for CUDA ",
+                                         CudaVersionText(f.driver.cuda_driver_version), " or older");
     if (cpu_torches.empty()) {
       return {"gpu.stack", CheckStatus::kWarn,
-              absl::StrCat(Plural(c.pool.size(), "GPU", "GPUs"),
-                           ", but no torch was found to use them"),
-              fix};
+              absl::StrCat(Plural(c.pool.size(), "GPU", "GPUs"), ", but no torch was found to use them"), fix};
     }
     return {"gpu.stack", CheckStatus::kFail,
-            absl::StrCat(
-                Plural(c.pool.size(), "GPU", "GPUs"), ", but ", absl::StrJoin(cpu_torches, " and "),
-                cpu_torches.size() == 1 ? " is" : " are", " CPU-only: the GPUs cannot be used"),
+            absl::StrCat(Plural(c.pool.size(), "GPU", "GPUs"), ", but ", absl::StrJoin(cpu_torches, " and "),
+                         cpu_torches.size() == 1 ? " is" : " are", " CPU-only: the GPUs cannot be used"),
             fix};
   }
   // No GPU to use: say so plainly where CUDA pieces are installed for nothing.
@@ -367,16 +337,12 @@ DoctorRow GpuStackRow(const Context& c) {
   const CudaFacts& cuda = f.cuda;
   if (cuda.toolkit_version > 0)
     installed.push_back(absl::StrCat("a CUDA ", CudaVersionText(cuda.toolkit_version), " toolkit"));
-  else if (!cuda.toolkit_root.empty())
-    installed.push_back("a CUDA toolkit");
-  if (cuda.runtime.found && cuda.runtime.version > 0 &&
-      cuda.runtime.version != cuda.toolkit_version) {
+  else if (!cuda.toolkit_root.empty()) installed.push_back("a CUDA toolkit");
+  if (cuda.runtime.found && cuda.runtime.version > 0 && cuda.runtime.version != cuda.toolkit_version) {
     installed.push_back(absl::StrCat("CUDA runtime ", CudaVersionText(cuda.runtime.version)));
   }
-  if (cuda.nccl.found)
-    installed.push_back(absl::StrCat("NCCL ", NcclVersionText(cuda.nccl.version)));
-  if (cuda.cudnn.found)
-    installed.push_back(absl::StrCat("cuDNN ", CudnnVersionText(cuda.cudnn.version)));
+  if (cuda.nccl.found) installed.push_back(absl::StrCat("NCCL ", NcclVersionText(cuda.nccl.version)));
+  if (cuda.cudnn.found) installed.push_back(absl::StrCat("cuDNN ", CudnnVersionText(cuda.cudnn.version)));
   for (const auto& t : cuda_torches) installed.push_back(absl::StrCat(t, " (CUDA)"));
   const std::string no_gpu = !f.nvml_loaded          ? "there is no NVIDIA driver"
                              : !c.pool_error.empty() ? "no GPU can be chosen"
@@ -386,15 +352,13 @@ DoctorRow GpuStackRow(const Context& c) {
     return {"gpu.stack", CheckStatus::kNotApplicable,
             absl::StrCat("a CPU machine: ", no_gpu, " and no CUDA libraries are installed"), ""};
   }
-  std::string found =
-      installed.size() == 1
-          ? absl::StrCat(installed.front(), " is")
-          : absl::StrCat(absl::StrJoin(installed.begin(), installed.end() - 1, ", "), " and ",
-                         installed.back(), " are");
+  std::string found = installed.size() == 1 ? absl::StrCat(installed.front(), " is")
+                                            : absl::StrCat(absl::StrJoin(installed.begin(), installed.end() - 1, ", "),
+                                                           " and ", installed.back(), " are");
   absl::StrAppend(&found, " installed, but ", no_gpu);
   if (!cpu_torches.empty()) {
-    absl::StrAppend(&found, " and ", absl::StrJoin(cpu_torches, " and "),
-                    cpu_torches.size() == 1 ? " is" : " are", " CPU-only");
+    absl::StrAppend(&found, " and ", absl::StrJoin(cpu_torches, " and "), cpu_torches.size() == 1 ? " is" : " are",
+                    " CPU-only");
   }
   std::string fix;
   if (cuda_torches.empty()) {
@@ -408,8 +372,7 @@ DoctorRow GpuStackRow(const Context& c) {
                            : "");
   } else {
     absl::StrAppend(&found, ": GPUs cannot be used");
-    fix = f.nvml_loaded ? "check `nvidia-smi`, CUDA_VISIBLE_DEVICES and --exclude-gpus"
-                        : "install the NVIDIA driver";
+    fix = f.nvml_loaded ? "check `nvidia-smi`, CUDA_VISIBLE_DEVICES and --exclude-gpus" : "install the NVIDIA driver";
   }
   return {"gpu.stack", CheckStatus::kWarn, found, fix};
 }
@@ -422,8 +385,7 @@ DoctorRow GpuRow(const Context& c, const GpuFigures& g, int numa_node) {
   const std::string id = absl::StrCat("gpu.", g.index);
   if (!g.error.empty()) {
     return {id, CheckStatus::kFail, absl::StrCat("GPU ", g.index, " ", g.name, ": ", g.error),
-            absl::StrCat("reset it (nvidia-smi -r -i ", g.index,
-                         ") or reboot; drain the node if it comes back")};
+            absl::StrCat("reset it (nvidia-smi -r -i ", g.index, ") or reboot; drain the node if it comes back")};
   }
   std::string found = absl::StrCat("GPU ", g.index, " ", g.name.empty() ? "(no name)" : g.name);
   if (!g.uuid.empty()) absl::StrAppend(&found, ", ", g.uuid);
@@ -433,8 +395,7 @@ DoctorRow GpuRow(const Context& c, const GpuFigures& g, int numa_node) {
       absl::StrAppend(&found, " (", Bytes(static_cast<uint64_t>(g.memory_used_bytes)), " used)");
   }
   if (g.compute_capability_major >= 0) {
-    absl::StrAppend(&found, ", compute capability ", g.compute_capability_major, ".",
-                    g.compute_capability_minor);
+    absl::StrAppend(&found, ", compute capability ", g.compute_capability_major, ".", g.compute_capability_minor);
   }
   if (g.multiprocessor_count > 0) absl::StrAppend(&found, ", ", g.multiprocessor_count, " SMs");
   if (numa_node >= 0) absl::StrAppend(&found, ", NUMA node ", numa_node);
@@ -446,15 +407,12 @@ DoctorRow GpuRow(const Context& c, const GpuFigures& g, int numa_node) {
   const bool busy_memory = g.memory_total_bytes > 0 &&
                            g.memory_used_bytes * 100 >= g.memory_total_bytes * kBusyMemoryPercent;
   if (busy_compute || busy_memory) {
-    return {
-        id, CheckStatus::kWarn,
-        absl::StrCat(found, ": in use before the run, ", std::max(0, g.utilization_percent),
-                     "% busy; another process shares it and every step would wait for it"),
-        absl::StrCat("stop the other process (nvidia-smi lists it) or --exclude-gpus ", g.index)};
+    return {id, CheckStatus::kWarn,
+            absl::StrCat(found, ": in use before the run, ", std::max(0, g.utilization_percent),
+                         "% busy; another process shares it and every step would wait for it"),
+            absl::StrCat("stop the other process (nvidia-smi lists it) or --exclude-gpus ", g.index)};
   }
-  absl::StrAppend(&found, g.utilization_percent >= 0
-                              ? absl::StrCat(": idle (", g.utilization_percent, "% busy)")
-                              : "");
+  absl::StrAppend(&found, g.utilization_percent >= 0 ? absl::StrCat(": idle (", g.utilization_percent, "% busy)") : "");
   return {id, CheckStatus::kOk, found, ""};
 }
 
@@ -480,27 +438,24 @@ DoctorRow KernelRow(const Context& c, const GpuFigures& g) {
   const std::string gpu = absl::StrCat("GPU ", g.index, " (", g.name, ", ", sm, ")");
   if (!lacks.empty()) {
     const std::string first_cuda = CudaForArch(arch);
-    return {
-        id, CheckStatus::kFail,
-        absl::StrCat(gpu, ": ", absl::StrJoin(lacks, "; "),
-                     ": CUDA error 'no kernel image is available for execution on the device'"),
-        absl::StrCat(
-            "install a torch built for ", sm,
-            first_cuda.empty() ? "" : absl::StrCat(" (that needs CUDA ", first_cuda, " or newer)"),
-            ", or --exclude-gpus ", g.index)};
+    return {id, CheckStatus::kFail,
+            absl::StrCat(gpu, ": ", absl::StrJoin(lacks, "; "),
+                         ": CUDA error 'no kernel image is available for execution on the device'"),
+            absl::StrCat("install a torch built for ", sm,
+                         first_cuda.empty() ? "" : absl::StrCat(" (that needs CUDA ", first_cuda, " or newer)"),
+                         ", or --exclude-gpus ", g.index)};
   }
   if (has.empty()) {
-    return {
-        id, CheckStatus::kNotApplicable,
-        absl::StrCat(gpu, ": ",
-                     unknown.empty() ? "no CUDA build of torch to run on it"
-                                     : absl::StrCat("the kernels of ", absl::StrJoin(unknown, ", "),
-                                                    " are unknown")),
-        ""};
+    return {id, CheckStatus::kNotApplicable,
+            absl::StrCat(gpu, ": ",
+                         unknown.empty()
+                             ? "no CUDA build of torch to run on it"
+                             : absl::StrCat("the kernels of ", absl::StrJoin(unknown, ", "), " are unknown")),
+            ""};
   }
   return {id, CheckStatus::kOk,
-          absl::StrCat(gpu, ": ", absl::StrJoin(has, " and "), " ",
-                       has.size() == 1 ? "has" : "have", " kernels for it"),
+          absl::StrCat(gpu, ": ", absl::StrJoin(has, " and "), " ", has.size() == 1 ? "has" : "have",
+                       " kernels for it"),
           ""};
 }
 
@@ -511,23 +466,22 @@ bool SevereXid(int xid) {
 }
 
 std::string XidName(int xid) {
-  static const std::map<int, const char*> kNames = {
-      {13, "graphics engine exception"},
-      {31, "GPU memory page fault"},
-      {43, "GPU stopped processing"},
-      {45, "preemptive cleanup"},
-      {48, "double-bit ECC error"},
-      {61, "internal micro-controller breakpoint"},
-      {62, "internal micro-controller halt"},
-      {63, "ECC page retirement or row remapping event"},
-      {64, "ECC page retirement or row remapping failure"},
-      {74, "NVLink error"},
-      {79, "GPU has fallen off the bus"},
-      {92, "high single-bit ECC error rate"},
-      {94, "contained ECC error"},
-      {95, "uncontained ECC error"},
-      {119, "GSP RPC timeout"},
-      {120, "GSP error"}};
+  static const std::map<int, const char*> kNames = {{13, "graphics engine exception"},
+                                                    {31, "GPU memory page fault"},
+                                                    {43, "GPU stopped processing"},
+                                                    {45, "preemptive cleanup"},
+                                                    {48, "double-bit ECC error"},
+                                                    {61, "internal micro-controller breakpoint"},
+                                                    {62, "internal micro-controller halt"},
+                                                    {63, "ECC page retirement or row remapping event"},
+                                                    {64, "ECC page retirement or row remapping failure"},
+                                                    {74, "NVLink error"},
+                                                    {79, "GPU has fallen off the bus"},
+                                                    {92, "high single-bit ECC error rate"},
+                                                    {94, "contained ECC error"},
+                                                    {95, "uncontained ECC error"},
+                                                    {119, "GSP RPC timeout"},
+                                                    {120, "GSP error"}};
   auto it = kNames.find(xid);
   return absl::StrCat("XID ", xid, it == kNames.end() ? "" : absl::StrCat(" (", it->second, ")"));
 }
@@ -541,8 +495,7 @@ DoctorRow HealthRow(const GpuFigures& g) {
     row.status = s;
     row.fix = fix;
   };
-  const std::string reset =
-      absl::StrCat("reset the GPU (nvidia-smi -r -i ", g.index, ") or reboot");
+  const std::string reset = absl::StrCat("reset the GPU (nvidia-smi -r -i ", g.index, ") or reboot");
   if (!g.xids.empty()) {
     std::vector<std::string> names;
     bool severe = false;
@@ -552,28 +505,24 @@ DoctorRow HealthRow(const GpuFigures& g) {
     }
     found.push_back(absl::StrJoin(names, ", "));
     raise(severe ? CheckStatus::kFail : CheckStatus::kWarn,
-          severe
-              ? absl::StrCat(reset, "; drain the node if it comes back")
-              : "a program faulted on this GPU: check the last job's logs (dmesg shows the XID)");
+          severe ? absl::StrCat(reset, "; drain the node if it comes back")
+                 : "a program faulted on this GPU: check the last job's logs (dmesg shows the XID)");
   }
   if (g.ecc_uncorrected_errors > 0) {
-    found.push_back(
-        absl::StrCat(g.ecc_uncorrected_errors, " uncorrected ECC errors since the driver loaded"));
+    found.push_back(absl::StrCat(g.ecc_uncorrected_errors, " uncorrected ECC errors since the driver loaded"));
     raise(CheckStatus::kFail, absl::StrCat(reset, "; drain the node if errors come back"));
   } else if (g.ecc_uncorrected_errors == 0) {
     found.push_back("no uncorrected ECC errors");
   }
   if (g.row_remap_pending == 1) {
     found.push_back("a row remap is pending");
-    raise(CheckStatus::kWarn,
-          absl::StrCat("reset the GPU (nvidia-smi -r -i ", g.index, ") to apply the remap"));
+    raise(CheckStatus::kWarn, absl::StrCat("reset the GPU (nvidia-smi -r -i ", g.index, ") to apply the remap"));
   }
   if (g.retired_pages > 0) {
     found.push_back(absl::StrCat(g.retired_pages, " retired pages"));
     raise(g.retired_pages >= kRetiredPagesReplace ? CheckStatus::kFail : CheckStatus::kWarn,
-          g.retired_pages >= kRetiredPagesReplace
-              ? "the GPU is due for replacement (NVIDIA: 60 or more retired pages)"
-              : "watch it: more retired pages mean failing memory");
+          g.retired_pages >= kRetiredPagesReplace ? "the GPU is due for replacement (NVIDIA: 60 or more retired pages)"
+                                                  : "watch it: more retired pages mean failing memory");
   } else if (g.retired_pages == 0) {
     found.push_back("no retired pages");
   }
@@ -585,8 +534,7 @@ DoctorRow HealthRow(const GpuFigures& g) {
 DoctorRow PersistenceRow(const GpuFigures& g) {
   const std::string id = absl::StrCat("gpu.", g.index, ".persistence");
   if (g.persistence_mode < 0) {
-    return {id, CheckStatus::kNotApplicable,
-            absl::StrCat("GPU ", g.index, ": persistence mode not reported"), ""};
+    return {id, CheckStatus::kNotApplicable, absl::StrCat("GPU ", g.index, ": persistence mode not reported"), ""};
   }
   if (g.persistence_mode == 1)
     return {id, CheckStatus::kOk, absl::StrCat("GPU ", g.index, ": persistence mode on"), ""};
@@ -611,12 +559,10 @@ DoctorRow BalanceRow(const Context& c) {
             absl::StrCat("imbalanced: ", imbalance->kinds, "; every step waits for the slowest"),
             absl::StrCat("--exclude-gpus ", imbalance->exclude_list)};
   }
-  return {
-      "gpu.balance", CheckStatus::kOk,
-      absl::StrCat(
-          pool.size(), " GPUs alike (", pool.front().name, ", ", Bytes(pool.front().memory_bytes),
-          pool.front().sm_count > 0 ? absl::StrCat(", ", pool.front().sm_count, " SMs") : "", ")"),
-      ""};
+  return {"gpu.balance", CheckStatus::kOk,
+          absl::StrCat(pool.size(), " GPUs alike (", pool.front().name, ", ", Bytes(pool.front().memory_bytes),
+                       pool.front().sm_count > 0 ? absl::StrCat(", ", pool.front().sm_count, " SMs") : "", ")"),
+          ""};
 }
 
 // ---- Host ----
@@ -625,17 +571,15 @@ DoctorRow ShmRow(const Context& c) {
   const DoctorFacts& f = c.f;
   const uint64_t advised = kShmPerWorkerAdvised * static_cast<uint64_t>(c.nproc);
   const uint64_t advised_gib = std::max<uint64_t>(1, (advised + kGiB - 1) / kGiB);
-  const std::string fix =
-      absl::StrCat("mount -o remount,size=", advised_gib,
-                   "G /dev/shm (Docker: --shm-size=", advised_gib, "g or --ipc=host)");
+  const std::string fix = absl::StrCat("mount -o remount,size=", advised_gib,
+                                       "G /dev/shm (Docker: --shm-size=", advised_gib, "g or --ipc=host)");
   const std::string workers = Plural(c.nproc, "worker", "workers");
   if (!f.shm_found) {
-    return {"shm", CheckStatus::kFail,
-            "no /dev/shm: DataLoader workers and NCCL cannot share memory",
+    return {"shm", CheckStatus::kFail, "no /dev/shm: DataLoader workers and NCCL cannot share memory",
             absl::StrCat("mount -t tmpfs -o size=", advised_gib, "G tmpfs /dev/shm")};
   }
-  const std::string found = absl::StrCat("/dev/shm ", Bytes(f.shm_total_bytes), " (",
-                                         Bytes(f.shm_free_bytes), " free) for ", workers);
+  const std::string found = absl::StrCat("/dev/shm ", Bytes(f.shm_total_bytes), " (", Bytes(f.shm_free_bytes),
+                                         " free) for ", workers);
   if (f.shm_free_bytes < kShmPerWorkerMinimum * static_cast<uint64_t>(c.nproc)) {
     return {"shm", CheckStatus::kFail,
             absl::StrCat(found, ": under ", Bytes(kShmPerWorkerMinimum),
@@ -653,8 +597,7 @@ DoctorRow ShmRow(const Context& c) {
 
 DoctorRow CpuRow(const Context& c) {
   const DoctorFacts& f = c.f;
-  const ThreadPlan threads =
-      PlanThreads(f.env, f.request.threads_per_worker, f.usable_cpus, c.nproc);
+  const ThreadPlan threads = PlanThreads(f.env, f.request.threads_per_worker, f.usable_cpus, c.nproc);
   std::string found = absl::StrCat(Plural(f.usable_cpus, "usable CPU", "usable CPUs"));
   if (f.usable_cpus < f.affinity_cpus)
     absl::StrAppend(&found, " (the cgroup's quota; affinity allows ", f.affinity_cpus, ")");
@@ -665,20 +608,17 @@ DoctorRow CpuRow(const Context& c) {
                                                  : "",
                   ")");
   if (c.nproc > f.usable_cpus) {
-    return {"cpus", CheckStatus::kWarn,
-            absl::StrCat(found, ": more workers than CPUs, so they take turns on them"),
+    return {"cpus", CheckStatus::kWarn, absl::StrCat(found, ": more workers than CPUs, so they take turns on them"),
             absl::StrCat("--nproc-per-node ", f.usable_cpus,
                          " or fewer, or give launch more CPUs (taskset, the cgroup)")};
   }
   int value = 0;
-  if (absl::SimpleAtoi(threads.value, &value) &&
-      static_cast<long>(value) * c.nproc > f.usable_cpus) {
+  if (absl::SimpleAtoi(threads.value, &value) && static_cast<long>(value) * c.nproc > f.usable_cpus) {
     return {"cpus", CheckStatus::kWarn,
-            absl::StrCat(found, ": ", static_cast<long>(value) * c.nproc, " threads on ",
-                         f.usable_cpus, " CPUs thrash"),
+            absl::StrCat(found, ": ", static_cast<long>(value) * c.nproc, " threads on ", f.usable_cpus,
+                         " CPUs thrash"),
             threads.from_user
-                ? absl::StrCat("unset OMP_NUM_THREADS (launch then gives each worker ",
-                               threads.threads, ")")
+                ? absl::StrCat("unset OMP_NUM_THREADS (launch then gives each worker ", threads.threads, ")")
                 : absl::StrCat("--threads-per-worker ", std::max(1, f.usable_cpus / c.nproc))};
   }
   return {"cpus", CheckStatus::kOk, found, ""};
@@ -687,8 +627,7 @@ DoctorRow CpuRow(const Context& c) {
 DoctorRow NumaRow(const Context& c) {
   const DoctorFacts& f = c.f;
   if (f.numa.empty()) {
-    return {"numa", CheckStatus::kNotApplicable,
-            "the kernel shows no NUMA nodes (/sys/devices/system/node)", ""};
+    return {"numa", CheckStatus::kNotApplicable, "the kernel shows no NUMA nodes (/sys/devices/system/node)", ""};
   }
   const std::set<int> usable(f.affinity.begin(), f.affinity.end());
   std::vector<std::string> nodes;
@@ -706,48 +645,41 @@ DoctorRow NumaRow(const Context& c) {
   for (const GpuNumaNode& g : f.gpu_numa) {
     if (g.node >= 0 && InPool(c, g.gpu)) gpus_on_node[g.node].push_back(g.gpu);
   }
-  std::string found =
-      absl::StrCat(Plural(f.numa.size(), "node", "nodes"), ": ", absl::StrJoin(nodes, "; "));
+  std::string found = absl::StrCat(Plural(f.numa.size(), "node", "nodes"), ": ", absl::StrJoin(nodes, "; "));
   std::vector<std::string> stranded;
   for (const auto& [node, gpus] : gpus_on_node) {
     absl::StrAppend(&found, "; GPUs ", FormatCpuList(gpus), " on node", node);
-    if (usable_on_node.count(node) && usable_on_node[node] == 0)
-      stranded.push_back(absl::StrCat("node", node));
+    if (usable_on_node.count(node) && usable_on_node[node] == 0) stranded.push_back(absl::StrCat("node", node));
   }
   if (!stranded.empty()) {
     return {"numa", CheckStatus::kWarn,
             absl::StrCat(found, ": no usable CPU on ", absl::StrJoin(stranded, ", "),
                          ", so those GPUs' host work crosses the interconnect"),
-            absl::StrCat("let launch run on ", absl::StrJoin(stranded, ", "),
-                         "'s CPUs too (taskset, cpuset)")};
+            absl::StrCat("let launch run on ", absl::StrJoin(stranded, ", "), "'s CPUs too (taskset, cpuset)")};
   }
   return {"numa", CheckStatus::kOk, found, ""};
 }
 
 DoctorRow OpenFilesRow(const Context& c) {
   const DoctorFacts& f = c.f;
-  const long needed = f.request.descriptors_needed > 0
-                          ? f.request.descriptors_needed
-                          : DescriptorsNeeded(c.nproc, !f.request.log_dir.empty());
+  const long needed = f.request.descriptors_needed > 0 ? f.request.descriptors_needed
+                                                       : DescriptorsNeeded(c.nproc, !f.request.log_dir.empty());
   // launch raises its soft limit to the hard one at start, and its workers inherit it.
   const std::optional<uint64_t> limit = f.open_files_hard;
   const std::string text = [&](const std::optional<uint64_t>& v) {
     return v ? std::to_string(*v) : std::string("unlimited");
   }(limit);
-  const std::string found = absl::StrCat(
-      "open files: ", text, " (launch raises its soft limit to the hard one); ",
-      Plural(c.nproc, "worker", "workers"), c.nproc == 1 ? " needs" : " need", " about ", needed);
+  const std::string found = absl::StrCat("open files: ", text, " (launch raises its soft limit to the hard one); ",
+                                         Plural(c.nproc, "worker", "workers"), c.nproc == 1 ? " needs" : " need",
+                                         " about ", needed);
   if (limit && *limit < static_cast<uint64_t>(needed)) {
-    return {"limits.nofile", CheckStatus::kFail,
-            absl::StrCat(found, ": launch will refuse to start them"),
+    return {"limits.nofile", CheckStatus::kFail, absl::StrCat(found, ": launch will refuse to start them"),
             absl::StrCat("raise the hard limit to at least ", needed,
                          " (limits.conf nofile, or docker --ulimit nofile=", needed, ")")};
   }
   if (limit && *limit < kOpenFilesAdvised) {
     return {"limits.nofile", CheckStatus::kWarn,
-            absl::StrCat(
-                found,
-                ": DataLoader workers pass tensors as descriptors and hit 'Too many open files'"),
+            absl::StrCat(found, ": DataLoader workers pass tensors as descriptors and hit 'Too many open files'"),
             "raise the hard limit to 65536 (limits.conf nofile, or docker --ulimit nofile=65536)"};
   }
   return {"limits.nofile", CheckStatus::kOk, found, ""};
@@ -763,38 +695,33 @@ DoctorRow MemlockRow(const Context& c) {
                          "): NCCL's InfiniBand transport needs it unlimited"),
             "ulimit -l unlimited (limits.conf memlock, or docker --ulimit memlock=-1)"};
   }
-  return {"limits.memlock", CheckStatus::kOk,
-          absl::StrCat(found, "; no RDMA devices, so NCCL needs no more"), ""};
+  return {"limits.memlock", CheckStatus::kOk, absl::StrCat(found, "; no RDMA devices, so NCCL needs no more"), ""};
 }
 
 DoctorRow DirectoryRow(const char* id, const DirectoryFacts& d, bool checkpoints) {
   if (d.path.empty()) {
     return {id, CheckStatus::kNotApplicable,
-            checkpoints ? "no --checkpoint-dir given"
-                        : "no --log-dir given (the workers' output goes to the console)",
+            checkpoints ? "no --checkpoint-dir given" : "no --log-dir given (the workers' output goes to the console)",
             ""};
   }
   const std::string what = absl::StrCat(d.flag, "=", d.path);
   if (!d.error.empty()) {
-    return {id, CheckStatus::kFail, absl::StrCat(what, ": ", d.error),
-            absl::StrCat("choose another ", d.flag)};
+    return {id, CheckStatus::kFail, absl::StrCat(what, ": ", d.error), absl::StrCat("choose another ", d.flag)};
   }
-  std::string found = absl::StrCat(
-      what, ": ", d.fs_type, d.existing == d.path ? "" : absl::StrCat(" (", d.existing, " exists)"),
-      ", ", Bytes(d.free_bytes), " free");
+  std::string found = absl::StrCat(what, ": ", d.fs_type,
+                                   d.existing == d.path ? "" : absl::StrCat(" (", d.existing, " exists)"), ", ",
+                                   Bytes(d.free_bytes), " free");
   if (!d.writable) {
     return {id, CheckStatus::kFail, absl::StrCat(found, ", not writable by this user"),
             absl::StrCat("chown or chmod ", d.existing, ", or choose another ", d.flag)};
   }
   if (checkpoints && (d.fs_type == "tmpfs" || d.fs_type == "ramfs")) {
     return {id, CheckStatus::kWarn,
-            absl::StrCat(
-                found, ": in memory, so checkpoints are lost at reboot and take RAM from training"),
+            absl::StrCat(found, ": in memory, so checkpoints are lost at reboot and take RAM from training"),
             absl::StrCat("put ", d.flag, " on a disk or a shared filesystem")};
   }
   if (checkpoints && d.fs_type == "overlay") {
-    return {id, CheckStatus::kWarn,
-            absl::StrCat(found, ": a container's writable layer, lost with the container"),
+    return {id, CheckStatus::kWarn, absl::StrCat(found, ": a container's writable layer, lost with the container"),
             absl::StrCat("put ", d.flag, " on a mounted volume")};
   }
   const uint64_t advised = checkpoints ? kCheckpointDirFreeAdvised : kLogDirFreeAdvised;
@@ -808,19 +735,14 @@ DoctorRow DirectoryRow(const char* id, const DirectoryFacts& d, bool checkpoints
 DoctorRow BlasRow(const Context& c, const TorchFacts& t, bool python) {
   const char* id = python ? "blas.python" : "blas.libtorch";
   const std::string who = TorchName(t, python);
-  if (!t.found)
-    return {id, CheckStatus::kNotApplicable,
-            absl::StrCat("no ", python ? "Python torch" : "LibTorch"), ""};
+  if (!t.found) return {id, CheckStatus::kNotApplicable, absl::StrCat("no ", python ? "Python torch" : "LibTorch"), ""};
   if (t.blas_bundled) {
     return {id, CheckStatus::kOk,
-            absl::StrCat(who, " has its BLAS built in (", t.blas_info.empty() ? "MKL" : t.blas_info,
-                         ")"),
-            ""};
+            absl::StrCat(who, " has its BLAS built in (", t.blas_info.empty() ? "MKL" : t.blas_info, ")"), ""};
   }
   if (t.blas_library.empty()) {
     if (!python && !t.blas_info.empty()) {
-      return {id, CheckStatus::kFail,
-              absl::StrCat(who, " needs ", t.blas_info, ", which the loader does not find"),
+      return {id, CheckStatus::kFail, absl::StrCat(who, " needs ", t.blas_info, ", which the loader does not find"),
               "apt-get install libopenblas0-pthread"};
     }
     return {id, CheckStatus::kNotApplicable,
@@ -830,17 +752,14 @@ DoctorRow BlasRow(const Context& c, const TorchFacts& t, bool python) {
   }
   switch (ClassifyBlas(t.blas_library)) {
     case BlasKind::kReference: {
-      const std::string fix =
-          !c.f.openblas_blas_library.empty()
-              ? absl::StrCat("select OpenBLAS: update-alternatives --set ", c.f.blas_alternative,
-                             " ", c.f.openblas_blas_library)
-              : "apt-get install libopenblas0-pthread (it becomes libblas.so.3)";
-      return {
-          id, CheckStatus::kWarn,
-          absl::StrCat(
-              who, " computes with the reference BLAS (", t.blas_library,
-              ", package libblas3): CPU matrix products run about 7x slower than with OpenBLAS"),
-          fix};
+      const std::string fix = !c.f.openblas_blas_library.empty()
+                                  ? absl::StrCat("select OpenBLAS: update-alternatives --set ", c.f.blas_alternative,
+                                                 " ", c.f.openblas_blas_library)
+                                  : "apt-get install libopenblas0-pthread (it becomes libblas.so.3)";
+      return {id, CheckStatus::kWarn,
+              absl::StrCat(who, " computes with the reference BLAS (", t.blas_library,
+                           ", package libblas3): CPU matrix products run about 7x slower than with OpenBLAS"),
+              fix};
     }
     case BlasKind::kOpenBlas:
       return {id, CheckStatus::kOk, absl::StrCat(who, ": OpenBLAS (", t.blas_library, ")"), ""};
@@ -852,9 +771,7 @@ DoctorRow BlasRow(const Context& c, const TorchFacts& t, bool python) {
       return {id, CheckStatus::kOk, absl::StrCat(who, ": ATLAS (", t.blas_library, ")"), ""};
     case BlasKind::kFlexiBlas:
       return {id, CheckStatus::kOk,
-              absl::StrCat(who, ": FlexiBLAS (", t.blas_library,
-                           "; `flexiblas list` shows its backend)"),
-              ""};
+              absl::StrCat(who, ": FlexiBLAS (", t.blas_library, "; `flexiblas list` shows its backend)"), ""};
     case BlasKind::kUnknown:
       break;
   }
@@ -883,17 +800,16 @@ std::vector<DoctorRow> Diagnose(const DoctorFacts& f) {
   rows.push_back(DriverRow(c));
   rows.push_back(DriverCudaRow(c));
   rows.push_back(ToolkitRow(c));
-  rows.push_back(LibraryRow("cuda.runtime", "libcudart", f.cuda.runtime,
-                            CudaVersionText(f.cuda.runtime.version), "CUDA programs"));
-  rows.push_back(LibraryRow("nccl", "NCCL", f.cuda.nccl, NcclVersionText(f.cuda.nccl.version),
-                            "collectives between GPUs"));
+  rows.push_back(LibraryRow("cuda.runtime", "libcudart", f.cuda.runtime, CudaVersionText(f.cuda.runtime.version),
+                            "CUDA programs"));
+  rows.push_back(
+      LibraryRow("nccl", "NCCL", f.cuda.nccl, NcclVersionText(f.cuda.nccl.version), "collectives between GPUs"));
   rows.push_back(CudnnRow(c));
   if (f.request.check_libtorch) rows.push_back(TorchRow(c, f.libtorch, false));
   if (f.request.check_python) rows.push_back(TorchRow(c, f.python_torch, true));
   rows.push_back(GpuStackRow(c));
   if (!c.pool_error.empty()) {
-    rows.push_back({"gpu.pool", CheckStatus::kFail, c.pool_error,
-                    "fix CUDA_VISIBLE_DEVICES or --exclude-gpus"});
+    rows.push_back({"gpu.pool", CheckStatus::kFail, c.pool_error, "fix CUDA_VISIBLE_DEVICES or --exclude-gpus"});
   }
   if (f.nvml_loaded && !f.gpus.empty()) rows.push_back(BalanceRow(c));
   for (const GpuFigures& g : f.gpus) {
@@ -933,16 +849,14 @@ std::string RenderDoctorTable(const std::vector<DoctorRow>& rows) {
   std::map<CheckStatus, int> counts;
   for (const DoctorRow& r : rows) {
     ++counts[r.status];
-    absl::StrAppendFormat(&out, "%-6s %-*s %s\n", CheckStatusName(r.status),
-                          static_cast<int>(id_width), r.id, r.found);
+    absl::StrAppendFormat(&out, "%-6s %-*s %s\n", CheckStatusName(r.status), static_cast<int>(id_width), r.id, r.found);
     if (!r.fix.empty() && r.status != CheckStatus::kOk) {
       absl::StrAppendFormat(&out, "%-6s %-*s fix: %s\n", "", static_cast<int>(id_width), "", r.fix);
     }
   }
   const int code = DoctorExitCode(rows);
-  absl::StrAppend(&out, counts[CheckStatus::kFail], " fail, ", counts[CheckStatus::kWarn],
-                  " warn, ", counts[CheckStatus::kOk], " ok, ", counts[CheckStatus::kNotApplicable],
-                  " n-a: exit ", code, "\n");
+  absl::StrAppend(&out, counts[CheckStatus::kFail], " fail, ", counts[CheckStatus::kWarn], " warn, ",
+                  counts[CheckStatus::kOk], " ok, ", counts[CheckStatus::kNotApplicable], " n-a: exit ", code, "\n");
   return out;
 }
 
@@ -980,9 +894,8 @@ int DoctorCommand(const DoctorRequest& request, bool json, DoctorProbe* probe, s
 int Preflight(const DoctorRequest& request, DoctorProbe* probe, std::FILE* out) {
   const std::vector<DoctorRow> rows = Diagnose(probe->Gather(request));
   const int code = DoctorExitCode(rows);
-  const std::string text =
-      absl::StrCat("launch --preflight:\n", RenderDoctorTable(rows),
-                   code == 2 ? "launch --preflight: a check failed; no worker was started\n" : "");
+  const std::string text = absl::StrCat("launch --preflight:\n", RenderDoctorTable(rows),
+                                        code == 2 ? "launch --preflight: a check failed; no worker was started\n" : "");
   std::fwrite(text.data(), 1, text.size(), out);
   std::fflush(out);
   return code;
@@ -1009,11 +922,8 @@ std::string CudnnVersionText(int v) {
 int ParseCudaVersionText(const std::string& text) {
   std::vector<std::string> parts = absl::StrSplit(text, '.');
   int major = 0, minor = 0;
-  if (parts.empty() || parts.size() > 3 || !absl::SimpleAtoi(parts[0], &major) || major <= 0 ||
-      major > 99)
-    return 0;
-  if (parts.size() >= 2 && (!absl::SimpleAtoi(parts[1], &minor) || minor < 0 || minor > 99))
-    return 0;
+  if (parts.empty() || parts.size() > 3 || !absl::SimpleAtoi(parts[0], &major) || major <= 0 || major > 99) return 0;
+  if (parts.size() >= 2 && (!absl::SimpleAtoi(parts[1], &minor) || minor < 0 || minor > 99)) return 0;
   return major * 1000 + minor * 10;
 }
 
@@ -1038,12 +948,10 @@ BlasKind ClassifyBlas(const std::string& path) {
   if (absl::StrContains(p, "atlas")) return BlasKind::kAtlas;
   if (absl::StrContains(p, "flexiblas")) return BlasKind::kFlexiBlas;
   // Debian's netlib package installs it as <libdir>/blas/libblas.so.3; others as netlib's.
-  if (absl::StartsWith(name, "libblas.so") &&
-      (absl::StrContains(p, "/blas/") || absl::StrContains(p, "netlib"))) {
+  if (absl::StartsWith(name, "libblas.so") && (absl::StrContains(p, "/blas/") || absl::StrContains(p, "netlib"))) {
     return BlasKind::kReference;
   }
-  if (absl::StrContains(p, "refblas") || absl::StrContains(p, "reference"))
-    return BlasKind::kReference;
+  if (absl::StrContains(p, "refblas") || absl::StrContains(p, "reference")) return BlasKind::kReference;
   return BlasKind::kUnknown;
 }
 

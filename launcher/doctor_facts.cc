@@ -144,9 +144,7 @@ absl::StatusOr<Captured> RunCaptured(const std::vector<std::string>& argv, const
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   auto left_ms = [&] {
     return static_cast<int>(std::max<long long>(
-        0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
-                                                                 std::chrono::steady_clock::now())
-               .count()));
+        0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count()));
   };
   struct Stream {
     UniqueFd* fd;
@@ -174,8 +172,7 @@ absl::StatusOr<Captured> RunCaptured(const std::vector<std::string>& argv, const
         char buf[4096];
         const ssize_t got = ::read(s.fd->get(), buf, sizeof buf);
         if (got > 0) {
-          s.text->append(
-              buf, std::min(static_cast<size_t>(got), s.max - std::min(s.max, s.text->size())));
+          s.text->append(buf, std::min(static_cast<size_t>(got), s.max - std::min(s.max, s.text->size())));
         } else if (got == 0 || errno != EINTR) {
           s.fd->Reset();
         }
@@ -217,9 +214,8 @@ void GatherNvml(DoctorFacts* f) {
   for (const GpuFigures& g : f->gpus) {
     GpuNumaNode n{g.index, -1};
     if (!g.pci_bus_id.empty()) {
-      if (auto text = ReadBounded(
-              absl::StrCat("/sys/bus/pci/devices/", SysfsPciAddress(g.pci_bus_id), "/numa_node"),
-              kMaxSmallFile)) {
+      if (auto text = ReadBounded(absl::StrCat("/sys/bus/pci/devices/", SysfsPciAddress(g.pci_bus_id), "/numa_node"),
+                                  kMaxSmallFile)) {
         int node;
         if (absl::SimpleAtoi(absl::StripAsciiWhitespace(*text), &node) && node >= 0) n.node = node;
       }
@@ -253,8 +249,7 @@ LibraryHandle OpenFirst(const std::vector<std::string>& candidates, LoadedLibrar
     }
     loaded->found = true;
     link_map* map = nullptr;
-    loaded->path =
-        ::dlinfo(h.get(), RTLD_DI_LINKMAP, &map) == 0 && map && map->l_name ? map->l_name : name;
+    loaded->path = ::dlinfo(h.get(), RTLD_DI_LINKMAP, &map) == 0 && map && map->l_name ? map->l_name : name;
     return h;
   }
   loaded->error = first_error.empty() ? "not found" : first_error;
@@ -268,8 +263,7 @@ F Symbol(void* library, const char* name) {
 
 void GatherCuda(const Env& env, const std::vector<std::string>& libtorch_cudart, DoctorFacts* f) {
   CudaFacts& c = f->cuda;
-  for (const std::string& root :
-       {EnvOr(env, "CUDA_HOME"), EnvOr(env, "CUDA_PATH"), std::string("/usr/local/cuda")}) {
+  for (const std::string& root : {EnvOr(env, "CUDA_HOME"), EnvOr(env, "CUDA_PATH"), std::string("/usr/local/cuda")}) {
     if (!root.empty() && IsDirectory(root)) {
       c.toolkit_root = RealPath(root);
       break;
@@ -290,16 +284,14 @@ void GatherCuda(const Env& env, const std::vector<std::string>& libtorch_cudart,
   }
   // The toolkit's own directories last: the loader's choice is what a program would get.
   std::vector<std::string> toolkit_dirs;
-  if (!c.toolkit_root.empty())
-    toolkit_dirs = {c.toolkit_root + "/lib64/", c.toolkit_root + "/lib/"};
+  if (!c.toolkit_root.empty()) toolkit_dirs = {c.toolkit_root + "/lib64/", c.toolkit_root + "/lib/"};
   auto with_toolkit = [&](std::vector<std::string> names, const std::string& file) {
     for (const auto& d : toolkit_dirs) names.push_back(d + file);
     return names;
   };
 
   std::vector<std::string> cudart = libtorch_cudart;  // what a CUDA LibTorch asks for comes first
-  for (const char* n : {"libcudart.so", "libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0"})
-    cudart.push_back(n);
+  for (const char* n : {"libcudart.so", "libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0"}) cudart.push_back(n);
   if (auto h = OpenFirst(with_toolkit(cudart, "libcudart.so"), &c.runtime)) {
     int v = 0;
     if (auto fn = Symbol<VersionFn>(h.get(), "cudaRuntimeGetVersion"); fn && fn(&v) == 0 && v > 0)
@@ -307,12 +299,9 @@ void GatherCuda(const Env& env, const std::vector<std::string>& libtorch_cudart,
   }
   if (auto h = OpenFirst(with_toolkit({"libnccl.so.2", "libnccl.so"}, "libnccl.so.2"), &c.nccl)) {
     int v = 0;
-    if (auto fn = Symbol<VersionFn>(h.get(), "ncclGetVersion"); fn && fn(&v) == 0 && v > 0)
-      c.nccl.version = v;
+    if (auto fn = Symbol<VersionFn>(h.get(), "ncclGetVersion"); fn && fn(&v) == 0 && v > 0) c.nccl.version = v;
   }
-  if (auto h =
-          OpenFirst(with_toolkit({"libcudnn.so.9", "libcudnn.so.8", "libcudnn.so"}, "libcudnn.so"),
-                    &c.cudnn)) {
+  if (auto h = OpenFirst(with_toolkit({"libcudnn.so.9", "libcudnn.so.8", "libcudnn.so"}, "libcudnn.so"), &c.cudnn)) {
     if (auto fn = Symbol<SizeFn>(h.get(), "cudnnGetVersion"))
       c.cudnn.version = static_cast<int>(std::min<size_t>(fn(), INT_MAX));
     if (auto fn = Symbol<SizeFn>(h.get(), "cudnnGetCudartVersion")) {
@@ -332,8 +321,8 @@ std::string FindIn(const std::vector<std::string>& dirs, const std::string& name
 }
 
 bool IsBlasName(const std::string& soname) {
-  for (const char* prefix : {"libblas.so", "libopenblas", "libmkl_", "libblis", "libcblas",
-                             "libatlas", "libflexiblas"}) {
+  for (const char* prefix :
+       {"libblas.so", "libopenblas", "libmkl_", "libblis", "libcblas", "libatlas", "libflexiblas"}) {
     if (absl::StartsWith(soname, prefix)) return true;
   }
   return false;
@@ -341,9 +330,8 @@ bool IsBlasName(const std::string& soname) {
 
 // The CUDA libraries a CUDA LibTorch needs by name (the rest are torch's own or the system's).
 bool IsCudaDependency(const std::string& soname) {
-  for (const char* prefix :
-       {"libcudart", "libnccl", "libcudnn", "libcublas", "libcufft", "libcurand", "libcusparse",
-        "libcusolver", "libnvrtc", "libnvToolsExt", "libnvJitLink", "libcupti"}) {
+  for (const char* prefix : {"libcudart", "libnccl", "libcudnn", "libcublas", "libcufft", "libcurand", "libcusparse",
+                             "libcusolver", "libnvrtc", "libnvToolsExt", "libnvJitLink", "libcupti"}) {
     if (absl::StartsWith(soname, prefix)) return true;
   }
   return false;
@@ -372,8 +360,7 @@ std::vector<std::string> GatherLibTorch(const std::vector<std::string>& search, 
     const size_t cu = v.find("+cu");
     if (cu != std::string::npos && v.size() >= cu + 5) {
       const std::string digits = v.substr(cu + 3);  // "126" -> 12.6, "118" -> 11.8
-      t->cuda_version =
-          absl::StrCat(digits.substr(0, digits.size() - 1), ".", digits.substr(digits.size() - 1));
+      t->cuda_version = absl::StrCat(digits.substr(0, digits.size() - 1), ".", digits.substr(digits.size() - 1));
     }
   }
   std::vector<std::string> lib_dirs = {dir};
@@ -479,8 +466,7 @@ else:
 print(json.dumps(out))
 )PY";
 
-void GatherPython(const DoctorRequest& request, const Env& env, SignalFd* signals, int* stopped_by,
-                  TorchFacts* t) {
+void GatherPython(const DoctorRequest& request, const Env& env, SignalFd* signals, int* stopped_by, TorchFacts* t) {
   // As launch runs .py workers: PYTHON_EXEC (unless empty), else python3 on PATH.
   std::string name = request.python.empty() ? EnvOr(env, "PYTHON_EXEC") : request.python;
   if (name.empty()) name = "python3";
@@ -497,8 +483,7 @@ void GatherPython(const DoctorRequest& request, const Env& env, SignalFd* signal
   }
   const std::string out(absl::StripAsciiWhitespace(run->out));
   const size_t last_newline = out.rfind('\n');
-  const absl::Status parsed =
-      ParsePythonProbe(out.substr(last_newline == std::string::npos ? 0 : last_newline + 1), t);
+  const absl::Status parsed = ParsePythonProbe(out.substr(last_newline == std::string::npos ? 0 : last_newline + 1), t);
   if (parsed.ok()) return;
   if (run->stopped_by != 0) {
     *stopped_by = run->stopped_by;
@@ -544,15 +529,13 @@ void GatherHost(DoctorFacts* f) {
     const std::string dir = "/sys/devices/system/node/" + entry;
     NumaNode node{id, {}, 0};
     if (auto text = ReadBounded(dir + "/cpulist", kMaxSmallFile)) {
-      if (auto cpus = ParseCpuList(std::string(absl::StripAsciiWhitespace(*text))))
-        node.cpus = *cpus;
+      if (auto cpus = ParseCpuList(std::string(absl::StripAsciiWhitespace(*text)))) node.cpus = *cpus;
     }
     if (auto text = ReadBounded(dir + "/meminfo", kMaxSmallFile)) {
       for (absl::string_view line : absl::StrSplit(*text, '\n')) {
         const size_t at = line.find("MemTotal:");
         if (at == absl::string_view::npos) continue;
-        std::vector<absl::string_view> words =
-            absl::StrSplit(line.substr(at + 9), ' ', absl::SkipEmpty());
+        std::vector<absl::string_view> words = absl::StrSplit(line.substr(at + 9), ' ', absl::SkipEmpty());
         uint64_t kib;
         if (!words.empty() && absl::SimpleAtoi(words[0], &kib) && kib < (UINT64_MAX >> 10))
           node.memory_bytes = kib << 10;
@@ -560,13 +543,10 @@ void GatherHost(DoctorFacts* f) {
     }
     f->numa.push_back(std::move(node));
   }
-  std::sort(f->numa.begin(), f->numa.end(),
-            [](const NumaNode& a, const NumaNode& b) { return a.id < b.id; });
+  std::sort(f->numa.begin(), f->numa.end(), [](const NumaNode& a, const NumaNode& b) { return a.id < b.id; });
 
   rlimit lim{};
-  auto finite = [](rlim_t v) {
-    return v == RLIM_INFINITY ? std::nullopt : std::optional<uint64_t>(v);
-  };
+  auto finite = [](rlim_t v) { return v == RLIM_INFINITY ? std::nullopt : std::optional<uint64_t>(v); };
   if (::getrlimit(RLIMIT_NOFILE, &lim) == 0) {
     f->open_files_soft = finite(lim.rlim_cur);
     f->open_files_hard = finite(lim.rlim_max);
@@ -661,9 +641,7 @@ std::vector<std::string> LibrarySearchPath(const std::string& ld_library_path,
     if (dir.empty() || dir[0] != '/' || !seen.insert(dir).second) return;
     dirs.push_back(dir);
   };
-  for (absl::string_view d :
-       absl::StrSplit(ld_library_path, absl::ByAnyChar(":;"), absl::SkipEmpty()))
-    add(d);
+  for (absl::string_view d : absl::StrSplit(ld_library_path, absl::ByAnyChar(":;"), absl::SkipEmpty())) add(d);
   for (const std::string& text : ld_so_conf_texts) {
     for (absl::string_view line : absl::StrSplit(text, '\n')) {
       line = line.substr(0, line.find('#'));
@@ -695,7 +673,6 @@ std::string FilesystemTypeName(int64_t f_type) {
   return hex;
 }
 
-
 absl::Status ParsePythonProbe(const std::string& json, TorchFacts* t) {
   v1::PythonTorchProbe probe;
   google::protobuf::util::JsonParseOptions options;
@@ -709,8 +686,7 @@ absl::Status ParsePythonProbe(const std::string& json, TorchFacts* t) {
     t->missing = cut(probe.missing());
     return absl::OkStatus();
   }
-  if (probe.version().empty())
-    return absl::InvalidArgumentError("the torch probe named no torch version");
+  if (probe.version().empty()) return absl::InvalidArgumentError("the torch probe named no torch version");
   t->found = true;
   t->version = cut(probe.version(), 64);
   t->cuda_version = cut(probe.cuda(), 32);
@@ -759,8 +735,7 @@ DoctorFacts SystemDoctorProbe::Gather(const DoctorRequest& request) {
   GatherCuda(f.env, cudart, &f);
   if (request.check_python) GatherPython(request, f.env, signals_, &stopped_by_, &f.python_torch);
   if (kTriplet[0] != '\0') {
-    const std::string openblas =
-        absl::StrCat("/usr/lib/", kTriplet, "/openblas-pthread/libblas.so.3");
+    const std::string openblas = absl::StrCat("/usr/lib/", kTriplet, "/openblas-pthread/libblas.so.3");
     if (IsRegularFile(openblas)) f.openblas_blas_library = openblas;
     f.blas_alternative = absl::StrCat("libblas.so.3-", kTriplet);
   }

@@ -23,8 +23,7 @@ struct DoctorRequest {
   // --preflight: the NVML indices of the run's GPU pool; nullopt: every GPU (narrowed by an
   // inherited CUDA_VISIBLE_DEVICES and --exclude-gpus, as launch would).
   std::optional<std::vector<int>> gpu_pool;
-  long descriptors_needed =
-      0;  // the run's plan's count; 0: as launch would count for nproc workers
+  long descriptors_needed = 0;  // the run's plan's count; 0: as launch would count for nproc workers
   std::string log_dir, checkpoint_dir;
   bool check_libtorch = true, check_python = true;  // --preflight asks about the workers' kind only
   // The interpreter to ask about torch (empty: PYTHON_EXEC, else python3 on PATH), and how long
@@ -36,9 +35,8 @@ struct DoctorRequest {
 // A library loaded with dlopen and asked its version.
 struct LoadedLibrary {
   bool found = false;
-  std::string path;  // as the dynamic loader found it
-  int version =
-      0;  // the library's own encoding (cudart 13000, NCCL 22809, cuDNN 91900); 0: unknown
+  std::string path;   // as the dynamic loader found it
+  int version = 0;    // the library's own encoding (cudart 13000, NCCL 22809, cuDNN 91900); 0: unknown
   std::string error;  // why it is not found
 };
 
@@ -86,11 +84,10 @@ struct NumaNode {
 };
 
 struct DirectoryFacts {
-  std::string flag;  // "--log-dir"
-  std::string path;  // as given; empty: not given
-  std::string
-      existing;  // the path itself or its nearest existing ancestor (launch creates the rest)
-  std::string fs_type;  // "ext4", "tmpfs", "nfs", ...
+  std::string flag;      // "--log-dir"
+  std::string path;      // as given; empty: not given
+  std::string existing;  // the path itself or its nearest existing ancestor (launch creates the rest)
+  std::string fs_type;   // "ext4", "tmpfs", "nfs", ...
   uint64_t free_bytes = 0;
   bool writable = false;
   std::string error;  // nothing of it could be examined

@@ -61,8 +61,7 @@ class FileReader {
     unsigned char buf[kMaxElfNameLength] = {};
     const size_t n = static_cast<size_t>(std::min<uint64_t>(sizeof buf, size_ - offset));
     if (!Read(offset, n, buf, "a name").ok()) return "";
-    return std::string(reinterpret_cast<const char*>(buf),
-                       strnlen(reinterpret_cast<const char*>(buf), n));
+    return std::string(reinterpret_cast<const char*>(buf), strnlen(reinterpret_cast<const char*>(buf), n));
   }
 
  private:
@@ -79,8 +78,7 @@ absl::Status ReadNeeded(const FileReader& file, const Section& dynamic, const Se
                         std::vector<std::string>* needed) {
   const uint64_t bytes = std::min<uint64_t>(dynamic.size, kMaxDynamicBytes);
   std::vector<unsigned char> buf(bytes);
-  if (auto st = file.Read(dynamic.offset, buf.size(), buf.data(), "the dynamic section"); !st.ok())
-    return st;
+  if (auto st = file.Read(dynamic.offset, buf.size(), buf.data(), "the dynamic section"); !st.ok()) return st;
   for (size_t at = 0; at + 16 <= buf.size(); at += 16) {
     const int64_t tag = Get<int64_t>(&buf[at]);
     if (tag == kDtNull) break;
@@ -95,8 +93,7 @@ absl::Status ReadNeeded(const FileReader& file, const Section& dynamic, const Se
 
 // Walks the fat binaries' headers only: payloads (most of a CUDA library) are skipped, never read.
 // `archs` holds (0, arch) for a kernel image, (1, arch) for PTX: sorted as torch lists them.
-void ReadFatbinArchs(const FileReader& file, const Section& fatbin,
-                     std::set<std::pair<int, uint32_t>>* archs) {
+void ReadFatbinArchs(const FileReader& file, const Section& fatbin, std::set<std::pair<int, uint32_t>>* archs) {
   const uint64_t end = fatbin.offset + fatbin.size;
   uint64_t at = fatbin.offset;
   int entries = 0;
@@ -130,16 +127,13 @@ void ReadFatbinArchs(const FileReader& file, const Section& fatbin,
 }  // namespace
 
 absl::StatusOr<ElfFacts> ReadElfFacts(const std::string& path) {
-  static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
-                "the ELF reader assumes a little-endian host");
+  static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the ELF reader assumes a little-endian host");
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd.valid()) return absl::NotFoundError(absl::StrCat(path, ": ", std::strerror(errno)));
   const off_t size = ::lseek(fd.get(), 0, SEEK_END);
   if (size < 0) return absl::InvalidArgumentError(absl::StrCat(path, ": not a seekable file"));
   FileReader file(std::move(fd), static_cast<uint64_t>(size));
-  auto bad = [&](const std::string& why) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": ", why));
-  };
+  auto bad = [&](const std::string& why) { return absl::InvalidArgumentError(absl::StrCat(path, ": ", why)); };
 
   unsigned char eh[kElfHeaderSize];
   if (!file.Read(0, sizeof eh, eh, "the ELF header").ok() || std::memcmp(eh,
@@ -153,8 +147,7 @@ absl::StatusOr<ElfFacts> ReadElfFacts(const std::string& path) {
   const uint16_t shentsize = Get<uint16_t>(eh + 0x3A);
   const uint16_t shnum = Get<uint16_t>(eh + 0x3C);
   const uint16_t shstrndx = Get<uint16_t>(eh + 0x3E);
-  if (shentsize < kSectionHeaderSize || shnum == 0 || shnum > kMaxElfSections ||
-      shstrndx >= shnum) {
+  if (shentsize < kSectionHeaderSize || shnum == 0 || shnum > kMaxElfSections || shstrndx >= shnum) {
     return bad("no usable section headers");
   }
   std::vector<unsigned char> sh(static_cast<size_t>(shentsize) * shnum);
@@ -163,16 +156,15 @@ absl::StatusOr<ElfFacts> ReadElfFacts(const std::string& path) {
   std::vector<Section> sections(shnum);
   for (int i = 0; i < shnum; ++i) {
     const unsigned char* s = &sh[static_cast<size_t>(i) * shentsize];
-    sections[i] = {Get<uint32_t>(s), Get<uint32_t>(s + 4), Get<uint32_t>(s + 40),
-                   Get<uint64_t>(s + 24), Get<uint64_t>(s + 32)};
+    sections[i] = {Get<uint32_t>(s), Get<uint32_t>(s + 4), Get<uint32_t>(s + 40), Get<uint64_t>(s + 24),
+                   Get<uint64_t>(s + 32)};
     if (sections[i].offset > file.size() || sections[i].size > file.size() - sections[i].offset) {
       sections[i].size = 0;  // NOBITS (.bss) and broken sections alike: nothing to read there
     }
   }
   const Section& names = sections[shstrndx];
   std::vector<unsigned char> shstrtab(std::min<uint64_t>(names.size, kMaxShstrtabBytes));
-  if (auto st = file.Read(names.offset, shstrtab.size(), shstrtab.data(), "the section names");
-      !st.ok()) {
+  if (auto st = file.Read(names.offset, shstrtab.size(), shstrtab.data(), "the section names"); !st.ok()) {
     return bad(std::string(st.message()));
   }
   auto name_of = [&](const Section& s) -> std::string {
@@ -192,8 +184,7 @@ absl::StatusOr<ElfFacts> ReadElfFacts(const std::string& path) {
       ReadFatbinArchs(file, s, &archs);
     }
   }
-  for (const auto& [ptx, arch] : archs)
-    facts.gpu_archs.push_back(absl::StrCat(ptx ? "compute_" : "sm_", arch));
+  for (const auto& [ptx, arch] : archs) facts.gpu_archs.push_back(absl::StrCat(ptx ? "compute_" : "sm_", arch));
   return facts;
 }
 

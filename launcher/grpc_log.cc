@@ -35,9 +35,15 @@ void HandleGrpcLogLine(const char* file, int line, int severity, const char* mes
   if (auto slash = base.rfind('/'); slash != std::string_view::npos) base.remove_prefix(slash + 1);
   const char* text = message ? message : "";
   switch (severity) {
-    case GPR_LOG_SEVERITY_ERROR: spdlog::error("grpc {}:{}: {}", base, line, text); break;
-    case GPR_LOG_SEVERITY_INFO: spdlog::info("grpc {}:{}: {}", base, line, text); break;
-    default: spdlog::debug("grpc {}:{}: {}", base, line, text); break;
+    case GPR_LOG_SEVERITY_ERROR:
+      spdlog::error("grpc {}:{}: {}", base, line, text);
+      break;
+    case GPR_LOG_SEVERITY_INFO:
+      spdlog::info("grpc {}:{}: {}", base, line, text);
+      break;
+    default:
+      spdlog::debug("grpc {}:{}: {}", base, line, text);
+      break;
   }
   // tcp_server_posix.cc's on_read gives up on its listener after this line.
   if (base == "tcp_server_posix.cc" && absl::StartsWith(text, "Failed accept")) {

@@ -29,8 +29,8 @@ double LowerMedian(std::vector<double> v) {
 
 absl::Status ValidateSample(const v1::SampleRequest& s) {
   if (s.ranks_size() > kMaxWorkersPerNode) {
-    return absl::InvalidArgumentError(absl::StrCat("a sample of ", s.ranks_size(), " ranks: at most ",
-                                                   kMaxWorkersPerNode, " per node"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("a sample of ", s.ranks_size(), " ranks: at most ", kMaxWorkersPerNode, " per node"));
   }
   if (s.gpus_size() > kMaxGpusPerNode) {
     return absl::InvalidArgumentError(absl::StrCat("a sample of ", s.gpus_size(), " GPUs: at most ", kMaxGpusPerNode));
@@ -41,11 +41,12 @@ absl::Status ValidateSample(const v1::SampleRequest& s) {
   for (const v1::RankSample& r : s.ranks()) {
     if (r.rank() < 0 || r.rank() >= kMaxRank || r.local_rank() < 0 || r.local_rank() >= kMaxWorkersPerNode ||
         r.state().size() > 16 || r.gpu() < -1 || r.gpu() >= kMaxGpusPerNode) {
-      return absl::InvalidArgumentError(absl::StrCat("sample: rank ", r.rank(), " (local ", r.local_rank(),
-                                                     ", gpu ", r.gpu(), ") out of range"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("sample: rank ", r.rank(), " (local ", r.local_rank(), ", gpu ", r.gpu(), ") out of range"));
     }
     for (double v : {r.step_seconds(), r.busy_seconds(), r.seconds_since_step(), r.cpu_percent()}) {
-      if (!Finite(v)) return absl::InvalidArgumentError(absl::StrCat("sample: rank ", r.rank(), ": a figure out of range"));
+      if (!Finite(v))
+        return absl::InvalidArgumentError(absl::StrCat("sample: rank ", r.rank(), ": a figure out of range"));
     }
   }
   for (const v1::GpuSample& g : s.gpus()) {

@@ -56,7 +56,7 @@ class JobView {
   void FindStragglers(const v1::SampleRequest& fresh);
 
   double factor_;
-  int64_t round_ = 0;  // the newest round a sample came from
+  int64_t round_ = 0;                  // the newest round a sample came from
   std::map<std::string, Kept> nodes_;  // node id -> latest sample
   std::set<int> straggling_;           // ranks in an episode now
   std::map<int, int> slow_samples_;    // rank -> its samples in a row over the factor

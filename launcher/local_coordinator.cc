@@ -133,8 +133,8 @@ std::optional<absl::StatusOr<v1::Assignment>> LocalCoordinator::JoinAtOnce(const
 }
 
 std::optional<absl::StatusOr<v1::Assignment>> LocalCoordinator::JoinLocked(std::unique_lock<std::mutex>& lock,
-                                                                          const v1::JoinRequest& req,
-                                                                          CallCanceller* cancel, bool wait) {
+                                                                           const v1::JoinRequest& req,
+                                                                           CallCanceller* cancel, bool wait) {
   const std::string what = "rendezvous join at";
   if (!rdzv_) {
     RendezvousConfig cfg = defaults_;
@@ -167,9 +167,9 @@ std::optional<absl::StatusOr<v1::Assignment>> LocalCoordinator::JoinLocked(std::
     if (auto a = rdzv_->AssignmentFor(id, req.last_round())) return *a;
     if (auto refused = rdzv_->TakeJoinRefusal(id)) return absl::Status(refused->code(), Prefixed(what, *refused));
     if (rdzv_->ended()) {
-      return absl::FailedPreconditionError(Prefixed(
-          what, absl::UnknownError(absl::StrCat("run '", run_id_, "' ", PhaseName(rdzv_->phase()),
-                                                rdzv_->reason().empty() ? "" : ": ", rdzv_->reason()))));
+      return absl::FailedPreconditionError(
+          Prefixed(what, absl::UnknownError(absl::StrCat("run '", run_id_, "' ", PhaseName(rdzv_->phase()),
+                                                         rdzv_->reason().empty() ? "" : ": ", rdzv_->reason()))));
     }
     if (!wait) {  // the node waits in the round; Join takes it as a retry
       waiting_join_ = id;

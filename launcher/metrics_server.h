@@ -18,10 +18,10 @@ class MetricsServer {
  public:
   struct Options {
     std::string host = "127.0.0.1";
-    int port = 0;  // 0: a free one (tests)
-    std::string token;  // required: scrapers send "Authorization: Bearer <token>"
+    int port = 0;                             // 0: a free one (tests)
+    std::string token;                        // required: scrapers send "Authorization: Bearer <token>"
     std::string tls_cert_file, tls_key_file;  // both set: HTTPS
-    std::function<std::string()> render;  // the page
+    std::function<std::string()> render;      // the page
   };
   // Listening when it returns; the port in use is port().
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(Options opts);

@@ -135,8 +135,10 @@ std::string PrometheusText(const std::vector<v1::StatusResponse>& runs) {
       for (const v1::GpuSample& g : sample.gpus()) {
         const Labels gpu = {{"run", s.run_id()}, {"node", host}, {"gpu", absl::StrCat(g.index())}, {"uuid", g.uuid()}};
         if (g.utilization_percent() >= 0) e.Add("launch_gpu_utilization_ratio", gpu, g.utilization_percent() / 100.0);
-        if (g.memory_used_bytes() >= 0) e.Add("launch_gpu_memory_used_bytes", gpu, static_cast<double>(g.memory_used_bytes()));
-        if (g.memory_total_bytes() >= 0) e.Add("launch_gpu_memory_total_bytes", gpu, static_cast<double>(g.memory_total_bytes()));
+        if (g.memory_used_bytes() >= 0)
+          e.Add("launch_gpu_memory_used_bytes", gpu, static_cast<double>(g.memory_used_bytes()));
+        if (g.memory_total_bytes() >= 0)
+          e.Add("launch_gpu_memory_total_bytes", gpu, static_cast<double>(g.memory_total_bytes()));
         if (g.temperature_c() >= 0) e.Add("launch_gpu_temperature_celsius", gpu, g.temperature_c());
         if (g.power_watts() >= 0) e.Add("launch_gpu_power_watts", gpu, g.power_watts());
         if (g.sm_clock_mhz() >= 0) e.Add("launch_gpu_sm_clock_hertz", gpu, g.sm_clock_mhz() * 1e6);

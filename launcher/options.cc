@@ -50,116 +50,113 @@ struct OptionDef {
 // The workers, the rendezvous, their output and logs: torchrun's flags first, then launch's.
 std::vector<OptionDef> WorkerAndRendezvousOptions() {
   return {
-    {"nproc_per_node", "--nproc-per-node,--nproc_per_node", Kind::kValue,
-     "Workers on this node: a number, cpu, gpu or auto (default 1)"},
-    {"nnodes", "--nnodes", Kind::kValue, "Nodes: N or MIN:MAX (default 1)"},
-    {"node_rank", "--node-rank,--node_rank", Kind::kValue, "This node's rank (static rendezvous)"},
-    {"rdzv_backend", "--rdzv-backend,--rdzv_backend", Kind::kValue, "c10d (default) or static"},
-    {"rdzv_endpoint", "--rdzv-endpoint,--rdzv_endpoint", Kind::kValue,
-     absl::StrCat("Coordinator HOST[:PORT] (default port ", kDefaultRendezvousPort, ")")},
-    {"rdzv_id", "--rdzv-id,--rdzv_id", Kind::kValue, "Job id shared by all nodes (default: fresh)"},
-    {"rdzv_conf", "--rdzv-conf,--rdzv_conf", Kind::kValue,
-     "Rendezvous settings k=v,... (join_timeout, last_call_timeout, close_timeout, "
-     "heartbeat_interval, heartbeat_timeout, is_host)"},
-    {"standalone", "--standalone", Kind::kFlag, "Single node, coordinator in-process (the default)"},
-    {"max_restarts", "--max-restarts,--max_restarts", Kind::kValue,
-     "Restarts of the worker group before failing (default 0)"},
-    {"monitor_interval", "--monitor-interval,--monitor_interval", Kind::kValue,
-     absl::StrCat("Seconds between samples of the workers (step times, CPU, memory, GPUs) to metrics.jsonl and the "
-                  "coordinator (default ", SecondsOf(kDefaultMonitorInterval), "; at least ", kMinMonitorInterval,
-                  "; 0: off)")},
-    {"straggler_factor", "--straggler-factor,--straggler_factor", Kind::kValue,
-     absl::StrCat("A rank whose own work per step is this many times the job's median is a straggler (default ",
-                  kDefaultStragglerFactor, "; 0: off)")},
-    {"metrics_port", "--metrics-port,--metrics_port", Kind::kValue,
-     "Serve the coordinator's Prometheus metrics on this port (needs the rendezvous token as bearer token)"},
-    {"role", "--role", Kind::kValue, "ROLE_NAME of the workers (default 'default')"},
-    {"module", "-m,--module", Kind::kFlag, "Run PROGRAM as a Python module (python -m)"},
-    {"no_python", "--no-python,--no_python", Kind::kFlag, "Run PROGRAM directly, even a .py file"},
-    {"no_flight_recorder", "--no-flight-recorder,--no_flight_recorder", Kind::kFlag,
-     "Do not turn on PyTorch's NCCL flight recorder for GPU workers"},
-    {"run_path", "--run-path,--run_path", Kind::kFlag, "Not supported (workers are processes)"},
-    {"warm_start", "--warm-start,--warm_start", Kind::kFlag,
-     "Start each Python worker as a fork of a standby interpreter that imported torch once per rank "
-     "(a restart skips the import; default on; --warm-start=false: start them cold)"},
-    {"warm_import", "--warm-import,--warm_import", Kind::kValue,
-     absl::StrCat("Modules a --warm-start standby imports, comma separated (default ", kDefaultWarmImport, ")")},
-    {"start_method", "--start-method,--start_method", Kind::kValue,
-     "spawn, fork or forkserver: accepted for torchrun compatibility; every worker is a fresh process (exec)"},
-    {"logs_specs", "--logs-specs,--logs_specs", Kind::kValue, "Not supported (torchrun's plugin for log layouts)"},
-    {"log_dir", "--log-dir,--log_dir", Kind::kValue,
-     "Write <dir>/<run_id>/attempt_<k>/<local_rank>/{stdout,stderr}.log and error.json"},
-    {"redirects", "-r,--redirects", Kind::kValue,
-     "Streams to send to log files only: 0-3 or per local rank 0:1,1:2 (1 out, 2 err, 3 both)"},
-    {"tee", "-t,--tee", Kind::kValue, "Streams to log files and the console: as --redirects"},
-    {"local_ranks_filter", "--local-ranks-filter,--local_ranks_filter", Kind::kValue,
-     "Local ranks shown on the console, e.g. 0,1 (files keep all)"},
-    {"log_line_prefix_template", "--log-line-prefix-template,--log_line_prefix_template", Kind::kValue,
-     absl::StrCat("Console prefix of the workers' lines: ${role_name}, ${rank}, ${local_rank}, ${hostname} (default ",
-                  kSingleNodeLinePrefix, ", on several nodes ", kMultiNodeLinePrefix, ")")},
-    {"duplicate_stdout_filters", "--duplicate-stdout-filters,--duplicate_stdout_filters", Kind::kValue,
-     "Also copy the workers' stdout lines containing any of these comma-separated strings (,, for a comma) to "
-     "attempt_<k>/filtered_stdout.log"},
-    {"duplicate_stderr_filters", "--duplicate-stderr-filters,--duplicate_stderr_filters", Kind::kValue,
-     "The same for stderr, to attempt_<k>/filtered_stderr.log"},
-    {"numa_binding", "--numa-binding,--numa_binding", Kind::kValue,
-     "Bind each worker to the CPUs (and memory) nearest its GPU: node, socket, exclusive or core-complex "
-     "(without GPUs: the NUMA nodes divided among the workers)"},
-    {"virtual_local_rank", "--virtual-local-rank,--virtual_local_rank", Kind::kFlag,
-     "LOCAL_RANK=0 for every worker, each seeing only its own GPU(s) (implies --gpu-binding=isolate)"},
+      {"nproc_per_node", "--nproc-per-node,--nproc_per_node", Kind::kValue,
+       "Workers on this node: a number, cpu, gpu or auto (default 1)"},
+      {"nnodes", "--nnodes", Kind::kValue, "Nodes: N or MIN:MAX (default 1)"},
+      {"node_rank", "--node-rank,--node_rank", Kind::kValue, "This node's rank (static rendezvous)"},
+      {"rdzv_backend", "--rdzv-backend,--rdzv_backend", Kind::kValue, "c10d (default) or static"},
+      {"rdzv_endpoint", "--rdzv-endpoint,--rdzv_endpoint", Kind::kValue,
+       absl::StrCat("Coordinator HOST[:PORT] (default port ", kDefaultRendezvousPort, ")")},
+      {"rdzv_id", "--rdzv-id,--rdzv_id", Kind::kValue, "Job id shared by all nodes (default: fresh)"},
+      {"rdzv_conf", "--rdzv-conf,--rdzv_conf", Kind::kValue,
+       "Rendezvous settings k=v,... (join_timeout, last_call_timeout, close_timeout, "
+       "heartbeat_interval, heartbeat_timeout, is_host)"},
+      {"standalone", "--standalone", Kind::kFlag, "Single node, coordinator in-process (the default)"},
+      {"max_restarts", "--max-restarts,--max_restarts", Kind::kValue,
+       "Restarts of the worker group before failing (default 0)"},
+      {"monitor_interval", "--monitor-interval,--monitor_interval", Kind::kValue,
+       absl::StrCat("Seconds between samples of the workers (step times, CPU, memory, GPUs) to metrics.jsonl and the "
+                    "coordinator (default ",
+                    SecondsOf(kDefaultMonitorInterval), "; at least ", kMinMonitorInterval, "; 0: off)")},
+      {"straggler_factor", "--straggler-factor,--straggler_factor", Kind::kValue,
+       absl::StrCat("A rank whose own work per step is this many times the job's median is a straggler (default ",
+                    kDefaultStragglerFactor, "; 0: off)")},
+      {"metrics_port", "--metrics-port,--metrics_port", Kind::kValue,
+       "Serve the coordinator's Prometheus metrics on this port (needs the rendezvous token as bearer token)"},
+      {"role", "--role", Kind::kValue, "ROLE_NAME of the workers (default 'default')"},
+      {"module", "-m,--module", Kind::kFlag, "Run PROGRAM as a Python module (python -m)"},
+      {"no_python", "--no-python,--no_python", Kind::kFlag, "Run PROGRAM directly, even a .py file"},
+      {"no_flight_recorder", "--no-flight-recorder,--no_flight_recorder", Kind::kFlag,
+       "Do not turn on PyTorch's NCCL flight recorder for GPU workers"},
+      {"run_path", "--run-path,--run_path", Kind::kFlag, "Not supported (workers are processes)"},
+      {"warm_start", "--warm-start,--warm_start", Kind::kFlag,
+       "Start each Python worker as a fork of a standby interpreter that imported torch once per rank "
+       "(a restart skips the import; default on; --warm-start=false: start them cold)"},
+      {"warm_import", "--warm-import,--warm_import", Kind::kValue,
+       absl::StrCat("Modules a --warm-start standby imports, comma separated (default ", kDefaultWarmImport, ")")},
+      {"start_method", "--start-method,--start_method", Kind::kValue,
+       "spawn, fork or forkserver: accepted for torchrun compatibility; every worker is a fresh process (exec)"},
+      {"logs_specs", "--logs-specs,--logs_specs", Kind::kValue, "Not supported (torchrun's plugin for log layouts)"},
+      {"log_dir", "--log-dir,--log_dir", Kind::kValue,
+       "Write <dir>/<run_id>/attempt_<k>/<local_rank>/{stdout,stderr}.log and error.json"},
+      {"redirects", "-r,--redirects", Kind::kValue,
+       "Streams to send to log files only: 0-3 or per local rank 0:1,1:2 (1 out, 2 err, 3 both)"},
+      {"tee", "-t,--tee", Kind::kValue, "Streams to log files and the console: as --redirects"},
+      {"local_ranks_filter", "--local-ranks-filter,--local_ranks_filter", Kind::kValue,
+       "Local ranks shown on the console, e.g. 0,1 (files keep all)"},
+      {"log_line_prefix_template", "--log-line-prefix-template,--log_line_prefix_template", Kind::kValue,
+       absl::StrCat("Console prefix of the workers' lines: ${role_name}, ${rank}, ${local_rank}, ${hostname} (default ",
+                    kSingleNodeLinePrefix, ", on several nodes ", kMultiNodeLinePrefix, ")")},
+      {"duplicate_stdout_filters", "--duplicate-stdout-filters,--duplicate_stdout_filters", Kind::kValue,
+       "Also copy the workers' stdout lines containing any of these comma-separated strings (,, for a comma) to "
+       "attempt_<k>/filtered_stdout.log"},
+      {"duplicate_stderr_filters", "--duplicate-stderr-filters,--duplicate_stderr_filters", Kind::kValue,
+       "The same for stderr, to attempt_<k>/filtered_stderr.log"},
+      {"numa_binding", "--numa-binding,--numa_binding", Kind::kValue,
+       "Bind each worker to the CPUs (and memory) nearest its GPU: node, socket, exclusive or core-complex "
+       "(without GPUs: the NUMA nodes divided among the workers)"},
+      {"virtual_local_rank", "--virtual-local-rank,--virtual_local_rank", Kind::kFlag,
+       "LOCAL_RANK=0 for every worker, each seeing only its own GPU(s) (implies --gpu-binding=isolate)"},
   };
 }
 
 // Addresses, stopping, hangs, GPUs, checks and credentials; then the YAML-only keys.
 std::vector<OptionDef> NodeAndCredentialOptions() {
   return {
-    {"master_addr", "--master-addr,--master_addr", Kind::kValue,
-     "MASTER_ADDR (default 127.0.0.1 on a single node)"},
-    {"master_port", "--master-port,--master_port", Kind::kValue,
-     "MASTER_PORT (default: a free port, bound when this node joins and kept for every attempt)"},
-    {"local_addr", "--local-addr,--local_addr", Kind::kValue,
-     "This node's address as other nodes reach it"},
-    {"config", "--config", Kind::kValue, "YAML file with any of these settings; flags override it"},
-    {"stop_timeout", "--stop-timeout,--stop_timeout,--shutdown-timeout,--shutdown_timeout", Kind::kValue,
-     absl::StrCat("Seconds from SIGTERM to SIGKILL when stopping workers (default ", SecondsOf(kDefaultStopTimeout),
-                  ")")},
-    {"signals_to_handle", "--signals-to-handle,--signals_to_handle", Kind::kValue,
-     "Signals forwarded to the workers before they are stopped (default SIGTERM,SIGINT,SIGHUP,SIGQUIT; "
-     "in a Slurm job step also SIGUSR1,SIGUSR2)"},
-    {"restart_backoff", "--restart-backoff,--restart_backoff", Kind::kValue,
-     "Seconds to wait before a restart (default 0)"},
-    {"hang_timeout", "--hang-timeout,--hang_timeout", Kind::kValue,
-     absl::StrCat("Seconds without a progress report after which a rank is hung: its stacks are captured and the "
-                  "group restarts (default: the larger of ", kHangTimeoutFactor, "x its median step time and ",
-                  SecondsOf(kHangTimeoutFloor), "; 0: off)")},
-    {"gpus", "--gpus", Kind::kValue, "GPUs to use: indices or UUIDs, comma separated"},
-    {"exclude_gpus", "--exclude-gpus,--exclude_gpus", Kind::kValue, "GPUs not to use"},
-    {"gpu_binding", "--gpu-binding,--gpu_binding", Kind::kValue,
-     "shared (every worker sees the pool; default) or isolate (each its own GPUs)"},
-    {"cuda_alloc_conf", "--cuda-alloc-conf,--cuda_alloc_conf", Kind::kValue,
-     "PYTORCH_CUDA_ALLOC_CONF for the workers unless already set"},
-    {"threads_per_worker", "--threads-per-worker,--threads_per_worker", Kind::kValue,
-     "OMP/MKL/OPENBLAS threads per worker (default: usable CPUs / local workers)"},
-    {"dry_run", "--dry-run,--dry_run", Kind::kFlag, "Print each worker's argv and env; start nothing"},
-    {"preflight", "--preflight", Kind::kFlag,
-     "Run launch doctor's checks for this run first: print them, and start nothing when one fails (exit 2)"},
-    {"rdzv_token_file", "--rdzv-token-file,--rdzv_token_file", Kind::kValue,
-     "File whose first line is the job's rendezvous token (else LAUNCH_RDZV_TOKEN)"},
-    {"tls_cert", "--tls-cert,--tls_cert", Kind::kValue,
-     "PEM certificate: the coordinator's, or this agent's for mutual TLS"},
-    {"tls_key", "--tls-key,--tls_key", Kind::kValue, "PEM private key of --tls-cert"},
-    {"tls_ca", "--tls-ca,--tls_ca", Kind::kValue,
-     "PEM CA: agents trust the coordinator signed by it; a hosting agent requires client certificates"},
-    {"insecure", "--insecure", Kind::kFlag,
-     "Let a coordinator reachable from other hosts run without token or TLS"},
-    {"program", "", Kind::kYamlOnly, ""},
-    {"args", "", Kind::kYamlOnly, ""},
-    {"train_base_lr", "", Kind::kYamlOnly, ""},
-    {"train_per_worker_batch", "", Kind::kYamlOnly, ""},
-    {"train_global_batch", "", Kind::kYamlOnly, ""},
-    {"train_base_batch", "", Kind::kYamlOnly, ""},
-    {"train_grad_accum_steps", "", Kind::kYamlOnly, ""},
-    {"train_lr_scaling", "", Kind::kYamlOnly, ""},
+      {"master_addr", "--master-addr,--master_addr", Kind::kValue, "MASTER_ADDR (default 127.0.0.1 on a single node)"},
+      {"master_port", "--master-port,--master_port", Kind::kValue,
+       "MASTER_PORT (default: a free port, bound when this node joins and kept for every attempt)"},
+      {"local_addr", "--local-addr,--local_addr", Kind::kValue, "This node's address as other nodes reach it"},
+      {"config", "--config", Kind::kValue, "YAML file with any of these settings; flags override it"},
+      {"stop_timeout", "--stop-timeout,--stop_timeout,--shutdown-timeout,--shutdown_timeout", Kind::kValue,
+       absl::StrCat("Seconds from SIGTERM to SIGKILL when stopping workers (default ", SecondsOf(kDefaultStopTimeout),
+                    ")")},
+      {"signals_to_handle", "--signals-to-handle,--signals_to_handle", Kind::kValue,
+       "Signals forwarded to the workers before they are stopped (default SIGTERM,SIGINT,SIGHUP,SIGQUIT; "
+       "in a Slurm job step also SIGUSR1,SIGUSR2)"},
+      {"restart_backoff", "--restart-backoff,--restart_backoff", Kind::kValue,
+       "Seconds to wait before a restart (default 0)"},
+      {"hang_timeout", "--hang-timeout,--hang_timeout", Kind::kValue,
+       absl::StrCat("Seconds without a progress report after which a rank is hung: its stacks are captured and the "
+                    "group restarts (default: the larger of ",
+                    kHangTimeoutFactor, "x its median step time and ", SecondsOf(kHangTimeoutFloor), "; 0: off)")},
+      {"gpus", "--gpus", Kind::kValue, "GPUs to use: indices or UUIDs, comma separated"},
+      {"exclude_gpus", "--exclude-gpus,--exclude_gpus", Kind::kValue, "GPUs not to use"},
+      {"gpu_binding", "--gpu-binding,--gpu_binding", Kind::kValue,
+       "shared (every worker sees the pool; default) or isolate (each its own GPUs)"},
+      {"cuda_alloc_conf", "--cuda-alloc-conf,--cuda_alloc_conf", Kind::kValue,
+       "PYTORCH_CUDA_ALLOC_CONF for the workers unless already set"},
+      {"threads_per_worker", "--threads-per-worker,--threads_per_worker", Kind::kValue,
+       "OMP/MKL/OPENBLAS threads per worker (default: usable CPUs / local workers)"},
+      {"dry_run", "--dry-run,--dry_run", Kind::kFlag, "Print each worker's argv and env; start nothing"},
+      {"preflight", "--preflight", Kind::kFlag,
+       "Run launch doctor's checks for this run first: print them, and start nothing when one fails (exit 2)"},
+      {"rdzv_token_file", "--rdzv-token-file,--rdzv_token_file", Kind::kValue,
+       "File whose first line is the job's rendezvous token (else LAUNCH_RDZV_TOKEN)"},
+      {"tls_cert", "--tls-cert,--tls_cert", Kind::kValue,
+       "PEM certificate: the coordinator's, or this agent's for mutual TLS"},
+      {"tls_key", "--tls-key,--tls_key", Kind::kValue, "PEM private key of --tls-cert"},
+      {"tls_ca", "--tls-ca,--tls_ca", Kind::kValue,
+       "PEM CA: agents trust the coordinator signed by it; a hosting agent requires client certificates"},
+      {"insecure", "--insecure", Kind::kFlag, "Let a coordinator reachable from other hosts run without token or TLS"},
+      {"program", "", Kind::kYamlOnly, ""},
+      {"args", "", Kind::kYamlOnly, ""},
+      {"train_base_lr", "", Kind::kYamlOnly, ""},
+      {"train_per_worker_batch", "", Kind::kYamlOnly, ""},
+      {"train_global_batch", "", Kind::kYamlOnly, ""},
+      {"train_base_batch", "", Kind::kYamlOnly, ""},
+      {"train_grad_accum_steps", "", Kind::kYamlOnly, ""},
+      {"train_lr_scaling", "", Kind::kYamlOnly, ""},
   };
 }
 
@@ -201,8 +198,7 @@ std::string YamlOrigin(const std::string& file, const YAML::Node& node, const st
   return absl::StrCat(file, ":", node.Mark().line + 1, ": ", key);
 }
 
-absl::Status FlattenYaml(const std::string& file, const YAML::Node& map, const std::string& prefix,
-                         RawMap* out) {
+absl::Status FlattenYaml(const std::string& file, const YAML::Node& map, const std::string& prefix, RawMap* out) {
   for (auto it = map.begin(); it != map.end(); ++it) {
     std::string name = it->first.as<std::string>();
     std::string key = absl::StrReplaceAll(absl::StrCat(prefix, name), {{"-", "_"}});
@@ -216,10 +212,11 @@ absl::Status FlattenYaml(const std::string& file, const YAML::Node& map, const s
       continue;
     }
     if (!def) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          origin, ": unknown key; expected a flag name (e.g. nproc_per_node, max_restarts, "
-                  "rdzv: {endpoint}) or train.{base_lr, per_worker_batch, global_batch, base_batch, "
-                  "grad_accum_steps, lr_scaling}"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(origin,
+                       ": unknown key; expected a flag name (e.g. nproc_per_node, max_restarts, "
+                       "rdzv: {endpoint}) or train.{base_lr, per_worker_batch, global_batch, base_batch, "
+                       "grad_accum_steps, lr_scaling}"));
     }
     if (key == "config") return absl::InvalidArgumentError(absl::StrCat(origin, ": config files do not nest"));
     RawValue raw;
@@ -244,8 +241,7 @@ absl::Status FlattenYaml(const std::string& file, const YAML::Node& map, const s
         if (!kv->second.IsScalar()) {
           return absl::InvalidArgumentError(absl::StrCat(origin, ": expected plain values"));
         }
-        items.push_back(
-            absl::StrCat(kv->first.as<std::string>(), sep, kv->second.as<std::string>()));
+        items.push_back(absl::StrCat(kv->first.as<std::string>(), sep, kv->second.as<std::string>()));
       }
       raw.value = absl::StrJoin(items, ",");
     } else {
@@ -253,8 +249,7 @@ absl::Status FlattenYaml(const std::string& file, const YAML::Node& map, const s
     }
     // A key given twice (also as rdzv: {endpoint} and rdzv_endpoint) would silently take one.
     if (auto seen = out->find(key); seen != out->end() && seen->second.set) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(origin, ": duplicate key (first at ", seen->second.origin, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(origin, ": duplicate key (first at ", seen->second.origin, ")"));
     }
     (*out)[key] = std::move(raw);
   }
@@ -272,8 +267,8 @@ absl::StatusOr<RawMap> LoadYaml(const std::string& file) {
   } catch (const YAML::BadFile&) {
     return absl::InvalidArgumentError(absl::StrCat("--config=", file, ": cannot read the file"));
   } catch (const YAML::ParserException& e) {
-    return absl::InvalidArgumentError(absl::StrCat(file, ":", e.mark.line + 1, ":", e.mark.column + 1,
-                                                   ": YAML syntax error: ", e.msg));
+    return absl::InvalidArgumentError(
+        absl::StrCat(file, ":", e.mark.line + 1, ":", e.mark.column + 1, ": YAML syntax error: ", e.msg));
   }
   RawMap out;
   if (root.IsNull()) return out;
@@ -340,9 +335,10 @@ absl::StatusOr<std::vector<std::string>> ParseFilterList(const RawValue& v) {
 }
 
 absl::Status ParseRdzvConf(const RawValue& v, LaunchConfig* c) {
-  static const std::set<std::string> kKeys = {"join_timeout",      "last_call_timeout", "close_timeout",
-                                               "heartbeat_interval", "heartbeat_timeout", "is_host",
-                                               "read_timeout",      "timeout"};
+  static const std::set<std::string> kKeys = {"join_timeout",      "last_call_timeout",
+                                              "close_timeout",     "heartbeat_interval",
+                                              "heartbeat_timeout", "is_host",
+                                              "read_timeout",      "timeout"};
   for (const auto& item : SplitCommaList(v.value)) {
     auto eq = item.find('=');
     if (eq == std::string::npos || eq == 0) return Bad(v, "k=v pairs separated by commas");
@@ -382,11 +378,9 @@ absl::Status ParseTrain(RawMap& raw, LaunchConfig* c) {
   TrainScaling t;
   RawValue& lr = raw["train_base_lr"];
   if (!lr.set) {
-    const auto& some = std::find_if(raw.begin(), raw.end(), [](const auto& kv) {
-      return kv.first.rfind("train_", 0) == 0 && kv.second.set;
-    });
-    return absl::InvalidArgumentError(
-        absl::StrCat(some->second.origin, ": the train section needs base_lr"));
+    const auto& some = std::find_if(raw.begin(), raw.end(),
+                                    [](const auto& kv) { return kv.first.rfind("train_", 0) == 0 && kv.second.set; });
+    return absl::InvalidArgumentError(absl::StrCat(some->second.origin, ": the train section needs base_lr"));
   }
   if (!absl::SimpleAtod(lr.value, &t.base_lr) || !(t.base_lr > 0)) return Bad(lr, "a learning rate > 0");
   auto opt_int = [&](const char* key, std::optional<int>* out) -> absl::Status {
@@ -403,8 +397,8 @@ absl::Status ParseTrain(RawMap& raw, LaunchConfig* c) {
   RETURN_IF_ERROR(opt_int("train_grad_accum_steps", &accum));
   if (accum) t.grad_accum_steps = *accum;
   if (t.per_worker_batch && t.global_batch) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        raw["train_global_batch"].origin, ": give train.per_worker_batch or train.global_batch, not both"));
+    return absl::InvalidArgumentError(absl::StrCat(raw["train_global_batch"].origin,
+                                                   ": give train.per_worker_batch or train.global_batch, not both"));
   }
   if (!t.per_worker_batch && !t.global_batch) {
     return absl::InvalidArgumentError(
@@ -469,8 +463,8 @@ absl::Status ParseWorkersAndNodes(RawMap& raw, LaunchConfig& c) {
     int lo, hi;
     if (parts.size() == 1 && absl::SimpleAtoi(parts[0], &lo) && lo >= 1) {
       c.min_nodes = c.max_nodes = lo;
-    } else if (parts.size() == 2 && absl::SimpleAtoi(parts[0], &lo) && absl::SimpleAtoi(parts[1], &hi) &&
-               lo >= 1 && hi >= lo) {
+    } else if (parts.size() == 2 && absl::SimpleAtoi(parts[0], &lo) && absl::SimpleAtoi(parts[1], &hi) && lo >= 1 &&
+               hi >= lo) {
       c.min_nodes = lo;
       c.max_nodes = hi;
     } else {
@@ -557,8 +551,8 @@ absl::Status ParseRoleAndWarmStart(RawMap& raw, LaunchConfig& c) {
     for (absl::string_view m : absl::StrSplit(raw["warm_import"].value, ',', absl::SkipWhitespace())) {
       m = absl::StripAsciiWhitespace(m);
       if (!IsPythonModuleName(m) || c.warm_imports.size() >= kMaxWarmImports) {
-        return Bad(raw["warm_import"], absl::StrCat("at most ", kMaxWarmImports,
-                                                    " Python module names (e.g. torch,numpy,mypkg.models)"));
+        return Bad(raw["warm_import"],
+                   absl::StrCat("at most ", kMaxWarmImports, " Python module names (e.g. torch,numpy,mypkg.models)"));
       }
       c.warm_imports.emplace_back(m);
     }
@@ -612,7 +606,8 @@ absl::Status ParseLogs(RawMap& raw, LaunchConfig& c) {
     const RawValue& v = raw["log_line_prefix_template"];
     auto checked = FormatLinePrefix(v.value, LinePrefixFields{});
     if (!checked.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(v.origin, "=", v.value.substr(0, 64), ": ", checked.status().message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(v.origin, "=", v.value.substr(0, 64), ": ", checked.status().message()));
     }
     c.log_line_prefix_template = v.value;
   }
@@ -620,8 +615,8 @@ absl::Status ParseLogs(RawMap& raw, LaunchConfig& c) {
     if (!IsSet(raw, key)) continue;
     const RawValue& v = raw[key];
     ASSIGN_OR_RETURN(std::vector<std::string> filters, ParseFilterList(v));
-    (std::string(key) == "duplicate_stdout_filters" ? c.duplicate_stdout_filters : c.duplicate_stderr_filters) =
-        std::move(filters);
+    (std::string(key) == "duplicate_stdout_filters" ? c.duplicate_stdout_filters
+                                                    : c.duplicate_stderr_filters) = std::move(filters);
   }
   return absl::OkStatus();
 }
@@ -715,8 +710,9 @@ absl::Status CheckCombinations(RawMap& raw, LaunchConfig& c) {
   }
   if (c.virtual_local_rank) {
     if (IsSet(raw, "gpu_binding") && c.gpu_binding == GpuBinding::kShared) {
-      return Bad(raw["gpu_binding"], "isolate (or no --gpu-binding) with --virtual-local-rank, whose workers each see "
-                                     "only their own GPU(s)");
+      return Bad(raw["gpu_binding"],
+                 "isolate (or no --gpu-binding) with --virtual-local-rank, whose workers each see "
+                 "only their own GPU(s)");
     }
     c.gpu_binding = GpuBinding::kIsolate;
   }
@@ -737,8 +733,7 @@ absl::Status ParseProgram(RawMap& raw, std::vector<std::string> remaining, Launc
   if (!remaining.empty() && remaining[0] == "--") remaining.erase(remaining.begin());
   if (!remaining.empty()) {
     if (remaining[0].size() > 1 && remaining[0][0] == '-') {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unknown flag '", remaining[0], "' (see launch --help)"));
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag '", remaining[0], "' (see launch --help)"));
     }
     c.program = remaining[0];
     c.args.assign(remaining.begin() + 1, remaining.end());
@@ -861,11 +856,11 @@ absl::Status FillFromSlurm(const std::map<std::string, std::string>& env, RawMap
   *cpus_on_node = slurm->cpus_on_node;
   const long nodes = std::stol(slurm->nnodes.value);
   if (used && slurm->tasks > nodes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "srun started ", slurm->tasks, " tasks on ", nodes, " node(s) (SLURM_STEP_NUM_TASKS=", slurm->tasks, ", ",
-        slurm->nnodes.origin, "=", nodes,
-        "): launch is one agent per node and starts the workers itself; expected srun --ntasks-per-node=1 "
-        "and launch --nproc-per-node=N"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("srun started ", slurm->tasks, " tasks on ", nodes,
+                     " node(s) (SLURM_STEP_NUM_TASKS=", slurm->tasks, ", ", slurm->nnodes.origin, "=", nodes,
+                     "): launch is one agent per node and starts the workers itself; expected srun --ntasks-per-node=1 "
+                     "and launch --nproc-per-node=N"));
   }
   return absl::OkStatus();
 }
@@ -971,11 +966,11 @@ absl::StatusOr<bool> ParseSubcommandArgs(CLI::App& app, const std::vector<std::s
 }  // namespace
 
 absl::StatusOr<ParsedCoordinatorArgs> ParseCoordinatorArgs(const std::vector<std::string>& argv) {
-  CLI::App app{"launch coordinator: a standalone rendezvous coordinator for any number of jobs",
-               "launch coordinator"};
+  CLI::App app{"launch coordinator: a standalone rendezvous coordinator for any number of jobs", "launch coordinator"};
   ParsedCoordinatorArgs out;
   CoordinatorConfig& c = out.config;
-  app.add_option("--listen", c.listen, absl::StrCat("HOST:PORT to serve on (default ", c.listen, "; port 0 picks one)"));
+  app.add_option("--listen", c.listen,
+                 absl::StrCat("HOST:PORT to serve on (default ", c.listen, "; port 0 picks one)"));
   app.add_option("--rdzv-token-file,--rdzv_token_file", c.rdzv_token_file,
                  "File whose first line is the token every agent must present (else LAUNCH_RDZV_TOKEN)");
   app.add_option("--tls-cert,--tls_cert", c.tls_cert, "PEM certificate to serve TLS with");
@@ -1022,9 +1017,10 @@ absl::StatusOr<ParsedStatusArgs> ParseStatusArgs(const std::vector<std::string>&
 }
 
 absl::StatusOr<ParsedDoctorArgs> ParseDoctorArgs(const std::vector<std::string>& argv) {
-  CLI::App app{"launch doctor: whether this machine is ready for a run (driver, CUDA, torch, GPUs, /dev/shm, "
-               "CPUs, limits, directories, BLAS); exit 0 all ok, 1 a warning, 2 a failure",
-               "launch doctor"};
+  CLI::App app{
+      "launch doctor: whether this machine is ready for a run (driver, CUDA, torch, GPUs, /dev/shm, "
+      "CPUs, limits, directories, BLAS); exit 0 all ok, 1 a warning, 2 a failure",
+      "launch doctor"};
   ParsedDoctorArgs out;
   DoctorConfig& c = out.config;
   int nproc = 0;
@@ -1040,8 +1036,8 @@ absl::StatusOr<ParsedDoctorArgs> ParseDoctorArgs(const std::vector<std::string>&
   if (out.help) return out;
   if (nproc_option->count() > 0) c.nproc = nproc;
   c.exclude_gpus = SplitCommaList(exclude);
-  for (const auto& [flag, dir] : {std::pair<const char*, const std::string*>{"--log-dir", &c.log_dir},
-                                  {"--checkpoint-dir", &c.checkpoint_dir}}) {
+  for (const auto& [flag, dir] :
+       {std::pair<const char*, const std::string*>{"--log-dir", &c.log_dir}, {"--checkpoint-dir", &c.checkpoint_dir}}) {
     if (dir->size() >= PATH_MAX) {
       return absl::InvalidArgumentError(absl::StrCat(flag, ": expected a path shorter than ", PATH_MAX, " bytes"));
     }

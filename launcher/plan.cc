@@ -37,17 +37,14 @@ absl::Status CheckDescriptorBudget(int nproc, bool log_files, const HostFacts& h
   const long need = DescriptorsNeeded(nproc, log_files);
   if (need <= limit) return absl::OkStatus();
   const long fit = std::max(0L, (limit - kOwnDescriptors) / (log_files ? 4 : 2));
-  return absl::InvalidArgumentError(absl::StrCat(
-      "--nproc-per-node=", nproc, ": ", nproc, " workers", log_files ? " with log files" : "",
-      " need about ", need, " open files, and the limit is ", limit,
-      " (ulimit -n; the hard limit is ",
-      host.open_files_hard ? std::to_string(*host.open_files_hard) : std::string("unlimited"),
-      "); expected at most ", fit, " workers, or a higher limit"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("--nproc-per-node=", nproc, ": ", nproc, " workers", log_files ? " with log files" : "",
+                   " need about ", need, " open files, and the limit is ", limit, " (ulimit -n; the hard limit is ",
+                   host.open_files_hard ? std::to_string(*host.open_files_hard) : std::string("unlimited"),
+                   "); expected at most ", fit, " workers, or a higher limit"));
 }
 
-bool RunsThroughPython(const LaunchConfig& c) {
-  return c.module || (!c.no_python && absl::EndsWith(c.program, ".py"));
-}
+bool RunsThroughPython(const LaunchConfig& c) { return c.module || (!c.no_python && absl::EndsWith(c.program, ".py")); }
 
 // The worker command line: a .py script or -m module through $PYTHON_EXEC -u, like torchrun;
 // anything else (or --no-python) directly.
@@ -60,14 +57,12 @@ absl::StatusOr<std::vector<std::string>> WorkerArgv(const LaunchConfig& c, const
   if (python) {
     std::string py = env.count("PYTHON_EXEC") ? env.at("PYTHON_EXEC") : "python3";
     auto exe = q.ResolveExecutable(py, path);
-    if (!exe.ok())
-      return absl::NotFoundError(absl::StrCat("PYTHON_EXEC: ", exe.status().message()));
+    if (!exe.ok()) return absl::NotFoundError(absl::StrCat("PYTHON_EXEC: ", exe.status().message()));
     argv = {*exe, "-u"};
     if (c.module) {
       argv.push_back("-m");
     } else if (!q.File(c.program).readable) {
-      return absl::NotFoundError(
-          absl::StrCat("script '", c.program, "' does not exist or is not readable"));
+      return absl::NotFoundError(absl::StrCat("script '", c.program, "' does not exist or is not readable"));
     }
     argv.push_back(c.program);
   } else {
@@ -77,14 +72,13 @@ absl::StatusOr<std::vector<std::string>> WorkerArgv(const LaunchConfig& c, const
       if (f.regular && !f.executable) {
         // torchrun runs every program through Python unless --no-python; launch runs .py files (and
         // -m) through it and everything else directly, so a script without .py needs one more word.
-        return absl::InvalidArgumentError(absl::StrCat(
-            "program '", c.program, "' is a file that is not executable",
-            c.program.find('/') == std::string::npos ? " and not on PATH" : "",
-            ": launch runs only .py scripts and -m modules through Python (torchrun would run it "
-            "with python); "
-            "name it ",
-            c.program, ".py, chmod +x it, or give the interpreter: launch ... python3 -u ",
-            c.program));
+        return absl::InvalidArgumentError(
+            absl::StrCat("program '", c.program, "' is a file that is not executable",
+                         c.program.find('/') == std::string::npos ? " and not on PATH" : "",
+                         ": launch runs only .py scripts and -m modules through Python (torchrun would run it "
+                         "with python); "
+                         "name it ",
+                         c.program, ".py, chmod +x it, or give the interpreter: launch ... python3 -u ", c.program));
       }
     }
     if (!exe.ok()) return exe.status();
@@ -105,19 +99,17 @@ absl::StatusOr<std::string> NodeAddress(const LaunchConfig& c, HostQueries& q) {
   if (addr.empty() && !endpoint_host.empty()) {
     // A coordinator on loopback means the whole job is on this machine.
     auto loop = q.IsLoopbackHost(endpoint_host);
-    if (loop.ok() && *loop)
-      addr = endpoint_host.find(':') != std::string::npos ? "::1" : "127.0.0.1";
+    if (loop.ok() && *loop) addr = endpoint_host.find(':') != std::string::npos ? "::1" : "127.0.0.1";
   }
   if (addr.empty()) {
     auto guess = q.DefaultHostAddress();
     if (!guess.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "cannot tell this node's address (", guess.status().message(), "); give --local-addr"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot tell this node's address (", guess.status().message(), "); give --local-addr"));
     }
     addr = *guess;
   } else if (auto ips = q.ResolveHost(addr); !ips.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--local-addr=", addr, ": ", ips.status().message()));
+    return absl::InvalidArgumentError(absl::StrCat("--local-addr=", addr, ": ", ips.status().message()));
   }
   // A loopback address is fine when the whole job is on this machine (the endpoint is loopback).
   std::string peer = c.rdzv_backend == "static" ? c.master_addr.value_or("") : "";
@@ -158,17 +150,15 @@ struct Shape {
 };
 
 // The GPUs the workers may use (--gpus, --exclude-gpus, an inherited CUDA_VISIBLE_DEVICES).
-absl::StatusOr<GpuPool> ChooseGpus(const LaunchConfig& c, const HostFacts& host,
-                                   LaunchPlan& plan) {
+absl::StatusOr<GpuPool> ChooseGpus(const LaunchConfig& c, const HostFacts& host, LaunchPlan& plan) {
   const std::vector<GpuInfo>& gpus = host.gpus;
   GpuSelection sel;
-  if (host.env.count("CUDA_VISIBLE_DEVICES"))
-    sel.inherited_cuda_visible_devices = host.env.at("CUDA_VISIBLE_DEVICES");
+  if (host.env.count("CUDA_VISIBLE_DEVICES")) sel.inherited_cuda_visible_devices = host.env.at("CUDA_VISIBLE_DEVICES");
   sel.gpus = c.gpus;
   sel.exclude = c.exclude_gpus;
   if (gpus.empty() && (!c.gpus.empty() || !c.exclude_gpus.empty())) {
-    return absl::InvalidArgumentError(absl::StrCat(c.gpus.empty() ? "--exclude-gpus" : "--gpus",
-                                                   ": no GPU (", host.why_no_gpu, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(c.gpus.empty() ? "--exclude-gpus" : "--gpus", ": no GPU (", host.why_no_gpu, ")"));
   }
   ASSIGN_OR_RETURN(GpuPool pool, SelectGpuPool(gpus, sel));
   plan.warnings = pool.warnings;
@@ -178,13 +168,11 @@ absl::StatusOr<GpuPool> ChooseGpus(const LaunchConfig& c, const HostFacts& host,
 
 // Inside a Slurm job step, the CPUs the job has here bound those usable.
 int UsableCpus(const LaunchConfig& c, const HostFacts& host) {
-  return c.slurm_cpus_on_node ? std::max(1, std::min(host.usable_cpus, *c.slurm_cpus_on_node))
-                              : host.usable_cpus;
+  return c.slurm_cpus_on_node ? std::max(1, std::min(host.usable_cpus, *c.slurm_cpus_on_node)) : host.usable_cpus;
 }
 
 // Workers on this node: --nproc-per-node's number, or the CPUs or GPUs it names.
-absl::StatusOr<int> CountWorkers(const LaunchConfig& c, const HostFacts& host, const GpuPool& pool,
-                                 int cpus) {
+absl::StatusOr<int> CountWorkers(const LaunchConfig& c, const HostFacts& host, const GpuPool& pool, int cpus) {
   const std::vector<GpuInfo>& gpus = host.gpus;
   int nproc = c.nproc;
   switch (c.nproc_kind) {
@@ -195,9 +183,8 @@ absl::StatusOr<int> CountWorkers(const LaunchConfig& c, const HostFacts& host, c
       break;
     case LaunchConfig::Nproc::kGpu:
       if (pool.gpus.empty()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--nproc-per-node=gpu: no GPU (",
-                         gpus.empty() ? host.why_no_gpu : "every GPU is excluded", ")"));
+        return absl::InvalidArgumentError(absl::StrCat("--nproc-per-node=gpu: no GPU (",
+                                                       gpus.empty() ? host.why_no_gpu : "every GPU is excluded", ")"));
       }
       nproc = static_cast<int>(pool.gpus.size());
       break;
@@ -205,11 +192,9 @@ absl::StatusOr<int> CountWorkers(const LaunchConfig& c, const HostFacts& host, c
       nproc = pool.gpus.empty() ? cpus : static_cast<int>(pool.gpus.size());
       break;
   }
-  if (c.gpu_binding == GpuBinding::kIsolate && !pool.gpus.empty() &&
-      static_cast<int>(pool.gpus.size()) < nproc) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--gpu-binding=isolate: ", nproc, " workers but ", pool.gpus.size(),
-                     " GPU(s) in the pool; expected at least one GPU per worker"));
+  if (c.gpu_binding == GpuBinding::kIsolate && !pool.gpus.empty() && static_cast<int>(pool.gpus.size()) < nproc) {
+    return absl::InvalidArgumentError(absl::StrCat("--gpu-binding=isolate: ", nproc, " workers but ", pool.gpus.size(),
+                                                   " GPU(s) in the pool; expected at least one GPU per worker"));
   }
   return nproc;
 }
@@ -226,13 +211,11 @@ void WarnOfFewSlurmCpus(const LaunchConfig& c, int nproc, LaunchPlan& plan) {
 
 // Redirected output and filtered copies need files somewhere that outlives the run.
 bool Redirecting(const LaunchConfig& c) {
-  return c.redirects.Any() || c.tee.Any() || !c.duplicate_stdout_filters.empty() ||
-         !c.duplicate_stderr_filters.empty();
+  return c.redirects.Any() || c.tee.Any() || !c.duplicate_stdout_filters.empty() || !c.duplicate_stderr_filters.empty();
 }
 
 // The descriptors the workers need, refused now when the limit is too low (not under --dry-run).
-absl::Status CountDescriptors(const LaunchConfig& c, const HostFacts& host, int nproc,
-                              LaunchPlan& plan) {
+absl::Status CountDescriptors(const LaunchConfig& c, const HostFacts& host, int nproc, LaunchPlan& plan) {
   const bool redirecting = Redirecting(c);
   if (!c.dry_run) {
     const bool log_files = !c.log_dir.empty() || redirecting;
@@ -247,9 +230,7 @@ absl::StatusOr<Shape> ChooseTopology(const LaunchConfig& c, LaunchPlan& plan) {
   // Topology: one node with its coordinator in-process, a multi-node rendezvous, or static ranks.
   const bool is_static = c.rdzv_backend == "static" && c.max_nodes > 1;
   const bool multi = !is_static && !c.standalone && (c.max_nodes > 1 || !c.rdzv_endpoint.empty());
-  plan.topology = multi       ? Topology::kMultiNode
-                  : is_static ? Topology::kStatic
-                              : Topology::kSingleNode;
+  plan.topology = multi ? Topology::kMultiNode : is_static ? Topology::kStatic : Topology::kSingleNode;
   // A dry run meets no other node: the ranks it shows are this node's as if its group rank were
   // its node rank and every node ran as many workers.
   const bool dry_multi = multi && c.dry_run;
@@ -264,8 +245,8 @@ absl::StatusOr<Shape> ChooseTopology(const LaunchConfig& c, LaunchPlan& plan) {
 }
 
 // The address the other nodes reach this one at; a dry run goes on without one, with a warning.
-absl::StatusOr<std::string> ThisNodeAddress(const LaunchConfig& c, const HostFacts& host,
-                                            const Shape& shape, LaunchPlan& plan) {
+absl::StatusOr<std::string> ThisNodeAddress(const LaunchConfig& c, const HostFacts& host, const Shape& shape,
+                                            LaunchPlan& plan) {
   HostQueries& q = *host.queries;
   std::string node_addr = "127.0.0.1";
   if (shape.multi || shape.is_static) {
@@ -296,24 +277,22 @@ absl::StatusOr<std::string> MasterAddress(const LaunchConfig& c, HostQueries& q,
                                                      master_addr, ": ", in_use.status().message()));
     }
     if (*in_use) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("--master-port=", *c.master_port, ": the port is already in use on ",
-                       master_addr, "; expected a free port (or omit the flag to get one)"));
+      return absl::FailedPreconditionError(absl::StrCat("--master-port=", *c.master_port,
+                                                        ": the port is already in use on ", master_addr,
+                                                        "; expected a free port (or omit the flag to get one)"));
     }
   }
   return master_addr;
 }
 
 // The worker group's spec: how many workers, its run id, GPUs, CPUs and training scale.
-absl::Status PlanGroupSpec(const LaunchConfig& c, const HostFacts& host, const GpuPool& pool,
-                           int nproc, int cpus, const Shape& shape, AgentOptions& opts) {
+absl::Status PlanGroupSpec(const LaunchConfig& c, const HostFacts& host, const GpuPool& pool, int nproc, int cpus,
+                           const Shape& shape, AgentOptions& opts) {
   HostQueries& q = *host.queries;
   opts.spec.local_world_size = nproc;
   opts.spec.role = c.role;
   // Every node of a job must name the same run: torchrun's default id when none is given.
-  opts.spec.run_id = !c.rdzv_id.empty()                 ? c.rdzv_id
-                     : (shape.multi || shape.is_static) ? "none"
-                                                        : q.RandomHex(8);
+  opts.spec.run_id = !c.rdzv_id.empty() ? c.rdzv_id : (shape.multi || shape.is_static) ? "none" : q.RandomHex(8);
   opts.spec.max_restarts = c.max_restarts;
   opts.spec.gpu_pool = pool.tokens;
   opts.spec.gpu_pool_is_nvml_indices = pool.from_nvml_indices;
@@ -367,8 +346,8 @@ void PlanWarmStart(const LaunchConfig& c, const HostFacts& host, AgentOptions& o
   // On by default for Python workers and for programs that declare LAUNCH_SDK_WARM_START(); for
   // another program only when asked for (then the log says once why its workers start cold).
   opts.warm_python = RunsThroughPython(c);
-  opts.warm_start = c.warm_start && (opts.warm_python || c.warm_start_given ||
-                                     (!c.dry_run && q.DeclaresWarmStart(opts.argv.front())));
+  opts.warm_start = c.warm_start &&
+                    (opts.warm_python || c.warm_start_given || (!c.dry_run && q.DeclaresWarmStart(opts.argv.front())));
   opts.warm_imports = c.warm_imports;
 }
 
@@ -389,14 +368,14 @@ absl::Status PlanNuma(const LaunchConfig& c, const HostFacts& host, const GpuPoo
 }
 
 // This node as the coordinator sees it, and the rendezvous's settings.
-void PlanNode(const LaunchConfig& c, const HostFacts& host, const Shape& shape,
-              const std::string& node_addr, int nproc, LaunchPlan& plan) {
+void PlanNode(const LaunchConfig& c, const HostFacts& host, const Shape& shape, const std::string& node_addr, int nproc,
+              LaunchPlan& plan) {
   HostQueries& q = *host.queries;
   AgentOptions& opts = plan.agent;
   opts.node.set_hostname(host.hostname);
   // "<host>:<pid>:<hex>", its host part cut so that the id fits kMaxNodeIdLength.
-  opts.node.set_node_id(absl::StrCat(host.hostname.substr(0, kMaxNodeIdLength - 32), ":", host.pid,
-                                     ":", q.RandomHex(4)));
+  opts.node.set_node_id(
+      absl::StrCat(host.hostname.substr(0, kMaxNodeIdLength - 32), ":", host.pid, ":", q.RandomHex(4)));
   opts.node.set_host_address(node_addr);
   opts.node.set_local_world_size(nproc);
   // A node rank that was given (not the default 0) orders the first round's group ranks.
@@ -411,8 +390,7 @@ void PlanNode(const LaunchConfig& c, const HostFacts& host, const Shape& shape,
 absl::Status PlanStaticRanks(const LaunchConfig& c, const Shape& shape, AgentOptions& opts) {
   if (shape.is_static) {
     if (!c.master_addr) {
-      return absl::InvalidArgumentError(
-          "--rdzv-backend=static: --master-addr is needed (the address of node rank 0)");
+      return absl::InvalidArgumentError("--rdzv-backend=static: --master-addr is needed (the address of node rank 0)");
     }
     StaticTopology t;
     t.group_rank = c.node_rank;
@@ -425,8 +403,7 @@ absl::Status PlanStaticRanks(const LaunchConfig& c, const Shape& shape, AgentOpt
 }
 
 // Who hosts the coordinator of a multi-node run: this agent, or another machine's.
-absl::Status ChooseCoordinator(const LaunchConfig& c, const HostFacts& host, const Shape& shape,
-                               LaunchPlan& plan) {
+absl::Status ChooseCoordinator(const LaunchConfig& c, const HostFacts& host, const Shape& shape, LaunchPlan& plan) {
   HostQueries& q = *host.queries;
   if (shape.multi) {
     ASSIGN_OR_RETURN(HostPort hp, ParseHostPort(c.rdzv_endpoint, "--rdzv-endpoint"));
@@ -439,8 +416,8 @@ absl::Status ChooseCoordinator(const LaunchConfig& c, const HostFacts& host, con
       // that does not resolve yet (a pod's "<host>.<subdomain>" before its DNS record exists). Any
       // other name that does not resolve yet is another machine's: the agent joins it, retrying
       // until join_timeout, as it does an endpoint that does not answer.
-      absl::StatusOr<bool> local =
-          absl::EqualsIgnoreCase(hp.host, host.hostname) ? absl::StatusOr<bool>(true) : q.IsLocalHost(hp.host);
+      absl::StatusOr<bool> local = absl::EqualsIgnoreCase(hp.host, host.hostname) ? absl::StatusOr<bool>(true)
+                                                                                  : q.IsLocalHost(hp.host);
       if (!local.ok() && !host.hostname.empty() &&
           absl::StartsWithIgnoreCase(hp.host, absl::StrCat(host.hostname, "."))) {
         local = true;
@@ -503,7 +480,6 @@ absl::StatusOr<LaunchPlan> Plan(const LaunchConfig& c, const HostFacts& host) {
   return plan;
 }
 
-
 }  // namespace
 
 std::string DescribePlan(const LaunchConfig& c, const LaunchPlan& plan) {
@@ -518,8 +494,8 @@ std::string DescribePlan(const LaunchConfig& c, const LaunchPlan& plan) {
                     std::string(kValueWidth - std::min(kValueWidth, value.size()), ' '), "  ", from, "\n");
   };
   const int nodes = plan.topology == Topology::kSingleNode ? 1 : c.max_nodes;
-  const std::string node_count =
-      c.min_nodes == c.max_nodes ? std::to_string(nodes) : absl::StrCat(c.min_nodes, ":", c.max_nodes);
+  const std::string node_count = c.min_nodes == c.max_nodes ? std::to_string(nodes)
+                                                            : absl::StrCat(c.min_nodes, ":", c.max_nodes);
   const int group_rank = a.static_topology ? a.static_topology->group_rank : 0;
   absl::StrAppend(&out, "launch --dry-run: node rank ", group_rank, " of ", node_count, ", ", a.spec.local_world_size,
                   " worker(s) on this node");
@@ -539,11 +515,12 @@ std::string DescribePlan(const LaunchConfig& c, const LaunchPlan& plan) {
   row("max_restarts", std::to_string(c.max_restarts), origin("max_restarts"));
   row("signals_to_handle", SignalListName(c.signals_to_handle), origin("signals_to_handle"));
   row("log_line_prefix", a.line_prefix_template, origin("log_line_prefix_template"));
-  if (c.numa_binding != NumaBinding::kNone) row("numa_binding", NumaBindingName(c.numa_binding), origin("numa_binding"));
+  if (c.numa_binding != NumaBinding::kNone)
+    row("numa_binding", NumaBindingName(c.numa_binding), origin("numa_binding"));
   if (c.slurm_cpus_on_node) row("usable_cpus", std::to_string(a.spec.usable_cpus), "SLURM_CPUS_ON_NODE and affinity");
   if (plan.dry_run_without_rendezvous) {
-    absl::StrAppend(&out, "  note: a dry run meets no other node: the ranks below are group rank ", group_rank, "'s with ",
-                    a.spec.local_world_size,
+    absl::StrAppend(&out, "  note: a dry run meets no other node: the ranks below are group rank ", group_rank,
+                    "'s with ", a.spec.local_world_size,
                     " worker(s) on every node; at run time the rendezvous gives the group ranks (in node-rank "
                     "order among nodes that join together and have one), and the group-rank-0 node's agent picks "
                     "MASTER_ADDR and MASTER_PORT\n");
@@ -551,9 +528,7 @@ std::string DescribePlan(const LaunchConfig& c, const LaunchPlan& plan) {
   return out;
 }
 
-long DescriptorsNeeded(int nproc, bool log_files) {
-  return kOwnDescriptors + nproc * (log_files ? 4L : 2L);
-}
+long DescriptorsNeeded(int nproc, bool log_files) { return kOwnDescriptors + nproc * (log_files ? 4L : 2L); }
 
 absl::StatusOr<LaunchPlan> PlanLaunch(const LaunchConfig& config, const HostFacts& host) {
   if (host.queries == nullptr) return absl::InternalError("PlanLaunch: no HostQueries");

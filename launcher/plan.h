@@ -29,8 +29,7 @@ class HostQueries {
  public:
   virtual ~HostQueries() = default;
   // As agent/process.h's ResolveExecutable.
-  virtual absl::StatusOr<std::string> ResolveExecutable(const std::string& program,
-                                                        const std::string& path_env) = 0;
+  virtual absl::StatusOr<std::string> ResolveExecutable(const std::string& program, const std::string& path_env) = 0;
   virtual FileFacts File(const std::string& path) = 0;
   // As common/net.h's functions of the same names.
   virtual absl::StatusOr<std::string> DefaultHostAddress() = 0;

@@ -20,8 +20,8 @@ double Secs(Ms d) { return static_cast<double>(d.count()) / 1000.0; }
 
 absl::StatusOr<Ms> FromSecs(double s, const char* what, bool positive) {
   if (!std::isfinite(s) || s < 0 || (positive && s < kMinPositiveSeconds) || s > kMaxSeconds) {
-    return absl::InvalidArgumentError(absl::StrCat(what, "=", s, ": expected a number of seconds",
-                                                   positive ? " > 0" : " >= 0"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, "=", s, ": expected a number of seconds", positive ? " > 0" : " >= 0"));
   }
   return SecondsToMs(s);
 }
@@ -29,16 +29,20 @@ absl::StatusOr<Ms> FromSecs(double s, const char* what, bool positive) {
 
 absl::StatusOr<double> CheckStragglerFactor(double f) {
   if (f == 0 || (std::isfinite(f) && f >= 1 && f <= kMaxStragglerFactor)) return f;
-  return absl::InvalidArgumentError(absl::StrCat("straggler factor ", f, ": expected 0 (off) or 1-",
-                                                 kMaxStragglerFactor));
+  return absl::InvalidArgumentError(
+      absl::StrCat("straggler factor ", f, ": expected 0 (off) or 1-", kMaxStragglerFactor));
 }
 
 const char* PhaseName(Rendezvous::Phase p) {
   switch (p) {
-    case Rendezvous::Phase::kWaiting: return "waiting";
-    case Rendezvous::Phase::kRunning: return "running";
-    case Rendezvous::Phase::kSucceeded: return "succeeded";
-    case Rendezvous::Phase::kFailed: return "failed";
+    case Rendezvous::Phase::kWaiting:
+      return "waiting";
+    case Rendezvous::Phase::kRunning:
+      return "running";
+    case Rendezvous::Phase::kSucceeded:
+      return "succeeded";
+    case Rendezvous::Phase::kFailed:
+      return "failed";
   }
   return "?";
 }
@@ -63,8 +67,8 @@ absl::StatusOr<RendezvousConfig> RendezvousConfig::FromSpec(const v1::RunSpec& s
         absl::StrCat("nnodes ", s.min_nodes(), ":", s.max_nodes(), ": expected 1 <= MIN <= MAX"));
   }
   if (s.max_nodes() > kMaxNodes) {
-    return absl::InvalidArgumentError(absl::StrCat("nnodes ", s.min_nodes(), ":", s.max_nodes(), ": at most ",
-                                                   kMaxNodes, " nodes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("nnodes ", s.min_nodes(), ":", s.max_nodes(), ": at most ", kMaxNodes, " nodes"));
   }
   if (s.max_restarts() < 0) {
     return absl::InvalidArgumentError(absl::StrCat("max_restarts=", s.max_restarts(), ": expected >= 0"));
@@ -90,8 +94,8 @@ std::string DescribeSpec(const v1::RunSpec& s) {
   return absl::StrFormat(
       "--nnodes %d:%d, --max-restarts %d, join_timeout %gs, last_call_timeout %gs, close_timeout %gs, "
       "heartbeat_timeout %gs",
-      s.min_nodes(), s.max_nodes(), s.max_restarts(), s.join_timeout_s(), s.last_call_timeout_s(),
-      s.close_timeout_s(), s.heartbeat_timeout_s());
+      s.min_nodes(), s.max_nodes(), s.max_restarts(), s.join_timeout_s(), s.last_call_timeout_s(), s.close_timeout_s(),
+      s.heartbeat_timeout_s());
 }
 
 Rendezvous::Rendezvous(std::string run_id, RendezvousConfig config, const Clock* clock)
@@ -130,8 +134,7 @@ absl::Status Rendezvous::Join(const v1::JoinRequest& req) {
     }
   }
   if (ended()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("run '", run_id_, "' has ended (", PhaseName(phase_), ")"));
+    return absl::FailedPreconditionError(absl::StrCat("run '", run_id_, "' has ended (", PhaseName(phase_), ")"));
   }
   identities_[id] = req.node();
   refused_.erase(id);
@@ -360,8 +363,7 @@ void Rendezvous::FormRound() {
   stopped_for_hang_ = false;
 }
 
-std::optional<v1::Assignment> Rendezvous::AssignmentFor(const std::string& node_id,
-                                                        long last_round) const {
+std::optional<v1::Assignment> Rendezvous::AssignmentFor(const std::string& node_id, long last_round) const {
   if (phase_ != Phase::kRunning || round_ <= last_round) return std::nullopt;
   auto it = member_index_.find(node_id);
   if (it == member_index_.end()) return std::nullopt;
@@ -384,10 +386,10 @@ std::optional<Clock::TimePoint> Rendezvous::Tick() {
       if (m.succeeded) continue;  // done; it waits for the others without a lease to keep
       auto expiry = m.last_seen + config_.heartbeat_timeout;
       if (now > expiry) {
-        lost.push_back(m.id.empty()
-                           ? absl::StrCat("group rank ", r, " (never re-registered after a coordinator restart)")
-                           : absl::StrFormat("%s (no heartbeat for %.1f s)", NodeName(m.id),
-                                             SecondsBetween(m.last_seen, now)));
+        lost.push_back(
+            m.id.empty()
+                ? absl::StrCat("group rank ", r, " (never re-registered after a coordinator restart)")
+                : absl::StrFormat("%s (no heartbeat for %.1f s)", NodeName(m.id), SecondsBetween(m.last_seen, now)));
       } else if (!next || expiry < *next) {
         next = expiry;
       }
@@ -409,8 +411,9 @@ std::optional<Clock::TimePoint> Rendezvous::Tick() {
   }
   const auto join_deadline = waiting_since_ + config_.join_timeout;
   if (n < config_.min_nodes && now >= join_deadline) {
-    std::string why = absl::StrFormat("round %d did not form within join_timeout %.0f s: %d of at least %d node(s) joined",
-                                      round_ + 1, Secs(config_.join_timeout), n, config_.min_nodes);
+    std::string why =
+        absl::StrFormat("round %d did not form within join_timeout %.0f s: %d of at least %d node(s) joined",
+                        round_ + 1, Secs(config_.join_timeout), n, config_.min_nodes);
     if (!lost_.empty()) absl::StrAppend(&why, "; lost: ", absl::StrJoin(lost_, ", "));
     End(Phase::kFailed, why);
     return earliest(std::nullopt);
@@ -437,8 +440,7 @@ bool Rendezvous::Reattach(const v1::HeartbeatRequest& req) {
     phase_ = Phase::kRunning;
     reattached_ = true;
   }
-  if (phase_ != Phase::kRunning || a.round() != round_ ||
-      static_cast<int>(members_.size()) != a.group_world_size()) {
+  if (phase_ != Phase::kRunning || a.round() != round_ || static_cast<int>(members_.size()) != a.group_world_size()) {
     return false;
   }
   // The checks above bound the rank by the round's size.
@@ -500,8 +502,8 @@ v1::ReportExitResponse Rendezvous::ReportExit(const v1::ReportExitRequest& req) 
   // whose stacks are outside any collective, reported for the same round, is the root cause
   // instead of one that waits in a collective.
   if (first_failure_ && req.exits_size() > 0 && req.exits(0).hung() && !req.exits(0).in_collective() &&
-      first_failure_->exit().hung() && first_failure_->exit().in_collective() && first_failure_->round() == req.round() &&
-      first_failure_->node_id() != req.node_id()) {
+      first_failure_->exit().hung() && first_failure_->exit().in_collective() &&
+      first_failure_->round() == req.round() && first_failure_->node_id() != req.node_id()) {
     v1::Failure f = *first_failure_;
     f.set_node_id(req.node_id());
     auto id = identities_.find(req.node_id());
@@ -545,8 +547,8 @@ v1::ReportExitResponse Rendezvous::ReportExit(const v1::ReportExitRequest& req) 
         first_failure_ = f;
       }
       const bool hung = req.exits(0).hung();
-      const std::string who =
-          absl::StrCat("rank ", req.exits(0).rank(), " on ", NodeName(req.node_id()), hung ? " hung" : " failed");
+      const std::string who = absl::StrCat("rank ", req.exits(0).rank(), " on ", NodeName(req.node_id()),
+                                           hung ? " hung" : " failed");
       stopped_for_hang_ = hung;
       if (restart_count_ < config_.max_restarts) {
         ++restart_count_;
@@ -610,10 +612,10 @@ absl::StatusOr<RendezvousConfig> Rendezvous::ConfigForReattach(const v1::Heartbe
       a.group_rank() >= a.group_world_size() || a.round() < 1 || a.restart_count() < 0 ||
       a.restart_count() > c.max_restarts || a.world_size() < a.group_world_size() ||
       a.world_size() > static_cast<int64_t>(c.max_nodes) * kMaxWorkersPerNode) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "re-registration with round ", a.round(), ", node ", a.group_rank(), " of ", a.group_world_size(),
-        ", world size ", a.world_size(), ", restart ", a.restart_count(), ": expected a round >= 1 of 1-",
-        c.max_nodes, " nodes (the run's --nnodes max), a restart count of 0-", c.max_restarts));
+    return absl::InvalidArgumentError(
+        absl::StrCat("re-registration with round ", a.round(), ", node ", a.group_rank(), " of ", a.group_world_size(),
+                     ", world size ", a.world_size(), ", restart ", a.restart_count(), ": expected a round >= 1 of 1-",
+                     c.max_nodes, " nodes (the run's --nnodes max), a restart count of 0-", c.max_restarts));
   }
   return c;
 }

@@ -146,18 +146,18 @@ class Rendezvous {
   bool reattached_ = false;
   std::vector<Waiting> waiting_;  // join order
   absl::flat_hash_set<std::string> waiting_ids_;
-  std::vector<Waiting> spares_;   // join order
+  std::vector<Waiting> spares_;                             // join order
   absl::flat_hash_map<std::string, absl::Status> refused_;  // spares given up, until told
   Clock::TimePoint waiting_since_;
   std::optional<Clock::TimePoint> last_call_deadline_;
-  std::vector<Member> members_;  // the last formed round, by group rank
-  absl::flat_hash_map<std::string, size_t> member_index_;  // node id -> group rank
-  std::vector<v1::Assignment> assignments_;  // by group rank
+  std::vector<Member> members_;                                    // the last formed round, by group rank
+  absl::flat_hash_map<std::string, size_t> member_index_;          // node id -> group rank
+  std::vector<v1::Assignment> assignments_;                        // by group rank
   absl::flat_hash_map<std::string, v1::NodeIdentity> identities_;  // every node ever seen
-  std::vector<std::string> lost_;  // why nodes were lost, for the join-timeout message
+  std::vector<std::string> lost_;                                  // why nodes were lost, for the join-timeout message
   std::optional<v1::Failure> first_failure_;
   absl::flat_hash_set<std::string> told_end_;
-  std::string reason_;  // why the run failed or why the last round was reopened
+  std::string reason_;             // why the run failed or why the last round was reopened
   bool stopped_for_hang_ = false;  // the last round was stopped because a rank hung
   Clock::TimePoint ended_at_;
 };

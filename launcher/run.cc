@@ -137,8 +137,8 @@ struct RendezvousLink {
 };
 
 absl::StatusOr<std::unique_ptr<GrpcCoordinatorClient>> MakeClient(const std::string& target,
-                                                                   const SecurityOptions& security,
-                                                                   const RendezvousConfig& rcfg) {
+                                                                  const SecurityOptions& security,
+                                                                  const RendezvousConfig& rcfg) {
   ASSIGN_OR_RETURN(auto creds, MakeChannelCredentials(security));
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxRendezvousMessageBytes);
@@ -169,7 +169,7 @@ absl::StatusOr<RendezvousLink> ConnectInProcess(const RendezvousConfig& rcfg, co
 }
 
 absl::StatusOr<RendezvousLink> ConnectToRendezvous(const LaunchPlan& plan, const SecurityOptions& security,
-                                                  const Clock* clock) {
+                                                   const Clock* clock) {
   RendezvousLink link;
   if (plan.coordinator == CoordinatorRole::kHost || plan.coordinator == CoordinatorRole::kHostUnlessTaken) {
     RETURN_IF_ERROR(CheckListenerIsProtected(plan.rdzv_host, security));
@@ -183,8 +183,8 @@ absl::StatusOr<RendezvousLink> ConnectToRendezvous(const LaunchPlan& plan, const
       // Another agent on this machine hosts it (as torchrun: the first to bind wins).
       spdlog::info("{}: joining the coordinator there", std::string(server.status().message()));
     } else {
-      return absl::UnavailableError(absl::StrCat("cannot host the coordinator at ", plan.rdzv_endpoint, ": ",
-                                                 server.status().message()));
+      return absl::UnavailableError(
+          absl::StrCat("cannot host the coordinator at ", plan.rdzv_endpoint, ": ", server.status().message()));
     }
   }
   ASSIGN_OR_RETURN(link.client, MakeClient(plan.rdzv_endpoint, security, plan.rendezvous));
@@ -206,7 +206,7 @@ absl::StatusOr<SecurityOptions> SecurityFrom(const Config& c) {
 }
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> ServeMetrics(CoordinatorService* service, const std::string& host,
-                                                           int port, const SecurityOptions& security) {
+                                                            int port, const SecurityOptions& security) {
   MetricsServer::Options mo;
   mo.host = host;
   mo.port = port;
@@ -239,8 +239,8 @@ int RunCoordinator(const CoordinatorConfig& c, SignalFd* signals) {
     if (!served.ok()) return UsageError(std::string(served.status().message()));
     metrics = std::move(*served);
   }
-  std::printf("launch coordinator: listening on %s%s%s\n", (*server)->address().c_str(),
-              security.tls() ? " (TLS)" : "", security.token.empty() ? "" : " (token required)");
+  std::printf("launch coordinator: listening on %s%s%s\n", (*server)->address().c_str(), security.tls() ? " (TLS)" : "",
+              security.token.empty() ? "" : " (token required)");
   std::fflush(stdout);
   for (;;) {
     pollfd p{signals->fd(), POLLIN, 0};
@@ -274,7 +274,8 @@ int RunStatus(const StatusConfig& c, SignalFd* signals) {
     req.set_run_id(c.rdzv_id);
     v1::StatusResponse resp;
     if (grpc::Status st = stub->Status(&ctx, req, &resp); !st.ok()) {
-      std::fprintf(stderr, "launch status: %s\n", std::string(FromGrpc(st, absl::StrCat("coordinator at ", target)).message()).c_str());
+      std::fprintf(stderr, "launch status: %s\n",
+                   std::string(FromGrpc(st, absl::StrCat("coordinator at ", target)).message()).c_str());
       return ExitStatus(LaunchOutcome::LaunchError());
     }
     std::string screen;
@@ -384,7 +385,8 @@ int RunLaunch(const LaunchConfig& c, OrphanGuard* guard, SignalFd* signals) {
   if (c.metrics_port && !link->server) {
     spdlog::warn("--metrics-port: the coordinator is not on this node; its metrics are served where it runs");
   } else if (c.metrics_port) {
-    auto served = ServeMetrics(link->server->service(), multi ? plan.rdzv_host : "127.0.0.1", *c.metrics_port, security);
+    auto served = ServeMetrics(link->server->service(), multi ? plan.rdzv_host : "127.0.0.1", *c.metrics_port,
+                               security);
     if (!served.ok()) return UsageError(std::string(served.status().message()));
     metrics = std::move(*served);
   }

@@ -35,8 +35,9 @@ absl::Status CheckTokenBytes(const std::string& token, const std::string& source
   for (size_t i = 0; i < token.size(); ++i) {
     const unsigned char c = static_cast<unsigned char>(token[i]);
     if (c < 0x21 || c > 0x7e) {
-      return absl::InvalidArgumentError(absl::StrCat(source, ": the token's byte ", i + 1,
-                                                     " is not printable ASCII; expected letters, digits and punctuation"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": the token's byte ", i + 1,
+                       " is not printable ASCII; expected letters, digits and punctuation"));
     }
   }
   return absl::OkStatus();
@@ -57,7 +58,8 @@ absl::Status CheckSecurityFiles(const SecurityOptions& s) {
   X509Ptr cert(nullptr, &X509_free);
   if (!s.tls_cert_file.empty()) {
     if (s.tls_key_file.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("--tls-cert=", s.tls_cert_file, ": needs --tls-key (its private key)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--tls-cert=", s.tls_cert_file, ": needs --tls-key (its private key)"));
     }
     ASSIGN_OR_RETURN(std::string pem, ReadPem(s.tls_cert_file, "--tls-cert"));
     cert.reset(PEM_read_bio_X509(MemBio(pem).get(), nullptr, nullptr, nullptr));
@@ -71,14 +73,15 @@ absl::Status CheckSecurityFiles(const SecurityOptions& s) {
           absl::StrCat("--tls-key=", s.tls_key_file, ": expected an unencrypted PEM private key"));
     }
     if (X509_check_private_key(cert.get(), key.get()) != 1) {
-      return absl::InvalidArgumentError(absl::StrCat("--tls-key=", s.tls_key_file, ": is not the key of --tls-cert=",
-                                                     s.tls_cert_file));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--tls-key=", s.tls_key_file, ": is not the key of --tls-cert=", s.tls_cert_file));
     }
   }
   if (!s.tls_ca_file.empty()) {
     ASSIGN_OR_RETURN(std::string pem, ReadPem(s.tls_ca_file, "--tls-ca"));
     X509Ptr ca(PEM_read_bio_X509(MemBio(pem).get(), nullptr, nullptr, nullptr), &X509_free);
-    if (!ca) return absl::InvalidArgumentError(absl::StrCat("--tls-ca=", s.tls_ca_file, ": expected a PEM certificate"));
+    if (!ca)
+      return absl::InvalidArgumentError(absl::StrCat("--tls-ca=", s.tls_ca_file, ": expected a PEM certificate"));
   }
   return absl::OkStatus();
 }
@@ -98,7 +101,8 @@ bool ConstantTimeEquals(const std::string& a, const std::string& b) {
 absl::StatusOr<std::string> LoadToken(const std::string& token_file, const char* env_value) {
   if (!token_file.empty()) {
     std::ifstream in(token_file);
-    if (!in) return absl::InvalidArgumentError(absl::StrCat("--rdzv-token-file=", token_file, ": cannot read the file"));
+    if (!in)
+      return absl::InvalidArgumentError(absl::StrCat("--rdzv-token-file=", token_file, ": cannot read the file"));
     std::string line;
     std::getline(in, line);
     std::string token(absl::StripAsciiWhitespace(line));
@@ -170,10 +174,10 @@ absl::Status CheckListenerIsProtected(const std::string& listen_host, const Secu
   if (!s.token.empty() || s.tls() || s.insecure) return absl::OkStatus();
   auto loopback = IsLoopbackHost(listen_host);
   if (loopback.ok() && *loopback) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      "refusing to serve the rendezvous on ", listen_host,
-      " without protection: give --rdzv-token-file (or ", kRdzvTokenEnv, ") or --tls-cert/--tls-key, "
-      "or --insecure to accept joins from anyone who can reach it"));
+  return absl::FailedPreconditionError(absl::StrCat("refusing to serve the rendezvous on ", listen_host,
+                                                    " without protection: give --rdzv-token-file (or ", kRdzvTokenEnv,
+                                                    ") or --tls-cert/--tls-key, "
+                                                    "or --insecure to accept joins from anyone who can reach it"));
 }
 
 }  // namespace launch

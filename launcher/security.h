@@ -18,8 +18,8 @@ struct SecurityOptions {
   std::string token;          // empty: none
   std::string tls_cert_file;  // PEM; server: its certificate; client: its own (mutual TLS)
   std::string tls_key_file;
-  std::string tls_ca_file;    // server: require client certificates signed by it; client: trust it
-  bool insecure = false;      // allow a non-loopback listener without token or TLS
+  std::string tls_ca_file;  // server: require client certificates signed by it; client: trust it
+  bool insecure = false;    // allow a non-loopback listener without token or TLS
 
   bool tls() const { return !tls_cert_file.empty() || !tls_ca_file.empty(); }
 };

@@ -29,8 +29,8 @@ bool AllDigits(absl::string_view s) {
 }
 
 // "01-04,07" -> {"01","02","03","04","07"}, at most `room` items.
-absl::StatusOr<std::vector<std::string>> ExpandBracket(absl::string_view list, absl::string_view inner,
-                                                       size_t room, size_t max_hosts) {
+absl::StatusOr<std::vector<std::string>> ExpandBracket(absl::string_view list, absl::string_view inner, size_t room,
+                                                       size_t max_hosts) {
   std::vector<std::string> out;
   size_t start = 0;
   while (start <= inner.size()) {
@@ -77,8 +77,9 @@ absl::Status ExpandName(absl::string_view list, absl::string_view name, size_t m
     const size_t close = name.find(']', open);
     if (close == absl::string_view::npos) return BadList(list, "a '[' without its ']'");
     const size_t room = max_hosts - out->size();
-    ASSIGN_OR_RETURN(std::vector<std::string> items, ExpandBracket(list, name.substr(open + 1, close - open - 1),
-                                                                   std::max<size_t>(room / partial.size(), 1), max_hosts));
+    ASSIGN_OR_RETURN(std::vector<std::string> items,
+                     ExpandBracket(list, name.substr(open + 1, close - open - 1),
+                                   std::max<size_t>(room / partial.size(), 1), max_hosts));
     if (partial.size() * items.size() > room) {
       return BadList(list, absl::StrCat("more than ", max_hosts, " host names"));
     }
@@ -91,7 +92,8 @@ absl::Status ExpandName(absl::string_view list, absl::string_view name, size_t m
   }
   if (partial.size() == 1 && partial[0].empty()) return BadList(list, "an empty host name");
   for (auto& p : partial) {
-    if (p.size() > kMaxHostLength) return BadList(list, absl::StrCat("a host name longer than ", kMaxHostLength, " bytes"));
+    if (p.size() > kMaxHostLength)
+      return BadList(list, absl::StrCat("a host name longer than ", kMaxHostLength, " bytes"));
     if (out->size() >= max_hosts) return BadList(list, absl::StrCat("more than ", max_hosts, " host names"));
     out->push_back(std::move(p));
   }
@@ -168,15 +170,15 @@ absl::StatusOr<std::optional<SlurmTopology>> SlurmFromEnv(const std::map<std::st
   if (!absl::SimpleAtoi(*step, &step_id)) return std::nullopt;
   ASSIGN_OR_RETURN(long long job_id, Number(job_var, *job, 1, 1LL << 53));
   if (step_id < 0 || step_id >= (1LL << 32)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(step_var, "=", step->substr(0, 64), ": expected an integer in 0..4294967295 (set by Slurm's srun)"));
+    return absl::InvalidArgumentError(absl::StrCat(step_var, "=", step->substr(0, 64),
+                                                   ": expected an integer in 0..4294967295 (set by Slurm's srun)"));
   }
 
   // A variable srun always sets, missing: the environment is not a job step's after all.
   auto missing = [&](const char* vars, const char* verb, const char* flag) {
     return absl::InvalidArgumentError(absl::StrCat("inside Slurm job step ", *job, ".", step_id, " but ", vars, " ",
-                                                   verb, " unset; expected srun to set ", verb == std::string("is") ? "it" : "them",
-                                                   " (or give ", flag, ")"));
+                                                   verb, " unset; expected srun to set ",
+                                                   verb == std::string("is") ? "it" : "them", " (or give ", flag, ")"));
   };
   SlurmTopology t;
   const char* nodes_var = nullptr;

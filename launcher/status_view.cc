@@ -68,8 +68,8 @@ std::string RenderStatus(const v1::StatusResponse& s) {
     for (const v1::RankSample& r : n.sample().ranks()) rows.push_back({&r, &n});
   std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.rank->rank() < b.rank->rank(); });
   if (!rows.empty()) {
-    absl::StrAppendFormat(&out, "\n%-5s %-20s %-10s %8s %9s %8s %9s %6s %10s %4s %4s %6s %17s\n", "RANK", "NODE", "STATE",
-                          "STEP", "STEP ms", "OWN ms", "LAST", "CPU%", "RSS", "THR", "GPU", "UTIL", "GPU MEM");
+    absl::StrAppendFormat(&out, "\n%-5s %-20s %-10s %8s %9s %8s %9s %6s %10s %4s %4s %6s %17s\n", "RANK", "NODE",
+                          "STATE", "STEP", "STEP ms", "OWN ms", "LAST", "CPU%", "RSS", "THR", "GPU", "UTIL", "GPU MEM");
   }
   for (const Row& row : rows) {
     const v1::RankSample& r = *row.rank;
@@ -92,8 +92,8 @@ std::string RenderStatus(const v1::StatusResponse& s) {
   for (const v1::NodeStatus& n : s.nodes()) {
     for (const v1::GpuSample& g : n.sample().gpus()) {
       if (!gpu_header) {
-        absl::StrAppendFormat(&out, "\n%-20s %3s %-28s %5s %17s %5s %7s %9s %s\n", "NODE", "GPU", "NAME", "UTIL", "MEMORY",
-                              "TEMP", "POWER", "SM CLOCK", "ERRORS");
+        absl::StrAppendFormat(&out, "\n%-20s %3s %-28s %5s %17s %5s %7s %9s %s\n", "NODE", "GPU", "NAME", "UTIL",
+                              "MEMORY", "TEMP", "POWER", "SM CLOCK", "ERRORS");
         gpu_header = true;
       }
       std::string errors;

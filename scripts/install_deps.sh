@@ -14,6 +14,6 @@ apt-get install -y -q --no-install-recommends \
   libgtest-dev libgmock-dev \
   libtorch-dev libgloo-dev libopenblas0-pthread python3-torch \
   libssl-dev iproute2 procps openssl python3-yaml \
-  clang-14 libclang-rt-14-dev gdb \
+  clang-14 clang-format-14 libclang-rt-14-dev gdb \
   help2man dpkg-dev mmdebstrap \
   slurmctld slurmd slurm-client munge

@@ -11,8 +11,7 @@ void PutU32(uint32_t v, std::string* out) {
 
 uint32_t GetU32(const char* p) {
   uint32_t v = 0;
-  for (int i = 0; i < 4; ++i)
-    v |= static_cast<uint32_t>(static_cast<unsigned char>(p[i])) << (8 * i);
+  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<unsigned char>(p[i])) << (8 * i);
   return v;
 }
 
@@ -51,10 +50,9 @@ std::vector<std::string> DecodeGoBody(const std::string& body) {
   return env;
 }
 
-std::string VersionSkew(uint32_t launch_version, uint32_t standby_version,
-                        const std::string& standby) {
-  return "launch speaks worker contract version " + std::to_string(launch_version) +
-         ", this standby's " + standby + " version " + std::to_string(standby_version) +
+std::string VersionSkew(uint32_t launch_version, uint32_t standby_version, const std::string& standby) {
+  return "launch speaks worker contract version " + std::to_string(launch_version) + ", this standby's " + standby +
+         " version " + std::to_string(standby_version) +
          ": install launch and launch-sdk (or launch's Python modules) of one release";
 }
 

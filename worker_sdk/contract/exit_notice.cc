@@ -38,7 +38,8 @@ bool HoldExitNotice(const std::string& path, int local_rank, std::string* why) {
   struct stat st {};
   const size_t end = (static_cast<size_t>(local_rank) + 1) * sizeof(ExitNoticeSlot);
   if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < end) {
-    *why = path + " holds " + std::to_string(st.st_size) + " bytes: no slot for local rank " + std::to_string(local_rank);
+    *why = path + " holds " + std::to_string(st.st_size) + " bytes: no slot for local rank " +
+           std::to_string(local_rank);
     ::close(fd);
     return false;
   }

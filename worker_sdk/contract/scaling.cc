@@ -10,9 +10,15 @@ Scaled ScaleForWorld(const ScalingConfig& c, int world_size) {
   const int base = c.base_batch > 0 ? c.base_batch : c.per_worker_batch;
   const double ratio = static_cast<double>(s.global_batch) / base;
   switch (c.mode) {
-    case LrScaling::kLinear: s.lr_scale = ratio; break;
-    case LrScaling::kSqrt: s.lr_scale = std::sqrt(ratio); break;
-    case LrScaling::kNone: s.lr_scale = 1; break;
+    case LrScaling::kLinear:
+      s.lr_scale = ratio;
+      break;
+    case LrScaling::kSqrt:
+      s.lr_scale = std::sqrt(ratio);
+      break;
+    case LrScaling::kNone:
+      s.lr_scale = 1;
+      break;
   }
   s.peak_lr = c.base_lr * s.lr_scale;
   return s;

@@ -19,7 +19,9 @@ void Set(c10::DeviceType d, bool enabled, at::ScalarType dtype) {
   at::autocast::set_autocast_dtype(d, dtype);
 }
 #else
-bool IsEnabled(c10::DeviceType d) { return d == c10::kCPU ? at::autocast::is_cpu_enabled() : at::autocast::is_enabled(); }
+bool IsEnabled(c10::DeviceType d) {
+  return d == c10::kCPU ? at::autocast::is_cpu_enabled() : at::autocast::is_enabled();
+}
 at::ScalarType GetDtype(c10::DeviceType d) {
   return d == c10::kCPU ? at::autocast::get_autocast_cpu_dtype() : at::autocast::get_autocast_gpu_dtype();
 }
@@ -36,8 +38,7 @@ void Set(c10::DeviceType d, bool enabled, at::ScalarType dtype) {
 
 }  // namespace
 
-Autocast::Autocast(c10::DeviceType device, at::ScalarType dtype, bool enabled)
-    : device_(device), enabled_(enabled) {
+Autocast::Autocast(c10::DeviceType device, at::ScalarType dtype, bool enabled) : device_(device), enabled_(enabled) {
   if (enabled_ && device_ != c10::kCPU && device_ != c10::kCUDA)
     throw std::invalid_argument(std::string("Autocast: device type ") + c10::DeviceTypeName(device_) +
                                 ": expected cpu or cuda");
@@ -64,9 +65,7 @@ Autocast::~Autocast() {
 GradScaler::GradScaler(GradScalerOptions opts, c10::intrusive_ptr<Comm> pg)
     : opts_(opts), pg_(std::move(pg)), scale_(opts.init_scale) {}
 
-at::Tensor GradScaler::Scale(const at::Tensor& loss) const {
-  return opts_.enabled ? loss * scale_ : loss;
-}
+at::Tensor GradScaler::Scale(const at::Tensor& loss) const { return opts_.enabled ? loss * scale_ : loss; }
 
 void GradScaler::Unscale(torch::optim::Optimizer& optim) {
   if (!opts_.enabled || unscaled_) return;

@@ -64,12 +64,20 @@ constexpr uint32_t kMaxName = 4096;
 
 // The optimizers whose state is snapshotted tensor by tensor; any other is saved as a torch
 // archive inside the snapshot (its serialization is then part of the stall).
-enum class OptimKind : uint32_t { kNone = 0, kArchive = 1, kSgd = 2, kAdam = 3, kAdamW = 4, kAdagrad = 5, kRmsprop = 6 };
+enum class OptimKind : uint32_t {
+  kNone = 0,
+  kArchive = 1,
+  kSgd = 2,
+  kAdam = 3,
+  kAdamW = 4,
+  kAdagrad = 5,
+  kRmsprop = 6
+};
 
 // A memory slot (a file of the agent's): this header, then the payload from kSlotPayload.
 struct SlotHeader {
-  char magic[8];          // "LAUNCHM1"
-  uint64_t state;         // kEmpty, kWriting, kComplete
+  char magic[8];   // "LAUNCHM1"
+  uint64_t state;  // kEmpty, kWriting, kComplete
   int64_t step;
   uint64_t payload_size;
   uint64_t checksum;
@@ -297,7 +305,7 @@ struct Layout {
   size_t data_offset = 0;
   size_t total = 0;
   std::vector<std::pair<at::Tensor, size_t>> copies;  // source, offset in the payload
-  std::string archive;  // OptimKind::kArchive: the optimizer's torch archive
+  std::string archive;                                // OptimKind::kArchive: the optimizer's torch archive
 };
 
 Layout Plan(const TrainState& state, torch::nn::Module& model, torch::optim::Optimizer& optim) {
@@ -318,7 +326,8 @@ Layout Plan(const TrainState& state, torch::nn::Module& model, torch::optim::Opt
     for (size_t i = 0; i < params.size() && kind != OptimKind::kArchive; ++i) {
       auto it = map.find(StateKey<StateKeyType>(params[i]));
       if (it == map.end() || !it->second) continue;
-      if (!StateParts(kind, *it->second, "optim/" + std::to_string(i) + "/", &tensors, &ints)) kind = OptimKind::kArchive;
+      if (!StateParts(kind, *it->second, "optim/" + std::to_string(i) + "/", &tensors, &ints))
+        kind = OptimKind::kArchive;
     }
     if (kind == OptimKind::kArchive) {  // a state of another type: the archive holds it all
       tensors.erase(std::remove_if(tensors.begin(), tensors.end(),
@@ -431,7 +440,8 @@ std::pair<std::string, SavedTensor> ReadSavedTensor(MetaReader& r, const char* d
   uint64_t numel = 1;
   for (uint32_t d = 0; d < dims; ++d) {
     const int64_t v = r.Get<int64_t>();
-    if (v < 0 || (v > 0 && numel > data_size / static_cast<uint64_t>(v))) throw std::runtime_error("tensor " + name + ": bad shape");
+    if (v < 0 || (v > 0 && numel > data_size / static_cast<uint64_t>(v)))
+      throw std::runtime_error("tensor " + name + ": bad shape");
     numel *= static_cast<uint64_t>(v);
     t.sizes.push_back(v);
   }
@@ -520,7 +530,8 @@ void CheckOptimizer(const Snapshot& snap, torch::optim::Optimizer& optim,
     archive->emplace();
     (*archive)->load_from(snap.data, snap.archive_size);
   }
-  if (snap.lrs.size() != optim.param_groups().size()) throw std::runtime_error("a different number of parameter groups");
+  if (snap.lrs.size() != optim.param_groups().size())
+    throw std::runtime_error("a different number of parameter groups");
 }
 
 void CopyInto(std::vector<std::pair<at::Tensor, at::Tensor>>& loaded) {
@@ -540,7 +551,8 @@ void RestoreOptimizerState(const Snapshot& snap, torch::optim::Optimizer& optim)
   for (size_t i = 0; i < params.size(); ++i) {
     const std::string prefix = "optim/" + std::to_string(i) + "/";
     bool any = snap.ints.count(prefix + "step") > 0;
-    for (auto it = snap.tensors.lower_bound(prefix); !any && it != snap.tensors.end() && it->first.rfind(prefix, 0) == 0; ++it) {
+    for (auto it = snap.tensors.lower_bound(prefix);
+         !any && it != snap.tensors.end() && it->first.rfind(prefix, 0) == 0; ++it) {
       any = true;
     }
     if (!any) continue;
@@ -577,7 +589,6 @@ TrainState Restore(const char* payload, size_t size, torch::nn::Module& model, t
   return snap.state;
 }
 
-
 // The first format: a torch archive.
 TrainState RestoreArchive(const char* payload, size_t size, torch::nn::Module& model, torch::optim::Optimizer& optim) {
   torch::serialize::InputArchive archive;
@@ -591,7 +602,8 @@ TrainState RestoreArchive(const char* payload, size_t size, torch::nn::Module& m
   for (const auto& p : model.named_parameters()) {
     at::Tensor t;
     m.read(p.key(), t);
-    if (!t.sizes().equals(p.value().sizes())) throw std::runtime_error("parameter " + p.key() + " has a different shape");
+    if (!t.sizes().equals(p.value().sizes()))
+      throw std::runtime_error("parameter " + p.key() + " has a different shape");
     loaded.emplace_back(p.value(), t);
   }
   for (const auto& b : model.named_buffers()) {
@@ -631,12 +643,14 @@ TrainState RestoreFile(const std::string& path, torch::nn::Module& model, torch:
   if (data.size() < sizeof h) throw std::runtime_error("truncated header");
   std::memcpy(&h, data.data(), sizeof h);
   const bool archive = std::memcmp(h.magic, kMagicArchive, sizeof h.magic) == 0;
-  if (!archive && std::memcmp(h.magic, kMagicSnapshot, sizeof h.magic) != 0) throw std::runtime_error("not a launch checkpoint");
+  if (!archive && std::memcmp(h.magic, kMagicSnapshot, sizeof h.magic) != 0)
+    throw std::runtime_error("not a launch checkpoint");
   if (data.size() - sizeof h != h.payload_size) throw std::runtime_error("truncated (size mismatch)");
   const char* payload = data.data() + sizeof h;
   const uint64_t sum = archive ? Fnv1a64(payload, h.payload_size) : Checksum64(payload, h.payload_size);
   if (sum != h.checksum) throw std::runtime_error("checksum mismatch");
-  return archive ? RestoreArchive(payload, h.payload_size, model, optim) : Restore(payload, h.payload_size, model, optim);
+  return archive ? RestoreArchive(payload, h.payload_size, model, optim)
+                 : Restore(payload, h.payload_size, model, optim);
 }
 
 // The ranks' minimum of `v` (every rank calls it).
@@ -656,7 +670,8 @@ std::atomic<bool> g_memory_taken{false};
 std::pair<std::string, std::string> MemoryPaths(const std::string& list) {
   const size_t comma = list.find(',');
   if (comma == std::string::npos || list.size() > 2 * kMaxName || list.find(',', comma + 1) != std::string::npos)
-    throw std::runtime_error(std::string(kCheckpointMemoryEnv) + "=" + list.substr(0, 200) + ": expected two paths, comma separated");
+    throw std::runtime_error(std::string(kCheckpointMemoryEnv) + "=" + list.substr(0, 200) +
+                             ": expected two paths, comma separated");
   return {list.substr(0, comma), list.substr(comma + 1)};
 }
 
@@ -735,7 +750,8 @@ class Checkpointer::Slot {
   void Map(size_t n) {
     // Populated at once: one call instead of a fault per page when the snapshot is read or written.
     void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd_, 0);
-    if (p == MAP_FAILED) throw std::runtime_error(std::string("checkpoint: cannot map the agent's memory: ") + std::strerror(errno));
+    if (p == MAP_FAILED)
+      throw std::runtime_error(std::string("checkpoint: cannot map the agent's memory: ") + std::strerror(errno));
     base_ = p;
     mapped_ = n;
   }
@@ -805,7 +821,8 @@ Checkpointer::Checkpointer(std::string dir, const Context& ctx, CheckpointOption
   if (!opts.in_memory || !mem || !*mem) return;
   try {
     // One Checkpointer of a process has them: a second would overwrite the first's snapshots.
-    if (g_memory_taken.exchange(true)) throw std::runtime_error("another Checkpointer of this process keeps its snapshots there");
+    if (g_memory_taken.exchange(true))
+      throw std::runtime_error("another Checkpointer of this process keeps its snapshots there");
     // "PATH,PATH": this local rank's two memory slots.
     const auto [first, second] = MemoryPaths(mem);
     std::vector<std::unique_ptr<Slot>> slots;
@@ -1054,8 +1071,9 @@ std::optional<TrainState> Checkpointer::LoadLatest(torch::nn::Module& model, tor
     }
   }
   // Newest first; memory before a file of the same step.
-  std::stable_sort(candidates.begin(), candidates.end(),
-                   [](const Candidate& a, const Candidate& b) { return a.step > b.step || (a.step == b.step && a.slot && !b.slot); });
+  std::stable_sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
+    return a.step > b.step || (a.step == b.step && a.slot && !b.slot);
+  });
 
   auto try_load = [&](const Candidate& c) -> std::optional<TrainState> {
     const std::string where = c.slot ? "in memory" : c.path;
@@ -1063,7 +1081,8 @@ std::optional<TrainState> Checkpointer::LoadLatest(torch::nn::Module& model, tor
       if (c.slot) {
         const size_t n = c.slot->CompleteSize();
         if (!n) throw std::runtime_error("overwritten");
-        if (Checksum64(c.slot->payload(), n) != c.slot->header().checksum) throw std::runtime_error("checksum mismatch");
+        if (Checksum64(c.slot->payload(), n) != c.slot->header().checksum)
+          throw std::runtime_error("checksum mismatch");
         TrainState s = Restore(c.slot->payload(), n, model, optim);
         loaded_from_ = "memory";
         return s;
@@ -1095,8 +1114,7 @@ std::optional<TrainState> Checkpointer::LoadLatest(torch::nn::Module& model, tor
     }
     if (MinOverRanks(ctx_, s ? 1 : 0) == 1) {
       // Resumed from memory that no file holds yet: rank 0 writes it, in the background.
-      if (loaded_from_ == "memory" && ctx_ && ctx_->rank() == 0 &&
-          !fs::exists(fs::path(dir_) / FileName(s->step))) {
+      if (loaded_from_ == "memory" && ctx_ && ctx_->rank() == 0 && !fs::exists(fs::path(dir_) / FileName(s->step))) {
         for (auto& slot : slots_) {
           if (slot->CompleteSize() && slot->header().step == s->step) {
             std::lock_guard<std::mutex> lock(mu_);

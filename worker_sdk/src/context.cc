@@ -41,9 +41,7 @@ namespace {
 
 // The file launch keeps for the node's all-reduce segment (agent/worker_memory.h).
 
-bool IsLoopback(const std::string& host) {
-  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
-}
+bool IsLoopback(const std::string& host) { return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1"; }
 
 std::string Text(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
 
@@ -67,7 +65,10 @@ c10::intrusive_ptr<c10d::TCPStore> MakeTcpStore(const WorkerEnv& env, Options so
       return c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
     } catch (const std::exception& e) {
       if (!so.useLibUV || v || std::string(e.what()).find("libuv") == std::string::npos) throw;
-      std::fprintf(stderr, "[rank %d] launch_sdk: this LibTorch has no libuv TCPStore; using the classic one (USE_LIBUV=0 skips this try)\n", env.rank);
+      std::fprintf(
+          stderr,
+          "[rank %d] launch_sdk: this LibTorch has no libuv TCPStore; using the classic one (USE_LIBUV=0 skips this try)\n",
+          env.rank);
       so.useLibUV = false;
     }
   }
@@ -130,7 +131,8 @@ std::shared_ptr<ShmAllreduce> MakeShmAllreduce(c10d::Store& store, Comm& pg, con
   if (shm && env.rank == 0) shm->Unlink();  // nothing is left in /dev/shm, whatever happens next
   if (shm && shm->in_file()) in_file = shm;
   if (mapped != env.world_size) {
-    if (!error.empty()) std::fprintf(stderr, "[rank %d] launch_sdk: %s; all-reduce goes through gloo\n", env.rank, error.c_str());
+    if (!error.empty())
+      std::fprintf(stderr, "[rank %d] launch_sdk: %s; all-reduce goes through gloo\n", env.rank, error.c_str());
     return nullptr;
   }
   return shm;
@@ -200,8 +202,7 @@ std::unique_ptr<Context> Context::Init(const InitOptions& opts) {
   so.timeout = opts.timeout;
   auto tcp = MakeTcpStore(env, so);
   // A restarted group never reads the keys of an earlier attempt.
-  c->store_ = c10::make_intrusive<c10d::PrefixStore>(
-      "attempt_" + std::to_string(env.restart_count) + "/", tcp);
+  c->store_ = c10::make_intrusive<c10d::PrefixStore>("attempt_" + std::to_string(env.restart_count) + "/", tcp);
 
 #ifdef LAUNCH_SDK_WITH_CUDA
   if (cuda) {

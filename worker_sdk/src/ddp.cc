@@ -55,8 +55,8 @@ void DistributedDataParallel::ReserveBuckets(const torch::nn::Module& module, co
   }
 }
 
-DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
-                                                 c10::intrusive_ptr<Comm> pg, DdpOptions opts)
+DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, c10::intrusive_ptr<Comm> pg,
+                                                 DdpOptions opts)
     : module_(std::move(module)), pg_(std::move(pg)), opts_(opts) {
   params_ = Trainable(*module_);
   if (params_.empty()) throw std::invalid_argument("DistributedDataParallel: the module has no trainable parameters");
@@ -96,8 +96,8 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     for (size_t i = 0; i < b.params.size(); ++i) {
       const at::Tensor& p = params_[b.params[i]];
       // An alias of the bucket's storage, not an autograd view: optimizers may detach_() it.
-      views_[b.params[i]] = at::empty({0}, p.options()).set_(b.flat.storage(), b.offsets[i], p.sizes(),
-                                                             p.contiguous().strides());
+      views_[b.params[i]] =
+          at::empty({0}, p.options()).set_(b.flat.storage(), b.offsets[i], p.sizes(), p.contiguous().strides());
     }
   }
   // Post-hooks on the gradient accumulators run once a parameter's .grad holds this backward's

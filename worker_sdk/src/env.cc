@@ -22,8 +22,8 @@ long ParseEnvLong(const char* name, const char* v, long min, long max) {
   errno = 0;
   long out = std::strtol(v, &end, 10);
   if (end == v || *end != '\0' || errno == ERANGE || out < min || out > max) {
-    throw std::invalid_argument(std::string(name) + "=" + v + ": expected an integer in " + std::to_string(min) +
-                                ".." + std::to_string(max));
+    throw std::invalid_argument(std::string(name) + "=" + v + ": expected an integer in " + std::to_string(min) + ".." +
+                                std::to_string(max));
   }
   return out;
 }
@@ -100,8 +100,7 @@ WorkerEnv ReadWorkerEnv() {
   Int(kStandbyKeepWarmMsEnv, &keep_warm_ms, 0, internal::kMaxStandbyKeepWarmMs);
   if (e.world_size < 1) throw std::invalid_argument("WORLD_SIZE must be at least 1");
   if (e.rank < 0 || e.rank >= e.world_size) {
-    throw std::invalid_argument("RANK=" + std::to_string(e.rank) + ": expected 0.." +
-                                std::to_string(e.world_size - 1));
+    throw std::invalid_argument("RANK=" + std::to_string(e.rank) + ": expected 0.." + std::to_string(e.world_size - 1));
   }
   if (e.gpu_binding != "shared" && e.gpu_binding != "isolate")
     throw std::invalid_argument(std::string(kGpuBindingEnv) + "=" + e.gpu_binding + ": expected shared or isolate");

@@ -22,11 +22,21 @@ std::string JsonEscape(const std::string& s) {
   std::string out;
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
       default:
         if (c < 0x20) {
           char buf[8];
@@ -126,8 +136,7 @@ void OnTerminate() {
 
 }  // namespace
 
-std::string ErrorJson(const std::string& message, const std::string& type, const std::string& stack,
-                      long timestamp) {
+std::string ErrorJson(const std::string& message, const std::string& type, const std::string& stack, long timestamp) {
   return "{\"message\": {\"message\": \"" + JsonEscape(message) + "\", \"extraInfo\": {\"py_callstack\": \"" +
          JsonEscape(stack) + "\", \"timestamp\": \"" + std::to_string(timestamp) + "\", \"type\": \"" +
          JsonEscape(type) + "\"}}}";

@@ -39,7 +39,7 @@ bool OursToCall(const ::gloo::transport::tcp::Device* device) {
 
 GlooLoopWaker::GlooLoopWaker(const std::vector<std::shared_ptr<::gloo::transport::Device>>& devices) {
   fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (fd_ < 0) return;  // the group is made all the same, at the transport's pace
+  if (fd_ < 0) return;             // the group is made all the same, at the transport's pace
   static auto* noop = new Noop();  // never destroyed: a loop may still hold it after the close
   int registered = 0;
   for (const auto& d : devices) {
@@ -66,7 +66,7 @@ GlooLoopWaker::GlooLoopWaker(const std::vector<std::shared_ptr<::gloo::transport
       }
     });
   } catch (const std::exception&) {  // no thread (a limit on them): the group connects at its pace
-    ::close(fd_);  // its only descriptor: off every loop
+    ::close(fd_);                    // its only descriptor: off every loop
     fd_ = -1;
   }
 }

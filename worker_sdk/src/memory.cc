@@ -44,9 +44,7 @@ class PrefaultingAllocator final : public c10::Allocator {
   c10::DeleterFnPtr raw_deleter() const override { return &RawDelete; }
 
 #if LAUNCH_SDK_ALLOCATOR_COPY_DATA
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    default_copy_data(dest, src, count);
-  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
 #endif
 
   // After fork, in the child: what the cache holds is shared copy-on-write with the parent.

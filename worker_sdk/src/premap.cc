@@ -14,7 +14,7 @@ namespace launch_sdk::internal {
 namespace {
 
 std::mutex g_mu;
-std::map<std::string, Premapped>& Mappings() {  // under g_mu
+std::map<std::string, Premapped>& Mappings() {              // under g_mu
   static auto* m = new std::map<std::string, Premapped>();  // never destroyed
   return *m;
 }

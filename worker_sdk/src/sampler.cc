@@ -8,8 +8,8 @@
 
 namespace launch_sdk {
 
-DistributedSampler::DistributedSampler(int64_t dataset_size, int num_replicas, int rank, bool shuffle,
-                                       uint64_t seed, bool drop_last)
+DistributedSampler::DistributedSampler(int64_t dataset_size, int num_replicas, int rank, bool shuffle, uint64_t seed,
+                                       bool drop_last)
     : size_(dataset_size),
       num_replicas_(num_replicas),
       rank_(rank),
@@ -17,8 +17,8 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, int num_replicas, i
       seed_(seed),
       drop_last_(drop_last) {
   if (num_replicas < 1 || rank < 0 || rank >= num_replicas) {
-    throw std::invalid_argument("DistributedSampler: rank " + std::to_string(rank) +
-                                " out of 0.." + std::to_string(num_replicas - 1));
+    throw std::invalid_argument("DistributedSampler: rank " + std::to_string(rank) + " out of 0.." +
+                                std::to_string(num_replicas - 1));
   }
   if (dataset_size < 1) throw std::invalid_argument("DistributedSampler: empty dataset");
   // Python: ceil((n - R) / R) with drop_last and n % R != 0, else ceil(n / R).

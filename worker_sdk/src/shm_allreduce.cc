@@ -69,8 +69,8 @@ ShmAllreduce::ShmAllreduce(const std::string& name, int rank, int size, std::chr
   map_bytes_ = control_bytes_ + static_cast<size_t>(size + 1) * slot_bytes_;
 }
 
-ShmAllreduce::ShmAllreduce(const std::string& name, bool create, int rank, int size,
-                           std::chrono::milliseconds timeout, size_t slot_bytes)
+ShmAllreduce::ShmAllreduce(const std::string& name, bool create, int rank, int size, std::chrono::milliseconds timeout,
+                           size_t slot_bytes)
     : ShmAllreduce(name, rank, size, timeout, slot_bytes) {
   // From here on a throw runs the destructor, which unlinks only what owner_ says this made.
   int fd = create ? shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600) : shm_open(name.c_str(), O_RDWR, 0);
@@ -171,7 +171,9 @@ void ShmAllreduce::TakeControl(bool fresh) {
   }
 }
 
-void ShmAllreduce::StartThread() { thread_ = std::thread([this] { Loop(); }); }
+void ShmAllreduce::StartThread() {
+  thread_ = std::thread([this] { Loop(); });
+}
 
 ShmAllreduce::~ShmAllreduce() {
   {
@@ -214,7 +216,8 @@ void ShmAllreduce::Loop() {
     }
     std::exception_ptr error;
     if (!broken_.empty()) {
-      error = std::make_exception_ptr(std::runtime_error("shm allreduce: unusable after an earlier failure (" + broken_ + ")"));
+      error = std::make_exception_ptr(
+          std::runtime_error("shm allreduce: unusable after an earlier failure (" + broken_ + ")"));
     } else {
       try {
         Run(item.first);
@@ -249,9 +252,7 @@ void ShmAllreduce::Run(at::Tensor& t) {
     Barrier();  // every rank's chunk is in its slot
     const int64_t lo = n * rank_ / size_, hi = n * (rank_ + 1) / size_;
     if (hi > lo) {
-      auto slice = [&](char* at) {
-        return at::from_blob(at + lo * t.element_size(), {hi - lo}, opts);
-      };
+      auto slice = [&](char* at) { return at::from_blob(at + lo * t.element_size(), {hi - lo}, opts); };
       at::Tensor out = slice(Result());
       if (size_ == 1) out.copy_(slice(Slot(0)));
       else at::add_out(out, slice(Slot(0)), slice(Slot(1)));

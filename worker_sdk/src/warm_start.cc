@@ -132,8 +132,10 @@ void ReadGo(int sock, int keep_warm_ms, std::vector<std::string>* env, std::vect
       if (n == 0) {
         const auto start = std::chrono::steady_clock::now();
         for (const auto& fn : *g_keep_warm) fn();
-        const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
-        wait_ms = static_cast<int>(std::clamp<int64_t>(took.count() * kKeepWarmShare, keep_warm_ms, internal::kMaxStandbyKeepWarmMs));
+        const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                                                start);
+        wait_ms = static_cast<int>(
+            std::clamp<int64_t>(took.count() * kKeepWarmShare, keep_warm_ms, internal::kMaxStandbyKeepWarmMs));
       }
       if (n == 0 || (n < 0 && errno == EINTR)) continue;
       if (n < 0) keep_warm_ms = 0;  // poll fails otherwise: the go is read without the keep-warm
@@ -162,7 +164,8 @@ void ReadGo(int sock, int keep_warm_ms, std::vector<std::string>* env, std::vect
   }
   const uint32_t version = GoVersion(head);
   if (version == 0) Malformed(sock, "no go magic");
-  if (version != kContractVersion) Refuse(sock, "launch_sdk standby: " + VersionSkew(version, kContractVersion, "launch_sdk"));
+  if (version != kContractVersion)
+    Refuse(sock, "launch_sdk standby: " + VersionSkew(version, kContractVersion, "launch_sdk"));
   RecvAll(sock, head + kGoVersionBytes, kGoHeaderBytes - kGoVersionBytes);
   const uint32_t size = GoBodyLength(head);
   if (size > kMaxGoBody) Malformed(sock, "a body of " + std::to_string(size) + " bytes");
@@ -223,8 +226,7 @@ void AwaitWorkerStart() {
   char* end = nullptr;
   const long sock_fd = std::strtol(fd_text, &end, 10);
   if (*end != '\0' || sock_fd < 0 || sock_fd > 1024 * 1024) {
-    std::fprintf(stderr, "launch_sdk: %s=%s: expected the descriptor launch gave a standby\n", kStandbyFdEnv,
-                 fd_text);
+    std::fprintf(stderr, "launch_sdk: %s=%s: expected the descriptor launch gave a standby\n", kStandbyFdEnv, fd_text);
     std::exit(2);
   }
   const int sock = static_cast<int>(sock_fd);

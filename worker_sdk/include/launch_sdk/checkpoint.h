@@ -29,7 +29,7 @@ namespace launch_sdk {
 class Context;
 
 struct TrainState {
-  int64_t step = 0;              // steps completed
+  int64_t step = 0;  // steps completed
   int64_t epoch = 0;
   int64_t sampler_position = 0;  // samples of this epoch already consumed (per rank)
   double loss_scale = 0;         // GradScaler's scale (0: no scaler)
@@ -84,13 +84,13 @@ class Checkpointer {
     size_t reserve = 0;  // nonzero: only make room for a payload this large
   };
   void Complete(const Job& job);  // the checksum, and the slot marked complete (or the room made)
-  void WriterLoop();  // completes each job in order, then hands its file to the file thread
-  void FileLoop();    // writes the files: a slow disk never holds back the next save's completion
+  void WriterLoop();              // completes each job in order, then hands its file to the file thread
+  void FileLoop();                // writes the files: a slow disk never holds back the next save's completion
   void WaitIdle(std::unique_lock<std::mutex>& lock);
   void WaitFor(Slot* slot, std::unique_lock<std::mutex>& lock);  // until both threads are done with it
   void RethrowWriterError(std::unique_lock<std::mutex>& lock);
   void NoteWriterError(const Slot& slot, const std::exception& e);  // from a catch, without mu_
-  bool Filing(const Slot* slot) const;  // under mu_: its file is queued or being written
+  bool Filing(const Slot* slot) const;                              // under mu_: its file is queued or being written
   void WriteFile(const Slot& slot);
 
   std::string dir_;
@@ -98,16 +98,16 @@ class Checkpointer {
   const Context* ctx_ = nullptr;
   std::vector<std::unique_ptr<Slot>> slots_;  // in the agent's memory: two, used in turn
   std::unique_ptr<Slot> local_;               // without memory
-  bool owns_memory_ = false;  // this one has the process's memory slots
+  bool owns_memory_ = false;                  // this one has the process's memory slots
   double last_stall_seconds_ = 0;
   std::string loaded_from_;
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Job> jobs_;    // handed to the writer, in order
-  Slot* busy_ = nullptr;    // the slot the writer works on
-  std::deque<Slot*> files_;  // complete slots whose files are to be written, in order
-  Slot* filing_ = nullptr;   // the slot whose file is being written
+  std::deque<Job> jobs_;       // handed to the writer, in order
+  Slot* busy_ = nullptr;       // the slot the writer works on
+  std::deque<Slot*> files_;    // complete slots whose files are to be written, in order
+  Slot* filing_ = nullptr;     // the slot whose file is being written
   Slot* last_slot_ = nullptr;  // of the last save
   bool stop_ = false;
   std::exception_ptr writer_error_;

@@ -17,9 +17,9 @@ namespace launch_sdk {
 
 struct InitOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};  // store and collectives
-  uint64_t seed = 0;              // every rank seeds seed + rank
-  bool cudnn_benchmark = false;   // throughput (autotuned kernels) ...
-  bool deterministic = false;     // ... or reproducibility
+  uint64_t seed = 0;                                            // every rank seeds seed + rank
+  bool cudnn_benchmark = false;                                 // throughput (autotuned kernels) ...
+  bool deterministic = false;                                   // ... or reproducibility
   bool force_cpu = false;
   // When every rank is on this host (LOCAL_WORLD_SIZE == WORLD_SIZE) and on CPU, gradients are
   // all-reduced through shared memory instead of Gloo's TCP; LAUNCH_SHM_ALLREDUCE=0 also turns

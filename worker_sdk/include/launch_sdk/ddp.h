@@ -34,8 +34,7 @@ class Context;
 
 class DistributedDataParallel {
  public:
-  DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
-                          c10::intrusive_ptr<Comm> pg, DdpOptions opts = {});
+  DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, c10::intrusive_ptr<Comm> pg, DdpOptions opts = {});
   // The context's process group, and its shared-memory all-reduce where it has one.
   DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, const Context& ctx, DdpOptions opts = {});
   ~DistributedDataParallel();
@@ -72,14 +71,14 @@ class DistributedDataParallel {
  private:
   struct Bucket {
     at::Tensor flat;
-    std::vector<size_t> params;   // indices into params_
+    std::vector<size_t> params;  // indices into params_
     std::vector<int64_t> offsets;
     size_t pending = 0;
     bool ready = false;
     c10::intrusive_ptr<c10d::Work> work;
     std::shared_ptr<ShmWork> local_work;
   };
-  void OnGradReady(size_t param);  // after autograd accumulated the parameter's .grad
+  void OnGradReady(size_t param);                           // after autograd accumulated the parameter's .grad
   at::Tensor& View(size_t param) { return views_[param]; }  // its slice of its bucket
   void LaunchReadyBuckets();
   void Finish();  // end of backward: wait, write the averages into .grad

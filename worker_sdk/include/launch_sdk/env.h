@@ -27,12 +27,12 @@ struct WorkerEnv {
   std::optional<double> lr_scale;
   std::optional<int> per_worker_batch;
   std::optional<int> global_batch;
-  std::string log_dir;           // LAUNCH_LOG_DIR (this attempt's directory for this rank)
-  std::string profile_steps;     // LAUNCH_PROFILE_STEPS, "a-b"
-  int progress_fd = -1;          // LAUNCH_PROGRESS_FD
-  bool shm_allreduce = true;     // LAUNCH_SHM_ALLREDUCE (0 turns it off)
-  bool prefault = true;          // LAUNCH_PREFAULT (0 turns it off)
-  bool under_launcher = false;   // RANK and WORLD_SIZE were set
+  std::string log_dir;          // LAUNCH_LOG_DIR (this attempt's directory for this rank)
+  std::string profile_steps;    // LAUNCH_PROFILE_STEPS, "a-b"
+  int progress_fd = -1;         // LAUNCH_PROGRESS_FD
+  bool shm_allreduce = true;    // LAUNCH_SHM_ALLREDUCE (0 turns it off)
+  bool prefault = true;         // LAUNCH_PREFAULT (0 turns it off)
+  bool under_launcher = false;  // RANK and WORLD_SIZE were set
   // TORCHELASTIC_USE_AGENT_STORE=True: the agent serves the store at MASTER_ADDR:MASTER_PORT (as
   // torchrun's), so no rank hosts one.
   bool use_agent_store = false;

@@ -18,7 +18,6 @@ void InstallErrorHandlers();
 int RunWithErrorFile(const std::function<int()>& main_fn);
 
 // torchelastic's JSON for one error (exposed for tests).
-std::string ErrorJson(const std::string& message, const std::string& type, const std::string& stack,
-                      long timestamp);
+std::string ErrorJson(const std::string& message, const std::string& type, const std::string& stack, long timestamp);
 
 }  // namespace launch_sdk

@@ -9,8 +9,8 @@ namespace launch_sdk {
 
 class DistributedSampler {
  public:
-  DistributedSampler(int64_t dataset_size, int num_replicas, int rank, bool shuffle = true,
-                     uint64_t seed = 0, bool drop_last = false);
+  DistributedSampler(int64_t dataset_size, int num_replicas, int rank, bool shuffle = true, uint64_t seed = 0,
+                     bool drop_last = false);
   void SetEpoch(int64_t epoch) { epoch_ = epoch; }
   int64_t epoch() const { return epoch_; }
   // This rank's indices for the current epoch, in order.

@@ -42,8 +42,8 @@ class ShmAllreduce {
   // Rank `rank` of `size` ranks: the creator makes the segment `name` (a POSIX shm name, "/...")
   // and the others open it; throws std::runtime_error naming the segment and errno on failure.
   // The creator should Unlink() once every rank has opened it.
-  ShmAllreduce(const std::string& name, bool create, int rank, int size,
-               std::chrono::milliseconds timeout, size_t slot_bytes = kDefaultSlotBytes);
+  ShmAllreduce(const std::string& name, bool create, int rank, int size, std::chrono::milliseconds timeout,
+               size_t slot_bytes = kDefaultSlotBytes);
   // Rank `rank` of `size` ranks through the regular file at `path`, which outlives them and serves
   // one group after another (launch's, LAUNCH_SHM_ALLREDUCE_MEMORY): with `reset`, the file is
   // grown to the size this group needs (never shrunk: an earlier group's processes may still map
@@ -52,8 +52,7 @@ class ShmAllreduce {
   // Nothing to unlink. Throws std::runtime_error naming the file (and errno) when it cannot be
   // used, std::invalid_argument for a rank outside 0..size-1.
   static std::unique_ptr<ShmAllreduce> InFile(const std::string& path, bool reset, int rank, int size,
-                                              std::chrono::milliseconds timeout,
-                                              size_t slot_bytes = kDefaultSlotBytes);
+                                              std::chrono::milliseconds timeout, size_t slot_bytes = kDefaultSlotBytes);
   ~ShmAllreduce();
   ShmAllreduce(const ShmAllreduce&) = delete;
   ShmAllreduce& operator=(const ShmAllreduce&) = delete;

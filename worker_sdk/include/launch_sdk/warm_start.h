@@ -10,9 +10,8 @@
 // ReadWorkerEnv and Context::Init call) then runs before its attempt is known: it must not read
 // the round's variables (RANK, WORLD_SIZE, MASTER_*, TORCHELASTIC_*, LAUNCH_LR, LAUNCH_*_BATCH, ...)
 // nor act on the world (write files, connect). launch finds this mark in the executable's file.
-#define LAUNCH_SDK_WARM_START()                                                  \
-  extern "C" __attribute__((used)) const char launch_sdk_warm_start_mark[] =     \
-      "launch-sdk-warm-start/1"
+#define LAUNCH_SDK_WARM_START() \
+  extern "C" __attribute__((used)) const char launch_sdk_warm_start_mark[] = "launch-sdk-warm-start/1"
 
 namespace launch_sdk {
 

@@ -104,8 +104,8 @@ inline constexpr char kStandbyForked = 'D';
 inline constexpr char kGoMagic[] = "LGOV";
 inline constexpr char kGoMagicV1[] = "LGO1";
 inline constexpr size_t kGoMagicBytes = 4;
-inline constexpr size_t kGoVersionBytes = 8;  // magic and version: what says which version a go is
-inline constexpr size_t kGoHeaderBytes = 12;  // then the body's length
+inline constexpr size_t kGoVersionBytes = 8;       // magic and version: what says which version a go is
+inline constexpr size_t kGoHeaderBytes = 12;       // then the body's length
 inline constexpr uint32_t kMaxGoBody = 64u << 20;  // as the agent's bound on a worker's environment
 inline constexpr size_t kGoMinFds = 4;
 inline constexpr size_t kGoMaxFds = 5;
@@ -123,8 +123,7 @@ std::vector<std::string> DecodeGoBody(const std::string& body);
 
 // The line a standby of `standby_version` (`standby`: "launch_sdk", "launch's Python module")
 // says when launch sent a go of `launch_version`: names both and what to do.
-std::string VersionSkew(uint32_t launch_version, uint32_t standby_version,
-                        const std::string& standby);
+std::string VersionSkew(uint32_t launch_version, uint32_t standby_version, const std::string& standby);
 
 // --- The exit-notice file (launch_sdk/exit_notice.h) ------------------------------------------
 // One slot per local rank: seq (u32), pid (i32), tid (i32), 4 bytes reserved, then the robust,

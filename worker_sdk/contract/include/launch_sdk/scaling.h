@@ -7,12 +7,12 @@ namespace launch_sdk {
 enum class LrScaling { kLinear, kSqrt, kNone };
 
 struct ScalingConfig {
-  double base_lr = 0.1;          // tuned for a global batch of base_batch
+  double base_lr = 0.1;  // tuned for a global batch of base_batch
   int per_worker_batch = 32;
-  int base_batch = 0;            // 0: per_worker_batch (one worker's batch)
+  int base_batch = 0;  // 0: per_worker_batch (one worker's batch)
   int grad_accum_steps = 1;
   LrScaling mode = LrScaling::kLinear;
-  int warmup_steps = 0;          // linear ramp from base_lr to the scaled lr
+  int warmup_steps = 0;  // linear ramp from base_lr to the scaled lr
 };
 
 struct Scaled {
