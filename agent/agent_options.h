@@ -11,7 +11,7 @@
 
 #include "agent/job_spec.h"
 #include "agent/log_relay.h"
-#include "agent/numa.h"
+#include "probes/numa.h"
 #include "common/tunables.h"
 #include "launch.pb.h"
 

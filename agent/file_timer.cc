@@ -22,7 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "agent/process.h"
+#include "probes/process.h"
 #include "common/limits.h"
 #include "common/status_macros.h"
 #include "google/protobuf/util/json_util.h"

@@ -4,7 +4,7 @@
 #include <csignal>
 
 #include "absl/strings/str_cat.h"
-#include "agent/process.h"
+#include "probes/process.h"
 
 namespace launch {
 

@@ -187,4 +187,6 @@ absl::StatusOr<std::string> FormatLinePrefix(std::string_view tmpl, const LinePr
   return out;
 }
 
+long DescriptorsNeeded(int nproc, bool log_files) { return kOwnDescriptors + nproc * (log_files ? 4L : 2L); }
+
 }  // namespace launch

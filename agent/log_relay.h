@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "agent/console.h"
+#include "probes/console.h"
 #include "agent/job_spec.h"
 #include "common/clock.h"
 #include "common/unique_fd.h"
@@ -84,5 +84,13 @@ absl::StatusOr<std::string> FormatLinePrefix(std::string_view tmpl, const LinePr
 // whose consoles (one srun, one kubectl logs) merge every node's lines.
 inline constexpr char kSingleNodeLinePrefix[] = "[${rank}]:";
 inline constexpr char kMultiNodeLinePrefix[] = "[${hostname}:${rank}]:";
+
+// The margin DescriptorsNeeded() keeps for launch itself (gRPC, epoll, the signal and console
+// descriptors) and for one spawn's pipes in flight.
+constexpr long kOwnDescriptors = 64;
+
+// What launch holds open while its workers run: per worker the read ends of its stdout and stderr
+// pipes, and its two log files when there are any, plus a margin for launch itself.
+long DescriptorsNeeded(int nproc, bool log_files);
 
 }  // namespace launch

@@ -18,9 +18,9 @@
 #include <thread>
 #include <vector>
 
-#include "agent/coordinator_client.h"
+#include "rendezvous/coordinator_client.h"
 #include "agent/live_ranks.h"
-#include "agent/nvml.h"
+#include "probes/nvml.h"
 #include "common/clock.h"
 #include "common/unique_fd.h"
 #include "launch.pb.h"

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "agent/process.h"
+#include "probes/process.h"
 #include "agent/worker_env.h"
 #include "agent/worker_group.h"
 #include "common/unique_fd.h"

@@ -16,13 +16,13 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "agent/console.h"
+#include "probes/console.h"
 #include "agent/exit_notices.h"
 #include "agent/group_supervisor.h"
 #include "agent/hang_check.h"
 #include "agent/live_ranks.h"
-#include "agent/process.h"
-#include "agent/signals.h"
+#include "probes/process.h"
+#include "probes/signals.h"
 #include "agent/worker_launch.h"
 #include "common/clock.h"
 #include "common/exit_status.h"

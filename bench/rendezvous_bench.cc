@@ -30,7 +30,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/lease.h"
+#include "rendezvous/lease.h"
 #include "common/tunables.h"
 #include "launch.grpc.pb.h"
 

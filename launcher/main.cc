@@ -11,13 +11,13 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
-#include "agent/console.h"
-#include "agent/process.h"
-#include "agent/signals.h"
+#include "probes/console.h"
+#include "probes/process.h"
+#include "probes/signals.h"
 #include "agent/worker_env.h"
 #include "common/exit_status.h"
 #include "common/launch_env.h"
-#include "launcher/grpc_log.h"
+#include "rendezvous/grpc_log.h"
 #include "launcher/options.h"
 #include "launcher/run.h"
 #include "spdlog/details/os.h"

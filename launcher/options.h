@@ -12,8 +12,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "agent/job_spec.h"
-#include "agent/numa.h"
-#include "agent/signals.h"
+#include "probes/numa.h"
+#include "probes/signals.h"
 #include "common/tunables.h"
 
 namespace launch {

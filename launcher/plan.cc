@@ -25,10 +25,6 @@ absl::Status AsUsage(const absl::Status& st) {
 constexpr size_t kKeyWidth = 19;
 constexpr size_t kValueWidth = 24;
 
-// The margin DescriptorsNeeded() keeps for launch itself (gRPC, epoll, the signal and console
-// descriptors) and for one spawn's pipes in flight.
-constexpr long kOwnDescriptors = 64;
-
 // A plan that cannot have its descriptors started about 10,000 workers of 12,000 before it failed
 // (and said "nothing started"): it is refused before anything starts.
 absl::Status CheckDescriptorBudget(int nproc, bool log_files, const HostFacts& host) {
@@ -527,8 +523,6 @@ std::string DescribePlan(const LaunchConfig& c, const LaunchPlan& plan) {
   }
   return out;
 }
-
-long DescriptorsNeeded(int nproc, bool log_files) { return kOwnDescriptors + nproc * (log_files ? 4L : 2L); }
 
 absl::StatusOr<LaunchPlan> PlanLaunch(const LaunchConfig& config, const HostFacts& host) {
   if (host.queries == nullptr) return absl::InternalError("PlanLaunch: no HostQueries");

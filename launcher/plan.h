@@ -8,11 +8,11 @@
 
 #include "absl/status/statusor.h"
 #include "agent/agent_options.h"
-#include "agent/devices.h"
+#include "probes/devices.h"
 #include "agent/worker_env.h"
 #include "common/tunables.h"
 #include "launcher/options.h"
-#include "launcher/rendezvous.h"
+#include "rendezvous/rendezvous.h"
 
 namespace launch {
 
@@ -28,7 +28,7 @@ struct FileFacts {
 class HostQueries {
  public:
   virtual ~HostQueries() = default;
-  // As agent/process.h's ResolveExecutable.
+  // As probes/process.h's ResolveExecutable.
   virtual absl::StatusOr<std::string> ResolveExecutable(const std::string& program, const std::string& path_env) = 0;
   virtual FileFacts File(const std::string& path) = 0;
   // As common/net.h's functions of the same names.
@@ -104,10 +104,6 @@ struct LaunchPlan {
 // What --dry-run prints before the workers: the topology and each setting's value with where it
 // came from (a flag, a PET_ variable, the config file, Slurm, or the default), one per line.
 std::string DescribePlan(const LaunchConfig& config, const LaunchPlan& plan);
-
-// What launch holds open while its workers run: per worker the read ends of its stdout and stderr
-// pipes, and its two log files when there are any, plus a margin for launch itself.
-long DescriptorsNeeded(int nproc, bool log_files);
 
 // Every refusal is a one-line InvalidArgument (bad flags for this machine) or FailedPrecondition
 // (the machine's state, such as a port in use), which `launch` reports with exit status 2.

@@ -2,8 +2,8 @@
 // on bad input, before anything starts), then carries the plan out: coordinator, agent, workers.
 #pragma once
 
-#include "agent/process.h"
-#include "agent/signals.h"
+#include "probes/process.h"
+#include "probes/signals.h"
 #include "launcher/options.h"
 
 namespace launch {

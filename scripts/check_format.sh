@@ -18,7 +18,7 @@ cd "$root"
 
 # launch's own code. Tests, examples and benches keep their hand layout: clang-format puts each
 # element of a long argv list (a launch command line) on its own line.
-folders=(agent launcher common worker_sdk)
+folders=(agent launcher common probes rendezvous doctor worker_sdk)
 cxx=('*.cc' '*.h' '*.cpp' '*.hpp')
 
 if [[ -n "${CLANG_FORMAT:-}" ]]; then

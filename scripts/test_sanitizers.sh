@@ -27,7 +27,7 @@ fi
 took "ASan+UBSan" $start
 
 # ThreadSanitizer over the suites whose threads are ours: the console writers, the agent's
-# background calls and coordinator watch, the supervision loop (unit_tests, agent_tests), and the
+# background calls and coordinator watch, the supervision loop (the module suites), and the
 # multi-node suite with every agent built with TSan against a standalone coordinator that is not
 # (build/bin/launch, from part 1 of scripts/test.sh). gRPC, abseil, protobuf and OpenSSL come
 # from Debian uninstrumented, so the TSan build links them shared and tests/tsan.supp ignores the
@@ -41,6 +41,7 @@ took "ASan+UBSan" $start
 export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp"
 start=$SECONDS
 tsan_ok=1
+tsan_suites="common_tests probes_tests rendezvous_tests agent_tests doctor_tests launcher_tests"
 coordinator_bin=$PWD/build/bin/launch
 tsan_skip="*Chaos*:MultiNode.ThreeAgentsWithDifferentLocalSizesOneHostsTheCoordinator"
 tsan_skip+=":MultiNode.AgentHostedCoordinatorLostWithItsNodeFailsTheJobCleanly:MultiNode.StaticBackendGivesRanksFromNodeRank"
@@ -50,8 +51,8 @@ if [ ! -x "$coordinator_bin" ]; then
   tsan_ok=0
 elif cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=None "-DCMAKE_CXX_FLAGS=-O1 -g1" \
      -DLAUNCH_SANITIZE=thread -DLAUNCH_WITH_TORCH=OFF -DLAUNCH_STATIC_DEPS=OFF &&
-   cmake --build build-tsan -j "$jobs" --target unit_tests agent_tests multinode_tests launch test_worker; then
-  for suite in unit_tests agent_tests; do
+   cmake --build build-tsan -j "$jobs" --target $tsan_suites multinode_tests launch test_worker; then
+  for suite in $tsan_suites; do
     echo "test_sanitizers.sh: TSan: $suite"
     if ! "build-tsan/bin/$suite" --gtest_brief=1; then tsan_ok=0; echo "test_sanitizers.sh: TSan: $suite FAILED" >&2; fi
   done

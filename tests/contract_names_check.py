@@ -4,7 +4,7 @@
 
 The names launch and its workers share are launch_sdk/contract.h's, the ones launch reads for
 itself common/launch_env.h's; everything else uses their constants. A string literal that begins
-with a LAUNCH_* name anywhere else in agent/, launcher/, common/ or worker_sdk/ (tests and docs
+with a LAUNCH_* name anywhere else in agent/, launcher/, common/, probes/, rendezvous/, doctor/ or worker_sdk/ (tests and docs
 aside) is a second spelling: printed with its place, and the exit status is 1.
 """
 
@@ -19,7 +19,7 @@ LITERAL = re.compile(r'"(LAUNCH_[A-Z0-9_]+)')
 def main():
     root = sys.argv[1]
     found = []
-    for top in ("agent", "launcher", "common", "worker_sdk"):
+    for top in ("agent", "launcher", "common", "probes", "rendezvous", "doctor", "worker_sdk"):
         for dirpath, _, files in os.walk(os.path.join(root, top)):
             for name in sorted(files):
                 if not name.endswith((".cc", ".h")):

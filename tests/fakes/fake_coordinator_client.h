@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "agent/coordinator_client.h"
+#include "rendezvous/coordinator_client.h"
 
 namespace launch::testing {
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "agent/process.h"
+#include "probes/process.h"
 #include "common/unique_fd.h"
 
 namespace launch::testing {

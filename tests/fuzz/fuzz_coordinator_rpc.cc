@@ -12,7 +12,7 @@
 
 #include "common/clock.h"
 #include "launch.grpc.pb.h"
-#include "launcher/coordinator.h"
+#include "rendezvous/coordinator.h"
 #include "spdlog/spdlog.h"
 
 namespace {

@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "common/lease.h"
+#include "rendezvous/lease.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const std::string key(launch::kLeaseKeyBytes, 'k');

@@ -9,7 +9,7 @@
 #include <map>
 #include <string>
 
-#include "launcher/rendezvous.h"
+#include "rendezvous/rendezvous.h"
 
 namespace {
 

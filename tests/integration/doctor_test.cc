@@ -1,5 +1,5 @@
 // `launch doctor` and `launch --preflight`, the real binary: against this machine as it is, and
-// against a fake NVML (LAUNCH_NVML_LIBRARY, tests/fake_nvml.cc) and a fake python3 first on PATH
+// against a fake NVML (LAUNCH_NVML_LIBRARY, tests/fakes/fake_nvml.cc) and a fake python3 first on PATH
 // that play GPUs and a torch, through the same dlopen and subprocess paths as on a GPU machine.
 #include <dlfcn.h>
 #include <signal.h>

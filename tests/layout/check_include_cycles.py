@@ -9,7 +9,7 @@ import os
 import re
 import sys
 
-ROOTS = ("agent", "common", "launcher", "proto", "worker_sdk")
+ROOTS = ("agent", "common", "doctor", "launcher", "probes", "proto", "rendezvous", "worker_sdk")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 

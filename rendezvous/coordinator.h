@@ -1,0 +1,180 @@
+// The rendezvous coordinator as a gRPC service: a thin, locked wrapper around one Rendezvous
+// state machine per run id. Joins are held and Watch streams kept open (gRPC callback API, no
+// thread per call); both are answered the moment their answer changes, so every agent learns of
+// a new round at once. Leases are renewed by Watch messages or lease datagrams.
+// Single-node runs host it in-process on 127.0.0.1 (port 0); `launch coordinator` and the
+// agent-hosted coordinator serve many nodes and many runs.
+#pragma once
+
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/clock.h"
+#include "rendezvous/lease.h"
+#include "common/unique_fd.h"
+#include "launch.grpc.pb.h"
+#include "rendezvous/job_view.h"
+#include "rendezvous/rendezvous.h"
+#include "rendezvous/security.h"
+
+namespace launch {
+
+struct CoordinatorOptions {
+  // For joins that carry no run spec (older agents, tests): the run's settings.
+  RendezvousConfig defaults;
+  std::string token;  // required on every RPC when not empty
+};
+
+class CoordinatorService final : public v1::Rendezvous::CallbackService {
+ public:
+  CoordinatorService(CoordinatorOptions opts, const Clock* clock);
+  ~CoordinatorService() override;
+
+  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const v1::JoinRequest* req,
+                                 v1::JoinResponse* resp) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx, const v1::HeartbeatRequest* req,
+                                      v1::HeartbeatResponse* resp) override;
+  grpc::ServerUnaryReactor* ReportExit(grpc::CallbackServerContext* ctx, const v1::ReportExitRequest* req,
+                                       v1::ReportExitResponse* resp) override;
+  grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* ctx, const v1::StatusRequest* req,
+                                   v1::StatusResponse* resp) override;
+  grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse>* Watch(
+      grpc::CallbackServerContext* ctx) override;
+  grpc::ServerUnaryReactor* Sample(grpc::CallbackServerContext* ctx, const v1::SampleRequest* req,
+                                   v1::SampleResponse* resp) override;
+
+  // Every run's status as the Status RPC answers it (for the metrics endpoint).
+  std::vector<v1::StatusResponse> AllStatus();
+
+  // Starts the timer thread (last calls, leases, spares, closing ended runs).
+  void Start();
+  // Answers every held call UNAVAILABLE and stops the timer thread.
+  void Shutdown();
+
+  // Waits until every run has ended and each of its live nodes has been told (bounded).
+  bool WaitUntilEveryNodeKnowsTheEnd(std::chrono::milliseconds timeout);
+
+  int runs_for_test();
+
+  // The UDP port lease datagrams go to (0: none), handed to agents in their assignments.
+  void set_lease_port(int port);
+  // Lease datagrams as read by the LeaseListener: each authentic one renews its node's lease.
+  void OnLeaseBatch(const std::vector<std::string>& datagrams);
+
+ private:
+  class HeldCall;
+  class WatchReactor;
+  struct Run {
+    std::unique_ptr<Rendezvous> rdzv;
+    std::unique_ptr<JobView> view;  // the nodes' monitor samples, stragglers
+    std::set<HeldCall*> held;       // joins waiting for their round
+    std::set<WatchReactor*> watchers;
+    // When the run's Tick is due (its last answer); nullopt: no timer. Heartbeats only push
+    // leases later, so they need not tick the run.
+    std::optional<Clock::TimePoint> next_tick;
+    std::string lease_key;  // the run's key: each node's datagram key is derived from it
+    // Nodes that re-registered with a restarted coordinator keep the key they were given.
+    std::map<std::string, std::string> node_keys;
+    std::set<std::string> udp_seen;  // nodes whose lease datagrams arrive
+  };
+  Run NewRun(const std::string& run_id, const RendezvousConfig& cfg);
+  // The key of `node_id`'s lease datagrams; `scratch` holds a derived one.
+  static const std::string& NodeKey(const Run& run, const std::string& node_id, std::string* scratch);
+  // What a section under mu_ decided, done once mu_ is released: the one locking rule is decide
+  // under mu_, then finish calls and streams and write log lines unlocked (gRPC may run a
+  // reactor's OnDone, which takes mu_, inside Finish; a log line may wait on a slow console).
+  struct Finishes {
+    std::vector<std::pair<HeldCall*, grpc::Status>> calls;
+    std::vector<WatchReactor*> streams;              // each finishes as it decided (answer or status)
+    std::vector<std::pair<bool, std::string>> logs;  // (warning?, line)
+    void emplace_back(HeldCall* c, grpc::Status st) { calls.emplace_back(c, std::move(st)); }
+    void Info(std::string line) { logs.emplace_back(false, std::move(line)); }
+    void Warn(std::string line) { logs.emplace_back(true, std::move(line)); }
+    bool empty() const { return calls.empty() && streams.empty() && logs.empty(); }
+  };
+
+  grpc::Status CheckToken(grpc::CallbackServerContext* ctx, const char* rpc);
+  // The token, then the message size: the first refusal, logged with the peer.
+  grpc::Status Admit(grpc::CallbackServerContext* ctx, const google::protobuf::Message& req, const char* rpc);
+  // Answers the run's held calls whose answer is ready; mu_ held. Finish happens after unlock.
+  void Pump(Run& run, Finishes* out);
+  // Answers `call` when its answer is ready (it stays in the run's containers); mu_ held.
+  bool AnswerIfReady(Run& run, HeldCall* call, Finishes* out);
+  // A heartbeat (unary or on a Watch stream): renews the lease, re-registers a node a restarted
+  // coordinator does not know, answers held joins and streams the change concerns; mu_ held.
+  // nullptr: the run is unknown and the node sent nothing to rebuild it from (ans says
+  // unknown_node).
+  absl::StatusOr<Run*> HeartbeatLocked(const std::string& peer, const v1::HeartbeatRequest& req,
+                                       v1::HeartbeatResponse* ans, Finishes* f);
+  void Cancelled(HeldCall* call);
+  // The run's status with its nodes' latest samples; mu_ held.
+  v1::StatusResponse StatusLocked(const Run& run) const;
+  // Ticks the run now and notes when it is due again; mu_ held.
+  void TickNow(Run& run);
+  void TimerLoop();
+  static void FinishAll(Finishes& f);
+
+  CoordinatorOptions opts_;
+  const Clock* clock_;
+  std::mutex mu_;
+  std::condition_variable wake_;     // the timer thread
+  std::condition_variable settled_;  // WaitUntilEveryNodeKnowsTheEnd
+  bool stopping_ = false;
+  std::map<std::string, Run> runs_;
+  std::thread timer_;
+  int lease_port_ = 0;  // under mu_
+};
+
+// A coordinator listening on an address, with its own gRPC threads.
+class CoordinatorServer {
+ public:
+  // "127.0.0.1:0" picks a free port; port() tells which. An address already in use is an
+  // AlreadyExists error (another agent on this host hosts it: be its client).
+  static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(const std::string& listen, CoordinatorOptions opts,
+                                                                  const SecurityOptions& security, const Clock* clock);
+  ~CoordinatorServer();
+  int port() const { return port_; }
+  std::string address() const { return address_; }
+  CoordinatorService* service() { return service_.get(); }
+  // A channel to this server inside the process (no socket): for fuzzing the RPC handlers.
+  std::shared_ptr<grpc::Channel> InProcessChannel();
+
+ private:
+  CoordinatorServer() = default;
+  std::unique_ptr<grpc::Server> BuildServer(const std::string& address, int* port);
+  // The keeper thread: when gRPC's listener stops accepting (see rendezvous/grpc_log.h), builds a
+  // new server on the same port around the same service, retrying until descriptors allow it.
+  void KeepListening();
+
+  std::shared_ptr<grpc::ServerCredentials> creds_;
+  std::unique_ptr<CoordinatorService> service_;
+  std::unique_ptr<grpc::Server> server_;  // replaced by the keeper thread; keeper_mu_
+  std::unique_ptr<LeaseListener> leases_;
+  int port_ = 0;
+  std::string address_;
+  std::mutex keeper_mu_;
+  std::condition_variable keeper_wake_;
+  bool listener_failed_ = false;  // keeper_mu_
+  bool stopping_ = false;         // keeper_mu_
+  int failure_subscription_ = 0;
+  // Descriptors held in reserve (on /dev/null) for the listener's rebuild; keeper thread only.
+  void ReserveDescriptors();
+  UniqueFd spare_fds_[4];
+  std::thread keeper_;
+};
+
+// Message size limit for every rendezvous RPC (the messages are small; anything big is an attack
+// or a bug).
+constexpr int kMaxRendezvousMessageBytes = 1 << 20;
+// What gRPC itself accepts: messages between the two limits are refused by the service, with a
+// log line naming the peer; larger ones by gRPC before they are parsed.
+constexpr int kGrpcReceiveLimitBytes = 4 * kMaxRendezvousMessageBytes;
+
+}  // namespace launch

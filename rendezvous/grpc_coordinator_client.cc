@@ -1,0 +1,115 @@
+#include "rendezvous/grpc_coordinator_client.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/tunables.h"
+#include "rendezvous/grpc_wire.h"
+
+namespace launch {
+
+absl::Status FromGrpc(const grpc::Status& s, const std::string& what) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), absl::StrCat(what, ": ", s.error_message()));
+}
+
+GrpcCoordinatorClient::GrpcCoordinatorClient(std::shared_ptr<grpc::Channel> channel, std::string target,
+                                             std::string token, std::chrono::milliseconds join_timeout)
+    : stub_(v1::Rendezvous::NewStub(channel)),
+      target_(std::move(target)),
+      token_(std::move(token)),
+      join_timeout_(join_timeout) {}
+
+void GrpcCoordinatorClient::Prepare(grpc::ClientContext* ctx, std::chrono::milliseconds timeout) const {
+  ctx->set_deadline(std::chrono::system_clock::now() + timeout);
+  if (!token_.empty()) ctx->AddMetadata(kTokenMetadataKey, token_);
+}
+
+absl::StatusOr<v1::Assignment> GrpcCoordinatorClient::Join(const v1::JoinRequest& req, CallCanceller* cancel) {
+  grpc::ClientContext ctx;
+  // The coordinator answers at its join timeout with the reason; this deadline is for one that
+  // is never reached.
+  Prepare(&ctx, join_timeout_ + kJoinDeadlineMargin);
+  // A coordinator that is not up yet (another node is starting it) is waited for, not an error.
+  ctx.set_wait_for_ready(true);
+  if (cancel && !cancel->Attach([&ctx] { ctx.TryCancel(); })) return absl::CancelledError("join cancelled");
+  v1::JoinResponse resp;
+  grpc::Status s = stub_->Join(&ctx, req, &resp);
+  if (cancel) cancel->Detach();
+  if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("rendezvous join at ", target_, ": no answer within the join timeout (",
+                     join_timeout_.count() / 1000.0,
+                     " s); the coordinator is unreachable, or its TLS settings differ from this node's"));
+  }
+  if (!s.ok()) return FromGrpc(s, absl::StrCat("rendezvous join at ", target_));
+  return resp.assignment();
+}
+
+absl::StatusOr<v1::HeartbeatResponse> GrpcCoordinatorClient::Heartbeat(const v1::HeartbeatRequest& req) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, kHeartbeatDeadline);
+  v1::HeartbeatResponse resp;
+  grpc::Status s = stub_->Heartbeat(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpc(s, absl::StrCat("heartbeat to ", target_));
+  return resp;
+}
+
+namespace {
+
+class GrpcWatchStream final : public WatchStream {
+ public:
+  GrpcWatchStream(v1::Rendezvous::Stub* stub, const std::string& token, std::string target)
+      : target_(std::move(target)) {
+    if (!token.empty()) ctx_.AddMetadata(kTokenMetadataKey, token);
+    stream_ = stub->Watch(&ctx_);
+  }
+  ~GrpcWatchStream() override {
+    if (!finished_) {
+      ctx_.TryCancel();
+      v1::HeartbeatResponse ignored;
+      while (stream_->Read(&ignored)) {
+      }
+      stream_->Finish();
+    }
+  }
+  bool Send(const v1::HeartbeatRequest& hb) override { return stream_->Write(hb); }
+  bool Receive(v1::HeartbeatResponse* resp) override { return stream_->Read(resp); }
+  absl::Status Finish() override {
+    finished_ = true;
+    return FromGrpc(stream_->Finish(), absl::StrCat("watch at ", target_));
+  }
+  void Cancel() override { ctx_.TryCancel(); }
+
+ private:
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::HeartbeatRequest, v1::HeartbeatResponse>> stream_;
+  std::string target_;
+  bool finished_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<WatchStream> GrpcCoordinatorClient::Watch() {
+  return std::make_unique<GrpcWatchStream>(stub_.get(), token_, target_);
+}
+
+absl::StatusOr<v1::ReportExitResponse> GrpcCoordinatorClient::ReportExit(const v1::ReportExitRequest& req,
+                                                                         std::chrono::milliseconds timeout) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, timeout);
+  v1::ReportExitResponse resp;
+  grpc::Status s = stub_->ReportExit(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpc(s, absl::StrCat("exit report to ", target_));
+  return resp;
+}
+
+absl::StatusOr<v1::SampleResponse> GrpcCoordinatorClient::Sample(const v1::SampleRequest& req,
+                                                                 std::chrono::milliseconds timeout) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, timeout);
+  v1::SampleResponse resp;
+  grpc::Status s = stub_->Sample(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpc(s, absl::StrCat("sample to ", target_));
+  return resp;
+}
+
+}  // namespace launch

@@ -1,0 +1,39 @@
+// The coordinator client over gRPC: each call with its deadline and the run's token.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "launch.grpc.pb.h"
+#include "rendezvous/coordinator_client.h"
+
+namespace launch {
+
+class GrpcCoordinatorClient : public CoordinatorClient {
+ public:
+  // `join_timeout` bounds how long a Join may wait for its round to form; `token` goes with
+  // every call when not empty.
+  GrpcCoordinatorClient(std::shared_ptr<grpc::Channel> channel, std::string target, std::string token,
+                        std::chrono::milliseconds join_timeout);
+  absl::StatusOr<v1::Assignment> Join(const v1::JoinRequest& req, CallCanceller* cancel) override;
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req) override;
+  absl::StatusOr<v1::ReportExitResponse> ReportExit(const v1::ReportExitRequest& req,
+                                                    std::chrono::milliseconds timeout) override;
+  absl::StatusOr<v1::SampleResponse> Sample(const v1::SampleRequest& req, std::chrono::milliseconds timeout) override;
+  std::unique_ptr<WatchStream> Watch() override;
+  std::string target() const override { return target_; }
+
+ private:
+  void Prepare(grpc::ClientContext* ctx, std::chrono::milliseconds timeout) const;
+  std::unique_ptr<v1::Rendezvous::Stub> stub_;
+  std::string target_, token_;
+  std::chrono::milliseconds join_timeout_;
+};
+
+// grpc::Status → absl::Status, keeping the code and the message.
+absl::Status FromGrpc(const grpc::Status& s, const std::string& what);
+
+}  // namespace launch

@@ -1,0 +1,189 @@
+// The agent's retry, patience and re-registration policy (CoordinatorSession) against a scripted
+// coordinator client, on a fake clock: every wait advances the clock instead of sleeping.
+#include "rendezvous/coordinator_session.h"
+
+#include <poll.h>
+#include <signal.h>
+
+#include <deque>
+#include <vector>
+
+#include "rendezvous/coordinator_watch.h"
+#include "gtest/gtest.h"
+#include "tests/fakes/fake_coordinator_client.h"
+
+namespace launch {
+namespace {
+
+using std::chrono::milliseconds;
+
+class SessionTest : public ::testing::Test {
+ protected:
+  SessionTest() { client_.target_name = "10.0.0.1:29400"; }
+  CoordinatorSession Session(milliseconds patience = milliseconds(30000), double join_timeout_s = 600) {
+    CoordinatorSession::Options o;
+    o.run_id = "job";
+    o.node.set_node_id("node-b");
+    o.spec.set_join_timeout_s(join_timeout_s);
+    o.spec.set_min_nodes(2);
+    o.patience = patience;
+    // A wait on a descriptor is a real wait (the join runs on a thread); a timed wait advances the
+    // fake clock at once. `signal_at_wait`: the n-th timed wait is cut short by SIGTERM.
+    return CoordinatorSession(o, &client_, &clock_, [this](int fd, std::optional<milliseconds> t) {
+      if (fd >= 0) {
+        pollfd p{fd, POLLIN, 0};
+        ::poll(&p, 1, -1);
+        return 0;
+      }
+      waits_.push_back(*t);
+      if (static_cast<int>(waits_.size()) == signal_at_wait_) return SIGTERM;
+      clock_.Advance(*t);
+      return -1;
+    });
+  }
+  std::function<absl::StatusOr<v1::JoinRequest>()> Request() {
+    return [] { return v1::JoinRequest(); };
+  }
+
+  testing::FakeCoordinatorClient client_;
+  FakeClock clock_;
+  std::vector<milliseconds> waits_;
+  int signal_at_wait_ = -1;
+};
+
+TEST(RetryPacer, DoublesUpToTheMaximumAndStartsOverOnceReached) {
+  FakeClock clock;
+  RetryPacer p({milliseconds(50), milliseconds(300)}, &clock);
+  EXPECT_FALSE(p.unreachable());
+  EXPECT_EQ(p.Unreachable(), milliseconds(50));
+  clock.Advance(milliseconds(50));
+  EXPECT_EQ(p.Unreachable(), milliseconds(100));
+  EXPECT_EQ(p.Unreachable(), milliseconds(200));
+  EXPECT_EQ(p.Unreachable(), milliseconds(300));
+  EXPECT_EQ(p.Unreachable(), milliseconds(300));
+  EXPECT_EQ(p.unreachable_for(), milliseconds(50));  // since the first failed try
+  p.Reached();
+  EXPECT_FALSE(p.unreachable());
+  EXPECT_EQ(p.unreachable_for(), Clock::Duration::zero());
+  EXPECT_EQ(p.Unreachable(), milliseconds(50));
+}
+
+TEST_F(SessionTest, AJoinRidesOutACoordinatorThatComesBack) {
+  for (int i = 0; i < 5; ++i) client_.joins.push_back(absl::UnavailableError("connection refused"));
+  v1::Assignment a;
+  a.set_round(3);
+  client_.joins.push_back(a);
+  CoordinatorSession s = Session();
+  int sig = 0;
+  auto got = s.Join(Request(), &sig);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->round(), 3);
+  EXPECT_EQ(waits_, (std::vector<milliseconds>{milliseconds(50), milliseconds(100), milliseconds(200),
+                                                milliseconds(400), milliseconds(800)}));
+}
+
+TEST_F(SessionTest, AJoinEndsAtTheJoinTimeout) {
+  CoordinatorSession s = Session(milliseconds(30000), /*join_timeout_s=*/10);
+  int sig = 0;
+  auto got = s.Join(Request(), &sig);
+  EXPECT_TRUE(absl::IsUnavailable(got.status())) << got.status();
+  EXPECT_GE(clock_.Now().time_since_epoch(), std::chrono::seconds(10));
+  EXPECT_LT(clock_.Now().time_since_epoch(), std::chrono::seconds(13));  // within one capped delay
+}
+
+TEST_F(SessionTest, AJoinGivesUpOnAGoneHostedCoordinatorAfterThePatience) {
+  CoordinatorSession s = Session(milliseconds(5000));
+  s.set_coordinator_host("node-a");
+  int sig = 0;
+  auto got = s.Join(Request(), &sig);
+  ASSERT_TRUE(absl::IsUnavailable(got.status()));
+  EXPECT_NE(got.status().message().find("hosted by the agent of node-a"), std::string::npos) << got.status();
+  EXPECT_LT(clock_.Now().time_since_epoch(), std::chrono::seconds(10));  // not the 600 s join timeout
+}
+
+TEST_F(SessionTest, ARefusedJoinIsNotRetried) {
+  client_.joins.push_back(absl::PermissionDeniedError("wrong token"));
+  CoordinatorSession s = Session();
+  int sig = 0;
+  auto got = s.Join(Request(), &sig);
+  EXPECT_TRUE(absl::IsPermissionDenied(got.status()));
+  EXPECT_EQ(client_.join_calls(), 1);
+  EXPECT_TRUE(waits_.empty());
+}
+
+TEST_F(SessionTest, ASignalCutsTheRetriesShort) {
+  signal_at_wait_ = 2;
+  CoordinatorSession s = Session();
+  int sig = 0;
+  auto got = s.Join(Request(), &sig);
+  EXPECT_TRUE(absl::IsCancelled(got.status()));
+  EXPECT_EQ(sig, SIGTERM);
+  EXPECT_EQ(client_.join_calls(), 2);
+}
+
+TEST_F(SessionTest, AReportReRegistersWithACoordinatorThatForgotTheRun) {
+  client_.reports.push_back(absl::NotFoundError("no run 'job'"));
+  v1::ReportExitResponse verdict;
+  verdict.set_restart(true);
+  client_.reports.push_back(verdict);
+  CoordinatorSession s = Session();
+  v1::Assignment a;
+  a.set_round(4);
+  a.set_group_rank(1);
+  int sig = 0;
+  auto got = s.Report(v1::ReportExitRequest(), a, &sig);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(got->restart());
+  ASSERT_EQ(client_.heartbeats().size(), 1u);
+  const v1::HeartbeatRequest hb = client_.heartbeats()[0];
+  EXPECT_EQ(hb.run_id(), "job");
+  EXPECT_EQ(hb.node().node_id(), "node-b");
+  EXPECT_EQ(hb.assignment().group_rank(), 1);
+  EXPECT_EQ(hb.spec().min_nodes(), 2);
+  EXPECT_TRUE(waits_.empty());
+}
+
+TEST_F(SessionTest, AReportGivesUpAfterThePatience) {
+  CoordinatorSession s = Session(milliseconds(4000));
+  int sig = 0;
+  auto got = s.Report(v1::ReportExitRequest(), v1::Assignment(), &sig);
+  ASSERT_TRUE(absl::IsUnavailable(got.status()));
+  EXPECT_NE(got.status().message().find("gave up on the coordinator at 10.0.0.1:29400 after 4 s"), std::string::npos)
+      << got.status();
+  EXPECT_GE(clock_.Now().time_since_epoch(), std::chrono::seconds(4));
+  EXPECT_LT(clock_.Now().time_since_epoch(), std::chrono::seconds(7));
+}
+
+// What the watch makes of each answer on its stream: an unknown node registers again, a word that
+// the datagrams do not arrive moves the heartbeats to the stream (unless the workers must stop
+// anyway), everything else is the agent's to act on.
+TEST(CoordinatorWatch, EachAnswerOnTheStreamIsActedOnAsItSays) {
+  struct Case {
+    bool unknown_node, lease_by_stream, stop_workers, job_succeeded, job_failed;
+    WatchAnswer want;
+  };
+  const std::vector<Case> cases = {
+      {true, false, false, false, false, WatchAnswer::kReregister},
+      {true, true, true, false, false, WatchAnswer::kReregister},
+      {false, true, false, false, false, WatchAnswer::kHeartbeatOnStream},
+      {false, true, true, false, false, WatchAnswer::kDeliver},
+      {false, true, false, true, false, WatchAnswer::kDeliver},
+      {false, true, false, false, true, WatchAnswer::kDeliver},
+      {false, false, true, false, false, WatchAnswer::kDeliver},
+      {false, false, false, true, false, WatchAnswer::kDeliver},
+      {false, false, false, false, false, WatchAnswer::kDeliver},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    v1::HeartbeatResponse r;
+    r.set_unknown_node(c.unknown_node);
+    r.set_lease_by_stream(c.lease_by_stream);
+    r.set_stop_workers(c.stop_workers);
+    r.set_job_succeeded(c.job_succeeded);
+    r.set_job_failed(c.job_failed);
+    EXPECT_EQ(ClassifyWatchAnswer(r), c.want) << "case " << i << ": " << r.ShortDebugString();
+  }
+}
+
+}  // namespace
+}  // namespace launch
