@@ -20,6 +20,7 @@
 #include "agent/worker_memory.h"
 #include "common/limits.h"
 #include "spdlog/spdlog.h"
+#include "common/thread_name.h"
 
 #ifndef SYS_futex_waitv
 #define SYS_futex_waitv 449
@@ -97,7 +98,10 @@ absl::StatusOr<std::unique_ptr<ExitNotices>> ExitNotices::Create(int local_world
   sigset_t all, was;
   sigfillset(&all);
   pthread_sigmask(SIG_BLOCK, &all, &was);
-  e->thread_ = std::thread([raw = e.get()] { raw->Run(); });
+  e->thread_ = std::thread([raw = e.get()] {
+    NameThisThread("launch-notices");
+    raw->Run();
+  });
   pthread_sigmask(SIG_SETMASK, &was, nullptr);
   return e;
 }

@@ -28,6 +28,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "launch.pb.h"
 #include "spdlog/spdlog.h"
+#include "common/thread_name.h"
 
 namespace launch {
 
@@ -290,7 +291,10 @@ absl::Status FileTimerServer::Start() {
     Stop();
     return failed;
   }
-  thread_ = std::thread([this] { Loop(); });
+  thread_ = std::thread([this] {
+    NameThisThread("launch-filetime");
+    Loop();
+  });
   ::pthread_setname_np(thread_.native_handle(), "file-timer");
   return absl::OkStatus();
 }

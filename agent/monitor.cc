@@ -17,6 +17,7 @@
 #include "common/tunables.h"
 #include "google/protobuf/util/json_util.h"
 #include "spdlog/spdlog.h"
+#include "common/thread_name.h"
 
 namespace launch {
 
@@ -145,7 +146,10 @@ void Monitor::Start() {
     metrics_fd_.Reset(::open(opts_.metrics_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
     if (!metrics_fd_.valid()) spdlog::warn("cannot write {}: {}", opts_.metrics_file, std::strerror(errno));
   }
-  thread_ = std::thread([this] { Loop(); });
+  thread_ = std::thread([this] {
+    NameThisThread("launch-monitor");
+    Loop();
+  });
 }
 
 void Monitor::Stop() {

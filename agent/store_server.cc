@@ -23,6 +23,7 @@
 #include "common/net.h"
 #include "common/status_macros.h"
 #include "spdlog/spdlog.h"
+#include "common/thread_name.h"
 
 namespace launch {
 namespace {
@@ -201,7 +202,10 @@ absl::Status StoreServer::Serve(StorePeers peers) {
   if (!wake_.valid()) return Errno("eventfd");
   ASSIGN_OR_RETURN(loop_, EventLoop::Create(&clock_));
   peers_ = std::move(peers);
-  thread_ = std::thread([this] { Loop(); });
+  thread_ = std::thread([this] {
+    NameThisThread("launch-store");
+    Loop();
+  });
   return absl::OkStatus();
 }
 

@@ -372,8 +372,7 @@ int RunLaunch(const LaunchConfig& c, OrphanGuard* guard, SignalFd* signals) {
     link = ConnectInProcess(plan.rendezvous, &clock);  // the metrics endpoint serves its status
   } else {
     // A single node's rendezvous needs no server: no socket, no gRPC threads (see local_coordinator.h).
-    link = RendezvousLink{nullptr,
-                          std::make_unique<LocalCoordinator>(plan.rendezvous, opts.heartbeat_interval, &clock)};
+    link = RendezvousLink{nullptr, std::make_unique<LocalCoordinator>(plan.rendezvous, &clock)};
   }
   if (!link.ok()) {
     if (absl::IsInvalidArgument(link.status()) || absl::IsFailedPrecondition(link.status())) {

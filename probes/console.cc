@@ -1,4 +1,5 @@
 #include "probes/console.h"
+#include "common/thread_name.h"
 
 #include <poll.h>
 #include <signal.h>
@@ -72,7 +73,12 @@ void ConsoleStream::Write(const void* owner, std::string_view prefix, std::strin
     open_owner_ = owner;
     if (queue_.size() + in_flight_ > kHighWater) backlogged_ = true;
     // Started here, not in the constructor: launch forks its orphan guard before any thread.
-    if (!writer_.joinable()) writer_ = std::thread([this] { WriterLoop(); });
+    if (!writer_.joinable()) {
+      writer_ = std::thread([this] {
+        NameThisThread("launch-console");
+        WriterLoop();
+      });
+    }
   }
   wake_.notify_one();
 }

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include "common/status_macros.h"
+#include "common/thread_name.h"
 
 namespace launch {
 
@@ -14,6 +15,7 @@ absl::Status BackgroundCall::Start(std::function<void(CallCanceller*)> fn) {
   if (!event_.valid()) return ErrnoStatus("eventfd");
   int fd = event_.get();
   thread_ = std::thread([this, fn = std::move(fn), fd] {
+    NameThisThread("launch-call");
     fn(&cancel_);
     uint64_t one = 1;
     ssize_t n = ::write(fd, &one, sizeof one);

@@ -14,6 +14,7 @@
 #include "common/tunables.h"
 #include "rendezvous/grpc_log.h"
 #include "spdlog/spdlog.h"
+#include "common/thread_name.h"
 
 namespace launch {
 
@@ -234,7 +235,12 @@ CoordinatorService::~CoordinatorService() { Shutdown(); }
 
 void CoordinatorService::Start() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!timer_.joinable()) timer_ = std::thread([this] { TimerLoop(); });
+  if (!timer_.joinable()) {
+    timer_ = std::thread([this] {
+      NameThisThread("launch-rdzvtime");
+      TimerLoop();
+    });
+  }
 }
 
 void CoordinatorService::Shutdown() {
@@ -740,7 +746,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
     raw->listener_failed_ = true;
     raw->keeper_wake_.notify_all();
   });
-  s->keeper_ = std::thread([raw] { raw->KeepListening(); });
+  s->keeper_ = std::thread([raw] {
+    NameThisThread("launch-keeper");
+    raw->KeepListening();
+  });
   return s;
 }
 

@@ -43,10 +43,26 @@ class WatchStream {
   virtual void Cancel() = 0;
 };
 
+// A watch held inside the coordinator's own process (CoordinatorClient::WatchInProcess);
+// destroying it ends the watch.
+class InProcessWatch {
+ public:
+  virtual ~InProcessWatch() = default;
+};
+
 class CoordinatorClient {
  public:
   virtual ~CoordinatorClient() = default;
   virtual std::unique_ptr<WatchStream> Watch() = 0;
+  // For a coordinator in this process: a watch with no thread and no heartbeats (a node in the
+  // coordinator's process is alive while the process is). `answered` is called once, under the
+  // coordinator's lock, so it must only record and wake, with the first answer the node must act
+  // on. `registration` is what a Watch stream would send first. nullptr: this client needs a
+  // Watch stream, and a thread to hold it.
+  virtual std::unique_ptr<InProcessWatch> WatchInProcess(
+      const v1::HeartbeatRequest& /*registration*/, std::function<void(const v1::HeartbeatResponse&)> /*answered*/) {
+    return nullptr;
+  }
   // Waits for the round to form (bounded by the coordinator's join timeout).
   virtual absl::StatusOr<v1::Assignment> Join(const v1::JoinRequest& req, CallCanceller* cancel = nullptr) = 0;
   // The join's answer when the client has it without waiting (a coordinator in this process whose

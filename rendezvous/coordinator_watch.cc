@@ -12,6 +12,7 @@
 #include "common/net.h"
 #include "common/status_macros.h"
 #include "spdlog/spdlog.h"
+#include "common/thread_name.h"
 
 namespace launch {
 
@@ -33,7 +34,14 @@ absl::Status CoordinatorWatch::Start(const v1::Assignment& a) {
     answer_.Clear();
   }
   unreachable_ = false;
-  thread_ = std::thread([this, a] { Loop(a); });
+  // A coordinator in this process answers the watch itself: no stream, no thread.
+  in_process_ = client_->WatchInProcess(session_->Registration(a),
+                                        [this](const v1::HeartbeatResponse& resp) { Deliver(resp); });
+  if (in_process_) return absl::OkStatus();
+  thread_ = std::thread([this, a] {
+    NameThisThread("launch-watch");
+    Loop(a);
+  });
   return absl::OkStatus();
 }
 
@@ -45,6 +53,8 @@ void CoordinatorWatch::Stop() {
     cv_.notify_all();
   }
   if (thread_.joinable()) thread_.join();
+  // Outside mu_: the coordinator's lock is taken before ours when it answers.
+  in_process_.reset();
 }
 
 v1::HeartbeatResponse CoordinatorWatch::answer() const {
@@ -128,6 +138,7 @@ std::optional<CoordinatorWatch::StreamEnd> CoordinatorWatch::WatchOnce(const v1:
   StreamEnd end;
   bool ended = false;
   std::thread reader([&] {
+    NameThisThread("launch-watchrd");
     end.got = stream->Receive(&end.resp);
     std::lock_guard<std::mutex> lock(mu_);
     ended = true;

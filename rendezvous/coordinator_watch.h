@@ -1,5 +1,5 @@
-// The agent's watch on the coordinator, a named thread with Start/Stop and an eventfd the agent's
-// poll loop watches: CoordinatorWatch holds the node's lease while its workers run: on one Watch stream it sends a
+// The agent's watch on the coordinator, a named thread with Start/Stop (none when the coordinator
+// is in this process and answers the watch itself) and an eventfd the agent's poll loop watches: CoordinatorWatch holds the node's lease while its workers run: on one Watch stream it sends a
 //   heartbeat every interval, and the coordinator answers the moment the workers must stop; it
 //   rides out a coordinator that goes away and re-registers with one that comes back (every stream
 //   opens with what the coordinator needs to rebuild the run), as its CoordinatorSession says.
@@ -74,7 +74,8 @@ class CoordinatorWatch {
   CoordinatorClient* client_;
   std::chrono::milliseconds interval_;
   UniqueFd event_;
-  std::thread thread_;
+  std::unique_ptr<InProcessWatch> in_process_;  // the watch, when the coordinator is in this process
+  std::thread thread_;                          // else the one that holds the stream
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;

@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/thread_name.h"
 
 namespace launch {
 
@@ -138,7 +139,10 @@ absl::Status LeaseListener::Start(const std::string& host, int port, OnBatch on_
   stop_ = UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!stop_.valid()) return absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno)));
   on_batch_ = std::move(on_batch);
-  thread_ = std::thread([this] { Loop(); });
+  thread_ = std::thread([this] {
+    NameThisThread("launch-lease");
+    Loop();
+  });
   return absl::OkStatus();
 }
 

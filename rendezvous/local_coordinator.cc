@@ -12,9 +12,6 @@ namespace {
 // wakes gRPC calls only. A single node's round forms at its join, so this wait is the rare case
 // (a spec whose round cannot form).
 constexpr std::chrono::milliseconds kCancelCheck{100};
-// How much later than the stream's own period a heartbeat may come before the gap counts as time
-// the process did not run (the gRPC coordinator's tolerance for its timer).
-constexpr std::chrono::milliseconds kPauseTolerance{1000};
 
 std::string Prefixed(const std::string& what, const absl::Status& st) {
   return absl::StrCat(what, " in-process: ", st.message());
@@ -22,88 +19,40 @@ std::string Prefixed(const std::string& what, const absl::Status& st) {
 
 }  // namespace
 
-// One Watch stream: the heartbeats it sends renew the lease; Receive returns the first answer
-// the node must act on, whenever the run changes so that it must.
-class LocalCoordinator::Stream final : public WatchStream {
+// A watch in process: registered with the coordinator until answered or destroyed.
+class LocalCoordinator::Watcher final : public InProcessWatch {
  public:
-  explicit Stream(LocalCoordinator* c) : c_(c) {}
-
-  bool Send(const v1::HeartbeatRequest& hb) override {
+  Watcher(LocalCoordinator* c, v1::HeartbeatRequest beat, std::function<void(const v1::HeartbeatResponse&)> answered)
+      : c_(c), beat_(std::move(beat)), answered_(std::move(answered)) {}
+  ~Watcher() override {
     std::lock_guard<std::mutex> lock(c_->mu_);
-    if (cancelled_ || answered_) return !cancelled_;
-    absl::Status error;
-    Rendezvous* r = c_->RunLocked(hb.run_id(), &error);
-    v1::HeartbeatResponse ans;
-    const Clock::TimePoint now = c_->clock_->Now();
-    if (r == nullptr) {
-      ans.set_unknown_node(true);
-    } else {
-      // Heartbeats much further apart than the agent sends them: the whole process did not run
-      // (SIGSTOP, a paused VM), as the gRPC coordinator's timer found; that time counts against
-      // no lease.
-      if (last_sent_ && now - *last_sent_ > c_->heartbeat_interval_ + kPauseTolerance) {
-        const Clock::Duration paused = now - *last_sent_ - c_->heartbeat_interval_;
-        spdlog::warn("the coordinator did not run for {:.1f} s (stopped or paused): every lease is extended by that",
-                     std::chrono::duration<double>(paused).count());
-        r->ForgivePause(paused);
-      }
-      const uint64_t v = r->version();
-      ans = r->Heartbeat(hb);
-      c_->ChangedLocked(v);
-    }
-    last_ = hb;
-    has_last_ = true;
-    last_sent_ = now;
-    if (r == nullptr || Rendezvous::Urgent(ans)) AnswerLocked(ans);
-    c_->changed_.notify_all();
-    return true;
+    UnregisterLocked();
   }
+  const v1::HeartbeatRequest& beat() const { return beat_; }
 
-  bool Receive(v1::HeartbeatResponse* resp) override {
-    std::unique_lock<std::mutex> lock(c_->mu_);
-    c_->changed_.wait(lock, [&] {
-      if (cancelled_ || answered_) return true;
-      if (!has_last_ || !c_->rdzv_) return false;
-      v1::HeartbeatResponse ans = c_->rdzv_->HeartbeatAnswer(last_);
-      if (!Rendezvous::Urgent(ans)) return false;
-      AnswerLocked(ans);
-      return true;
-    });
-    if (!answered_) return false;
-    *resp = answer_;
-    return true;
-  }
-
-  absl::Status Finish() override { return absl::CancelledError("watch in-process: cancelled"); }
-
-  void Cancel() override {
-    std::lock_guard<std::mutex> lock(c_->mu_);
-    cancelled_ = true;
-    c_->changed_.notify_all();
+  // c_->mu_ held. Answers once, and leaves the coordinator's list.
+  void AnswerLocked(const v1::HeartbeatResponse& ans) {
+    if (done_) return;
+    done_ = true;
+    UnregisterLocked();
+    if (c_->rdzv_ && (ans.job_succeeded() || ans.job_failed())) c_->rdzv_->NoteToldEnd(beat_.node_id());
+    answered_(ans);
   }
 
  private:
-  // mu_ held.
-  void AnswerLocked(const v1::HeartbeatResponse& ans) {
-    if (answered_) return;
-    answered_ = true;
-    answer_ = ans;
-    if (c_->rdzv_ && (ans.job_succeeded() || ans.job_failed())) c_->rdzv_->NoteToldEnd(last_.node_id());
+  void UnregisterLocked() {
+    auto& w = c_->watchers_;
+    w.erase(std::remove(w.begin(), w.end(), this), w.end());
   }
 
   LocalCoordinator* const c_;
-  // Under c_->mu_.
-  bool cancelled_ = false;
-  bool answered_ = false;
-  bool has_last_ = false;
-  std::optional<Clock::TimePoint> last_sent_;
-  v1::HeartbeatRequest last_;
-  v1::HeartbeatResponse answer_;
+  const v1::HeartbeatRequest beat_;  // a renewal: the registration without what only the first one carries
+  const std::function<void(const v1::HeartbeatResponse&)> answered_;
+  bool done_ = false;  // under c_->mu_
 };
 
-LocalCoordinator::LocalCoordinator(RendezvousConfig defaults, std::chrono::milliseconds heartbeat_interval,
-                                   const Clock* clock)
-    : defaults_(std::move(defaults)), heartbeat_interval_(heartbeat_interval), clock_(clock) {}
+LocalCoordinator::LocalCoordinator(RendezvousConfig defaults, const Clock* clock)
+    : defaults_(std::move(defaults)), clock_(clock) {}
 
 LocalCoordinator::~LocalCoordinator() = default;
 
@@ -114,7 +63,18 @@ Rendezvous* LocalCoordinator::RunLocked(const std::string& run_id, absl::Status*
 }
 
 void LocalCoordinator::TickLocked() {
-  if (rdzv_ && (!next_tick_ || *next_tick_ <= clock_->Now())) next_tick_ = rdzv_->Tick();
+  if (!rdzv_) return;
+  // A node watched in this process lives as long as the process: its lease is renewed before the
+  // state machine looks at leases, however long since the last call, so a stopped or paused
+  // process costs it nothing and no pause needs forgiving.
+  for (Watcher* w : watchers_) (void)rdzv_->Heartbeat(w->beat());
+  if (!next_tick_ || *next_tick_ <= clock_->Now()) next_tick_ = rdzv_->Tick();
+  // Answering removes a watcher from the list: walk a copy.
+  const std::vector<Watcher*> watching = watchers_;
+  for (Watcher* w : watching) {
+    v1::HeartbeatResponse ans = rdzv_->HeartbeatAnswer(w->beat());
+    if (Rendezvous::Urgent(ans)) w->AnswerLocked(ans);
+  }
 }
 
 void LocalCoordinator::ChangedLocked(uint64_t version_before) {
@@ -236,11 +196,56 @@ absl::StatusOr<v1::SampleResponse> LocalCoordinator::Sample(const v1::SampleRequ
         absl::StrCat("node ", req.node_id(), " is not in round ", req.round(), " of run '", run_id_, "'"));
   }
   view_->Update(req, clock_->Now());
+  // The monitor's samples are the calls a quiet single-node run gets: its timers are looked at.
+  ChangedLocked(r->version());
   v1::SampleResponse resp;
   for (v1::StragglerEvent& e : view_->EventsAfter(req.events_seen())) *resp.add_events() = std::move(e);
   return resp;
 }
 
-std::unique_ptr<WatchStream> LocalCoordinator::Watch() { return std::make_unique<Stream>(this); }
+namespace {
+// The stream a client without one answers with: ended at once, saying what to use instead.
+class NoStream final : public WatchStream {
+ public:
+  bool Send(const v1::HeartbeatRequest&) override { return false; }
+  bool Receive(v1::HeartbeatResponse*) override { return false; }
+  absl::Status Finish() override {
+    return absl::FailedPreconditionError("watch in-process: this coordinator is watched with WatchInProcess");
+  }
+  void Cancel() override {}
+};
+}  // namespace
+
+std::unique_ptr<WatchStream> LocalCoordinator::Watch() { return std::make_unique<NoStream>(); }
+
+std::unique_ptr<InProcessWatch> LocalCoordinator::WatchInProcess(
+    const v1::HeartbeatRequest& registration, std::function<void(const v1::HeartbeatResponse&)> answered) {
+  v1::HeartbeatRequest beat = registration;
+  beat.clear_node();
+  beat.clear_assignment();
+  beat.clear_spec();
+  auto w = std::make_unique<Watcher>(this, std::move(beat), std::move(answered));
+  std::lock_guard<std::mutex> lock(mu_);
+  absl::Status error;
+  Rendezvous* r = RunLocked(registration.run_id(), &error);
+  if (r == nullptr) {
+    // Not for a restarted coordinator to learn again, as on a stream: this one is in this process.
+    v1::HeartbeatResponse refused;
+    refused.set_stop_workers(true);
+    refused.set_job_failed(true);
+    refused.set_reason(Prefixed("watch", error));
+    w->AnswerLocked(refused);
+    return w;
+  }
+  const uint64_t v = r->version();
+  v1::HeartbeatResponse ans = r->Heartbeat(registration);
+  if (Rendezvous::Urgent(ans)) {
+    w->AnswerLocked(ans);
+  } else {
+    watchers_.push_back(w.get());
+  }
+  ChangedLocked(v);
+  return w;
+}
 
 }  // namespace launch

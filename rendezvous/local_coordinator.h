@@ -12,6 +12,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "rendezvous/coordinator_client.h"
 #include "common/clock.h"
@@ -22,9 +23,8 @@ namespace launch {
 
 class LocalCoordinator final : public CoordinatorClient {
  public:
-  // `defaults`: the run's settings for a join that carries no run spec; `heartbeat_interval`: how
-  // often the agent's Watch stream heartbeats (a much longer gap is a pause of the process).
-  LocalCoordinator(RendezvousConfig defaults, std::chrono::milliseconds heartbeat_interval, const Clock* clock);
+  // `defaults`: the run's settings for a join that carries no run spec.
+  LocalCoordinator(RendezvousConfig defaults, const Clock* clock);
   ~LocalCoordinator() override;
 
   absl::StatusOr<v1::Assignment> Join(const v1::JoinRequest& req, CallCanceller* cancel) override;
@@ -34,32 +34,36 @@ class LocalCoordinator final : public CoordinatorClient {
   absl::StatusOr<v1::ReportExitResponse> ReportExit(const v1::ReportExitRequest& req,
                                                     std::chrono::milliseconds timeout) override;
   absl::StatusOr<v1::SampleResponse> Sample(const v1::SampleRequest& req, std::chrono::milliseconds timeout) override;
+  // No stream: the agent's watch is WatchInProcess (this one ends at once, FailedPrecondition).
   std::unique_ptr<WatchStream> Watch() override;
+  // The agent's watch, with no thread: answered from whichever call changes the run.
+  std::unique_ptr<InProcessWatch> WatchInProcess(const v1::HeartbeatRequest& registration,
+                                                 std::function<void(const v1::HeartbeatResponse&)> answered) override;
   std::string target() const override { return "in-process"; }
 
  private:
-  class Stream;
+  class Watcher;
   // Joins and waits for the answer while `wait` (else returns nullopt when it would wait).
   std::optional<absl::StatusOr<v1::Assignment>> JoinLocked(std::unique_lock<std::mutex>& lock,
                                                            const v1::JoinRequest& req, CallCanceller* cancel,
                                                            bool wait);
   // The run a request names: nullptr (with *error set) when it is not this coordinator's run.
   Rendezvous* RunLocked(const std::string& run_id, absl::Status* error);
-  // Ticks the state machine (its timers are looked at on every call: no thread keeps them) and
-  // wakes every waiter when an agent may have something new to learn.
+  // Renews the leases of the nodes watched in process, ticks the state machine (its timers are
+  // looked at on every call: no thread keeps them) and answers those watches that must act.
   void TickLocked();
   void ChangedLocked(uint64_t version_before);
 
   const RendezvousConfig defaults_;
-  const std::chrono::milliseconds heartbeat_interval_;
   const Clock* clock_;
   std::mutex mu_;
-  std::condition_variable changed_;  // joins waiting for their round, Watch streams
+  std::condition_variable changed_;  // joins waiting for their round
   std::string run_id_;               // the one run, once the first join named it
   std::unique_ptr<Rendezvous> rdzv_;
   std::unique_ptr<JobView> view_;
   std::optional<Clock::TimePoint> next_tick_;
-  std::string waiting_join_;  // the node whose JoinAtOnce found no round yet
+  std::string waiting_join_;        // the node whose JoinAtOnce found no round yet
+  std::vector<Watcher*> watchers_;  // the watches in process not yet answered
 };
 
 }  // namespace launch

@@ -1,7 +1,6 @@
 #include "rendezvous/local_coordinator.h"
 
-#include <thread>
-
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace launch {
@@ -49,7 +48,7 @@ v1::HeartbeatRequest Beat(const v1::Assignment& a) {
 
 TEST(LocalCoordinator, ASingleNodeRoundFormsAtItsJoin) {
   FakeClock clock;
-  LocalCoordinator c(OneRestart(), std::chrono::seconds(1), &clock);
+  LocalCoordinator c(OneRestart(), &clock);
   auto a = c.Join(JoinOf("a"), nullptr);
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_EQ(a->round(), 1);
@@ -61,7 +60,7 @@ TEST(LocalCoordinator, ASingleNodeRoundFormsAtItsJoin) {
 
 TEST(LocalCoordinator, AJoinIsAnsweredAtOnceOnlyWhenItsRoundForms) {
   FakeClock clock;
-  LocalCoordinator c(OneRestart(), std::chrono::seconds(1), &clock);
+  LocalCoordinator c(OneRestart(), &clock);
   auto a = c.JoinAtOnce(JoinOf("a"));
   ASSERT_TRUE(a.has_value());
   ASSERT_TRUE(a->ok()) << a->status();
@@ -69,7 +68,7 @@ TEST(LocalCoordinator, AJoinIsAnsweredAtOnceOnlyWhenItsRoundForms) {
 
   RendezvousConfig two = OneRestart();
   two.min_nodes = two.max_nodes = 2;
-  LocalCoordinator pair(two, std::chrono::seconds(1), &clock);
+  LocalCoordinator pair(two, &clock);
   EXPECT_FALSE(pair.JoinAtOnce(JoinOf("a")).has_value());  // it would wait for "b"
   auto b = pair.JoinAtOnce(JoinOf("b"));
   ASSERT_TRUE(b.has_value());
@@ -80,54 +79,107 @@ TEST(LocalCoordinator, AJoinIsAnsweredAtOnceOnlyWhenItsRoundForms) {
   EXPECT_EQ(retried->round(), (*b)->round());
 }
 
-TEST(LocalCoordinator, AFailureReportedEarlyStopsTheWatchAndTheRejoinGetsTheNextRound) {
+v1::HeartbeatRequest Registration(const v1::Assignment& a) {
+  v1::HeartbeatRequest hb = Beat(a);
+  hb.mutable_node()->set_node_id("a");
+  *hb.mutable_assignment() = a;
+  return hb;
+}
+
+// The watch in process: no stream, no thread. The answer comes from the call that changes the run.
+TEST(LocalCoordinator, AWatchInProcessIsAnsweredByTheReportThatStopsTheRound) {
   FakeClock clock;
-  LocalCoordinator c(OneRestart(), std::chrono::seconds(1), &clock);
+  LocalCoordinator c(OneRestart(), &clock);
   auto a = c.Join(JoinOf("a"), nullptr);
   ASSERT_TRUE(a.ok());
-  auto stream = c.Watch();
-  ASSERT_TRUE(stream->Send(Beat(*a)));
-  v1::HeartbeatResponse answer;
-  std::thread reader([&] { EXPECT_TRUE(stream->Receive(&answer)); });
+  std::vector<v1::HeartbeatResponse> answers;
+  auto watch = c.WatchInProcess(Registration(*a), [&](const v1::HeartbeatResponse& r) { answers.push_back(r); });
+  ASSERT_NE(watch, nullptr);
+  EXPECT_TRUE(answers.empty());
   auto resp = c.ReportExit(Report(a->round(), false), std::chrono::seconds(1));
   ASSERT_TRUE(resp.ok());
   EXPECT_TRUE(resp->restart());
-  reader.join();  // woken by the report, not by a timer
-  EXPECT_TRUE(answer.stop_workers());
-  EXPECT_FALSE(answer.job_failed());
+  ASSERT_EQ(answers.size(), 1u);
+  EXPECT_TRUE(answers[0].stop_workers());
+  EXPECT_FALSE(answers[0].job_failed());
+  // Answered once: later calls that change the run do not call it again.
   auto next = c.Join(JoinOf("a", a->round()), nullptr);
   ASSERT_TRUE(next.ok()) << next.status();
-  EXPECT_EQ(next->round(), 2);
-  EXPECT_EQ(next->restart_count(), 1);
-  // The restart budget is spent: the next failure ends the job.
-  resp = c.ReportExit(Report(next->round(), false), std::chrono::seconds(1));
-  ASSERT_TRUE(resp.ok());
-  EXPECT_TRUE(resp->job_failed());
+  EXPECT_EQ(answers.size(), 1u);
+  watch.reset();
+  // The next round's watch is told the job's end, once.
+  watch = c.WatchInProcess(Registration(*next), [&](const v1::HeartbeatResponse& r) { answers.push_back(r); });
+  ASSERT_TRUE(c.ReportExit(Report(next->round(), false), std::chrono::seconds(1))->job_failed());
+  ASSERT_EQ(answers.size(), 2u);
+  EXPECT_TRUE(answers[1].job_failed());
   auto late = c.Join(JoinOf("a", next->round()), nullptr);
   EXPECT_TRUE(absl::IsFailedPrecondition(late.status())) << late.status();
 }
 
-TEST(LocalCoordinator, ACancelledWatchReceivesNothing) {
+// A node watched in process keeps its lease without heartbeats, however long the run is quiet:
+// the next call renews it before the state machine looks at leases.
+TEST(LocalCoordinator, AWatchInProcessHoldsItsLeaseWithoutHeartbeats) {
   FakeClock clock;
-  LocalCoordinator c(OneRestart(), std::chrono::seconds(1), &clock);
+  RendezvousConfig cfg = OneRestart();
+  cfg.heartbeat_timeout = std::chrono::seconds(5);
+  LocalCoordinator c(cfg, &clock);
   auto a = c.Join(JoinOf("a"), nullptr);
   ASSERT_TRUE(a.ok());
+  int answered = 0;
+  auto watch = c.WatchInProcess(Registration(*a), [&](const v1::HeartbeatResponse&) { ++answered; });
+  clock.Advance(std::chrono::minutes(10));
+  v1::SampleRequest sample;
+  sample.set_run_id("job");
+  sample.set_node_id("a");
+  sample.set_round(a->round());
+  (void)c.Sample(sample, std::chrono::seconds(1));
+  auto hb = c.Heartbeat(Beat(*a));
+  ASSERT_TRUE(hb.ok());
+  EXPECT_FALSE(hb->stop_workers()) << hb->reason();
+  EXPECT_EQ(answered, 0);
+  // Without the watch, the same quiet costs the node its lease: the round stops.
+  watch.reset();
+  clock.Advance(std::chrono::minutes(10));
+  (void)c.Sample(sample, std::chrono::seconds(1));
+  hb = c.Heartbeat(Beat(*a));
+  ASSERT_TRUE(hb.ok());
+  EXPECT_TRUE(hb->stop_workers() || hb->unknown_node() || hb->job_failed()) << hb->DebugString();
+}
+
+TEST(LocalCoordinator, ADestroyedWatchInProcessIsNotCalledAndAStreamEndsAtOnce) {
+  FakeClock clock;
+  LocalCoordinator c(OneRestart(), &clock);
+  auto a = c.Join(JoinOf("a"), nullptr);
+  ASSERT_TRUE(a.ok());
+  int answered = 0;
+  auto watch = c.WatchInProcess(Registration(*a), [&](const v1::HeartbeatResponse&) { ++answered; });
+  watch.reset();
+  ASSERT_TRUE(c.ReportExit(Report(a->round(), false), std::chrono::seconds(1))->restart());
+  EXPECT_EQ(answered, 0);
   auto stream = c.Watch();
-  ASSERT_TRUE(stream->Send(Beat(*a)));
-  bool got = true;
-  std::thread reader([&] {
-    v1::HeartbeatResponse r;
-    got = stream->Receive(&r);
-  });
-  stream->Cancel();
-  reader.join();
-  EXPECT_FALSE(got);
+  v1::HeartbeatResponse r;
   EXPECT_FALSE(stream->Send(Beat(*a)));
+  EXPECT_FALSE(stream->Receive(&r));
+  EXPECT_TRUE(absl::IsFailedPrecondition(stream->Finish()));
+}
+
+TEST(LocalCoordinator, AWatchInProcessForAnotherRunIsRefusedAtOnce) {
+  FakeClock clock;
+  LocalCoordinator c(OneRestart(), &clock);
+  auto a = c.Join(JoinOf("a"), nullptr);
+  ASSERT_TRUE(a.ok());
+  v1::HeartbeatRequest other = Registration(*a);
+  other.set_run_id("other");
+  std::vector<v1::HeartbeatResponse> answers;
+  auto watch = c.WatchInProcess(other, [&](const v1::HeartbeatResponse& r) { answers.push_back(r); });
+  ASSERT_EQ(answers.size(), 1u);
+  EXPECT_TRUE(answers[0].stop_workers());
+  EXPECT_THAT(answers[0].reason(), ::testing::HasSubstr("other"));
 }
 
 TEST(LocalCoordinator, CallsForAnotherRunAreRefused) {
   FakeClock clock;
-  LocalCoordinator c(OneRestart(), std::chrono::seconds(1), &clock);
+  LocalCoordinator c(OneRestart(), &clock);
   ASSERT_TRUE(c.Join(JoinOf("a"), nullptr).ok());
   v1::ReportExitRequest other = Report(1, true);
   other.set_run_id("other");
@@ -139,7 +191,7 @@ TEST(LocalCoordinator, CallsForAnotherRunAreRefused) {
 
 TEST(LocalCoordinator, SamplesOfTheRoundAreTakenAndOthersRefused) {
   FakeClock clock;
-  LocalCoordinator c(OneRestart(), std::chrono::seconds(1), &clock);
+  LocalCoordinator c(OneRestart(), &clock);
   auto a = c.Join(JoinOf("a"), nullptr);
   ASSERT_TRUE(a.ok());
   v1::SampleRequest s;
