@@ -105,6 +105,15 @@ int Agent::WaitSignalOr(int fd, std::optional<std::chrono::milliseconds> timeout
       wait_ms = static_cast<int>(left.count());
     }
     pollfd p[2] = {{signals_->fd(), POLLIN, 0}, {fd, POLLIN, 0}};
+    // On simulated time a wait with nothing ready moves the clock to its deadline; waiting for a
+    // descriptor alone is waiting for an event, and stays a real wait.
+    if (clock_->simulated() && deadline) {
+      if (::poll(p, fd >= 0 ? 2 : 1, 0) == 0) {
+        clock_->AdvanceTo(*deadline);
+        continue;
+      }
+      wait_ms = 0;
+    }
     int n = ::poll(p, fd >= 0 ? 2 : 1, wait_ms);
     while (int sig = signals_->Read()) {
       if (sig == SIGCHLD) {

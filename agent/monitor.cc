@@ -168,7 +168,7 @@ void Monitor::SetRound(int64_t round) {
 
 void Monitor::Loop() {
   std::unique_lock<std::mutex> lock(mu_);
-  while (!wake_.wait_for(lock, opts_.interval, [this] { return stopping_; })) {
+  while (!clock_->WaitFor(lock, wake_, opts_.interval, [this] { return stopping_; })) {
     lock.unlock();
     SampleOnce();
     lock.lock();

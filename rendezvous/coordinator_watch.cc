@@ -64,7 +64,7 @@ v1::HeartbeatResponse CoordinatorWatch::answer() const {
 
 void CoordinatorWatch::Backoff(std::chrono::milliseconds d) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, d, [&] { return stop_; });
+  session_->clock()->WaitFor(lock, cv_, d, [&] { return stop_; });
 }
 
 WatchAnswer ClassifyWatchAnswer(const v1::HeartbeatResponse& resp) {
@@ -176,7 +176,7 @@ bool CoordinatorWatch::Renew(WatchStream* stream, const v1::Assignment& a, bool 
       if (datagram.ok()) lease->Send(*datagram);
     }
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, interval_, [&] { return stop_ || *ended; });
+    session_->clock()->WaitFor(lock, cv_, interval_, [&] { return stop_ || *ended; });
     if (stop_ || *ended) return stop_;
   }
 }

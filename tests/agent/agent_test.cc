@@ -106,8 +106,10 @@ class FakeAgentTest : public AgentTest {
  protected:
   // Rounds formed by each join, reports answered "carry on" unless a test says otherwise.
   FakeAgentTest() { coord_.answer_unscripted = true; }
+  // On simulated time: the group's loop, the agent's own waits and the watch's thread move a
+  // clock no one waits for in real time.
   int RunAgent(const AgentOptions& o) {
-    Agent agent(o, &coord_, &fake_, nullptr, &*signals_, &clock_);
+    Agent agent(o, &coord_, &fake_, nullptr, &*signals_, &sim_);
     return agent.Run();
   }
   static FakeProcessLauncher::Script Exits(int code) {
@@ -117,6 +119,7 @@ class FakeAgentTest : public AgentTest {
   }
   FakeCoordinatorClient coord_;
   FakeProcessLauncher fake_;
+  SimulatedClock sim_;
 };
 
 TEST_F(FakeAgentTest, AFailureWithRestartsLeftRunsTheGroupAgain) {

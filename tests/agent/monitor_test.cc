@@ -237,5 +237,34 @@ TEST(Monitor, EachSampleIsOneJsonLineThatReadsBack) {
   EXPECT_EQ(lines, 2);
 }
 
+// The sampling thread waits on the clock: on simulated time a sample comes each time the test
+// moves the clock past an interval, and none before.
+TEST(Monitor, TheThreadSamplesOnceAnIntervalOfTheClock) {
+  TempDir dir;
+  LiveRanks live;
+  SimulatedClock clock;
+  testing::FakeCoordinatorClient coordinator;
+  Monitor::Options o;
+  o.run_id = "job";
+  o.node_id = "node-a:1:ff";
+  o.hostname = "node-a";
+  o.interval = std::chrono::seconds(5);
+  o.coordinator = &coordinator;
+  o.proc_dir = dir.path();
+  o.shm_dir = dir.path();
+  Monitor monitor(o, &live, &clock);
+  monitor.Start();
+  for (size_t n = 1; n <= 3; ++n) {
+    ASSERT_TRUE(clock.AwaitWaits(n));
+    EXPECT_EQ(coordinator.samples().size(), n - 1);
+    clock.Advance(std::chrono::milliseconds(4999));
+    clock.Advance(std::chrono::milliseconds(1));
+  }
+  ASSERT_TRUE(clock.AwaitWaits(4));
+  EXPECT_EQ(coordinator.samples().size(), 3u);
+  monitor.Stop();
+  EXPECT_EQ(clock.waits(), 4u);
+}
+
 }  // namespace
 }  // namespace launch

@@ -22,9 +22,14 @@
 namespace launch::testing {
 
 // A Watch stream that never answers: the coordinator has nothing to say until cancelled.
+// `sent` (when given) counts the heartbeats sent on it.
 class SilentWatchStream : public WatchStream {
  public:
-  bool Send(const v1::HeartbeatRequest&) override { return true; }
+  explicit SilentWatchStream(std::atomic<int>* sent = nullptr) : sent_(sent) {}
+  bool Send(const v1::HeartbeatRequest&) override {
+    if (sent_) ++*sent_;
+    return true;
+  }
   bool Receive(v1::HeartbeatResponse*) override {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return cancelled_; });
@@ -38,9 +43,19 @@ class SilentWatchStream : public WatchStream {
   }
 
  private:
+  std::atomic<int>* sent_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool cancelled_ = false;
+};
+
+// A Watch stream to a coordinator that cannot be reached: it ends at once, Unavailable.
+class UnreachableWatchStream : public WatchStream {
+ public:
+  bool Send(const v1::HeartbeatRequest&) override { return false; }
+  bool Receive(v1::HeartbeatResponse*) override { return false; }
+  absl::Status Finish() override { return absl::UnavailableError("connection refused"); }
+  void Cancel() override {}
 };
 
 // A Watch stream that answers at once.
@@ -69,6 +84,8 @@ class FakeCoordinatorClient : public CoordinatorClient {
   std::function<v1::ReportExitResponse(const v1::ReportExitRequest&)> on_report;
   // The n-th Watch stream (from 1) answers this; nullopt (or no function): it stays silent.
   std::function<std::optional<v1::HeartbeatResponse>(int n)> on_watch;
+  // The first this many Watch streams find the coordinator unreachable.
+  int unreachable_watches = 0;
   // Sample's answer (a coordinator's straggler events).
   v1::SampleResponse sample_answer;
   // Past the script: false, Join and ReportExit fail as an unreachable coordinator would; true,
@@ -81,9 +98,10 @@ class FakeCoordinatorClient : public CoordinatorClient {
   // ---- CoordinatorClient ----
   std::unique_ptr<WatchStream> Watch() override {
     const int n = ++watches_;
+    if (n <= unreachable_watches) return std::make_unique<UnreachableWatchStream>();
     std::optional<v1::HeartbeatResponse> answer = on_watch ? on_watch(n) : std::nullopt;
     if (answer) return std::make_unique<AnsweringWatchStream>(*answer);
-    return std::make_unique<SilentWatchStream>();
+    return std::make_unique<SilentWatchStream>(&stream_heartbeats_);
   }
   absl::StatusOr<v1::Assignment> Join(const v1::JoinRequest& req, CallCanceller*) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -137,6 +155,9 @@ class FakeCoordinatorClient : public CoordinatorClient {
 
   // ---- What was asked ----
   int join_calls() const { return joins_; }
+  int watch_calls() const { return watches_; }
+  // Heartbeats sent on the silent Watch streams.
+  int stream_heartbeats() const { return stream_heartbeats_; }
   int report_calls() {
     std::lock_guard<std::mutex> lock(mu_);
     return static_cast<int>(reports_.size());
@@ -156,7 +177,7 @@ class FakeCoordinatorClient : public CoordinatorClient {
 
  private:
   std::mutex mu_;
-  std::atomic<int> joins_{0}, watches_{0};
+  std::atomic<int> joins_{0}, watches_{0}, stream_heartbeats_{0};
   std::vector<v1::ReportExitRequest> reports_;
   std::vector<v1::HeartbeatRequest> heartbeats_;
   std::vector<v1::SampleRequest> samples_;

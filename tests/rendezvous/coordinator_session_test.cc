@@ -8,6 +8,7 @@
 #include <deque>
 #include <vector>
 
+#include "common/clock.h"
 #include "rendezvous/coordinator_watch.h"
 #include "gtest/gtest.h"
 #include "tests/fakes/fake_coordinator_client.h"
@@ -183,6 +184,83 @@ TEST(CoordinatorWatch, EachAnswerOnTheStreamIsActedOnAsItSays) {
     r.set_job_failed(c.job_failed);
     EXPECT_EQ(ClassifyWatchAnswer(r), c.want) << "case " << i << ": " << r.ShortDebugString();
   }
+}
+
+// ---- The watch on simulated time: its thread waits on the clock, and the test moves it ----
+
+class WatchTest : public ::testing::Test {
+ protected:
+  WatchTest() { client_.target_name = "10.0.0.1:29400"; }
+  CoordinatorSession Session(milliseconds patience) {
+    CoordinatorSession::Options o;
+    o.run_id = "job";
+    o.node.set_node_id("node-b");
+    o.patience = patience;
+    o.retry.first = milliseconds(1000);
+    o.retry.max = milliseconds(4000);
+    return CoordinatorSession(o, &client_, &clock_, [](int, std::optional<milliseconds>) { return -1; });
+  }
+  static bool Readable(int fd) {
+    pollfd p{fd, POLLIN, 0};
+    return ::poll(&p, 1, 0) == 1;
+  }
+  testing::FakeCoordinatorClient client_;
+  SimulatedClock clock_;
+};
+
+// A heartbeat on the stream when the watch starts, then one each interval from the last: a jump
+// of several intervals sends one, not one for each.
+TEST_F(WatchTest, HeartbeatsGoOnTheStreamEveryIntervalOfTheClock) {
+  CoordinatorSession session = Session(milliseconds(30000));
+  CoordinatorWatch watch(&session, milliseconds(1000));
+  v1::Assignment a;
+  a.set_round(1);
+  ASSERT_TRUE(watch.Start(a).ok());
+  ASSERT_TRUE(clock_.AwaitWaits(1));
+  EXPECT_EQ(client_.stream_heartbeats(), 1);
+  clock_.Advance(milliseconds(999));
+  clock_.Advance(milliseconds(1));
+  ASSERT_TRUE(clock_.AwaitWaits(2));
+  EXPECT_EQ(client_.stream_heartbeats(), 2);
+  clock_.Advance(milliseconds(5000));
+  ASSERT_TRUE(clock_.AwaitWaits(3));
+  EXPECT_EQ(client_.stream_heartbeats(), 3);
+  EXPECT_EQ(client_.watch_calls(), 1);
+  EXPECT_FALSE(Readable(watch.fd()));
+  watch.Stop();
+  EXPECT_EQ(clock_.waits(), 3u);  // stopped in its wait, without another
+}
+
+// A coordinator hosted by another node's agent that stays unreachable: the watch retries at the
+// session's pace (1, 2, 4, 4 s) and, once it has been gone for the patience, tells the agent the
+// job failed, naming the host.
+TEST_F(WatchTest, AHostedCoordinatorGoneForThePatienceFailsTheJobAtThePacersSteps) {
+  client_.unreachable_watches = 1000;
+  CoordinatorSession session = Session(milliseconds(10000));
+  CoordinatorWatch watch(&session, milliseconds(1000));
+  v1::Assignment a;
+  a.set_round(1);
+  a.set_coordinator_host("node-a");
+  ASSERT_TRUE(watch.Start(a).ok());
+  const std::vector<milliseconds> steps = {milliseconds(1000), milliseconds(2000), milliseconds(4000),
+                                           milliseconds(4000)};
+  for (size_t i = 0; i < steps.size(); ++i) {
+    ASSERT_TRUE(clock_.AwaitWaits(i + 1));
+    EXPECT_EQ(client_.watch_calls(), static_cast<int>(i + 1));
+    EXPECT_TRUE(watch.unreachable());
+    EXPECT_FALSE(Readable(watch.fd())) << "at step " << i;
+    clock_.Advance(steps[i] - milliseconds(1));
+    EXPECT_EQ(client_.watch_calls(), static_cast<int>(i + 1)) << "a retry came early, at step " << i;
+    clock_.Advance(milliseconds(1));
+  }
+  // 11 s unreachable at the fifth try: past the 10 s patience.
+  pollfd p{watch.fd(), POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 60000), 1);
+  EXPECT_EQ(client_.watch_calls(), 5);
+  const v1::HeartbeatResponse answer = watch.answer();
+  EXPECT_TRUE(answer.stop_workers());
+  EXPECT_TRUE(answer.job_failed());
+  EXPECT_NE(answer.reason().find("hosted by the agent of node-a"), std::string::npos) << answer.reason();
 }
 
 }  // namespace
