@@ -19,6 +19,53 @@ std::string HostedCoordinatorGone(const std::string& target, const std::string& 
                       "coordinator` survives the loss of any node)");
 }
 
+absl::Status ValidateAssignment(const v1::Assignment& a, int local_world_size) {
+  auto bad = [](const std::string& field, const auto& value, const std::string& expected) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the coordinator's assignment has ", field, " ", value, "; expected ", expected));
+  };
+  if (a.round() < 1) return bad("round", a.round(), "a round >= 1");
+  if (a.group_world_size() < 1 || a.group_world_size() > kMaxNodes) {
+    return bad("group_world_size", a.group_world_size(), absl::StrCat("1..", kMaxNodes, " nodes"));
+  }
+  if (a.group_rank() < 0 || a.group_rank() >= a.group_world_size()) {
+    return bad("group_rank", a.group_rank(), absl::StrCat("0..", a.group_world_size() - 1));
+  }
+  const int64_t max_world = static_cast<int64_t>(a.group_world_size()) * kMaxWorkersPerNode;
+  if (a.world_size() < local_world_size || a.world_size() > max_world) {
+    return bad("world_size", a.world_size(),
+               absl::StrCat(local_world_size, "..", max_world, " (this node has ", local_world_size, " ranks)"));
+  }
+  // int64: rank_offset + local_world_size must not overflow on the way to RANK.
+  if (a.rank_offset() < 0 || static_cast<int64_t>(a.rank_offset()) + local_world_size > a.world_size()) {
+    return bad("rank_offset", a.rank_offset(),
+               absl::StrCat("0..", a.world_size() - local_world_size, " (", local_world_size,
+                            " ranks on this node in a world of ", a.world_size(), ")"));
+  }
+  if (a.master_addr().empty() || a.master_addr().size() > kMaxHostLength) {
+    return bad("a master_addr of", a.master_addr().size(), absl::StrCat("1..", kMaxHostLength, " bytes"));
+  }
+  if (a.master_port() < 1 || a.master_port() > 65535) return bad("master_port", a.master_port(), "1..65535");
+  if (a.max_restarts() < 0) return bad("max_restarts", a.max_restarts(), "0 or more");
+  if (a.restart_count() < 0 || a.restart_count() > a.max_restarts()) {
+    return bad("restart_count", a.restart_count(), absl::StrCat("0..", a.max_restarts(), " (max_restarts)"));
+  }
+  if (a.lease_port() < 0 || a.lease_port() > 65535) return bad("lease_port", a.lease_port(), "0..65535");
+  if (a.coordinator_host().size() > kMaxHostLength + kMaxAddressLength + 3) {
+    return bad("a coordinator_host of", a.coordinator_host().size(), "a host name and address");
+  }
+  const int64_t max_addresses = static_cast<int64_t>(a.group_world_size()) * kMaxNodeAddresses;
+  if (a.member_addresses_size() > max_addresses) {
+    return bad("member_addresses:", a.member_addresses_size(), absl::StrCat("at most ", max_addresses));
+  }
+  for (const std::string& address : a.member_addresses()) {
+    if (address.size() > kMaxAddressLength) {
+      return bad("a member address of", address.size(), absl::StrCat("at most ", kMaxAddressLength, " bytes"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 std::chrono::milliseconds RetryPacer::Unreachable() {
   if (!since_) since_ = clock_->Now();
   const std::chrono::milliseconds delay = next_;
@@ -70,7 +117,14 @@ absl::StatusOr<v1::Assignment> CoordinatorSession::Join(
       }
       call.Wait();
     }
-    if (result.ok() || !CoordinatorUnreachable(result.status()) || clock_->Now() >= deadline) return result;
+    if (result.ok()) {
+      // Wire input: a coordinator's numbers are checked before they size or name anything.
+      if (absl::Status valid = ValidateAssignment(*result, opts_.node.local_world_size()); !valid.ok()) {
+        return absl::FailedPreconditionError(absl::StrCat(client_->target(), ": ", valid.message()));
+      }
+      return result;
+    }
+    if (!CoordinatorUnreachable(result.status()) || clock_->Now() >= deadline) return result;
     const bool first = !pacer.unreachable();
     const std::chrono::milliseconds delay = pacer.Unreachable();
     if (!coordinator_host_.empty() && pacer.unreachable_for() >= opts_.patience) {

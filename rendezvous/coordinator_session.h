@@ -89,6 +89,12 @@ class CoordinatorSession {
 };
 
 // Why a job ends when its agent-hosted coordinator is gone (for the watch and the agent alike).
+// An assignment from the wire, checked before any of its numbers sizes or names anything: the
+// round and restart counts, this node's place among `local_world_size` ranks of the world, the
+// master's port, the lease port and key, the member addresses. The error names the field, its
+// value and what was expected, in one line.
+absl::Status ValidateAssignment(const v1::Assignment& a, int local_world_size);
+
 std::string HostedCoordinatorGone(const std::string& target, const std::string& host,
                                   std::chrono::milliseconds patience);
 

@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include <deque>
+#include <functional>
 #include <vector>
 
 #include "common/clock.h"
@@ -18,6 +19,23 @@ namespace {
 
 using std::chrono::milliseconds;
 
+// A round as a coordinator makes it: node 1 of 2, 4 ranks a node.
+v1::Assignment GoodAssignment() {
+  v1::Assignment a;
+  a.set_round(3);
+  a.set_group_rank(1);
+  a.set_group_world_size(2);
+  a.set_world_size(8);
+  a.set_rank_offset(4);
+  a.set_master_addr("10.0.0.1");
+  a.set_master_port(29500);
+  a.set_restart_count(1);
+  a.set_max_restarts(3);
+  a.add_member_addresses("10.0.0.1");
+  a.add_member_addresses("10.0.0.2");
+  return a;
+}
+
 class SessionTest : public ::testing::Test {
  protected:
   SessionTest() { client_.target_name = "10.0.0.1:29400"; }
@@ -25,6 +43,7 @@ class SessionTest : public ::testing::Test {
     CoordinatorSession::Options o;
     o.run_id = "job";
     o.node.set_node_id("node-b");
+    o.node.set_local_world_size(4);
     o.spec.set_join_timeout_s(join_timeout_s);
     o.spec.set_min_nodes(2);
     o.patience = patience;
@@ -71,9 +90,7 @@ TEST(RetryPacer, DoublesUpToTheMaximumAndStartsOverOnceReached) {
 
 TEST_F(SessionTest, AJoinRidesOutACoordinatorThatComesBack) {
   for (int i = 0; i < 5; ++i) client_.joins.push_back(absl::UnavailableError("connection refused"));
-  v1::Assignment a;
-  a.set_round(3);
-  client_.joins.push_back(a);
+  client_.joins.push_back(GoodAssignment());
   CoordinatorSession s = Session();
   int sig = 0;
   auto got = s.Join(Request(), &sig);
@@ -110,6 +127,64 @@ TEST_F(SessionTest, ARefusedJoinIsNotRetried) {
   EXPECT_TRUE(absl::IsPermissionDenied(got.status()));
   EXPECT_EQ(client_.join_calls(), 1);
   EXPECT_TRUE(waits_.empty());
+}
+
+// Every number of an assignment is wire input: checked before it names a rank, a port or sizes
+// anything. Each row breaks one field of a good assignment; the error names the field and value.
+TEST(ValidateAssignment, EachFieldOutOfItsRangeIsNamed) {
+  ASSERT_TRUE(ValidateAssignment(GoodAssignment(), 4).ok());
+  struct Row {
+    const char* field;
+    std::function<void(v1::Assignment*)> bad;
+  };
+  const std::vector<Row> rows = {
+      {"round 0", [](v1::Assignment* a) { a->set_round(0); }},
+      {"group_world_size 0", [](v1::Assignment* a) { a->set_group_world_size(0); }},
+      {"group_world_size 16385", [](v1::Assignment* a) { a->set_group_world_size(16385); }},
+      {"group_rank 2", [](v1::Assignment* a) { a->set_group_rank(2); }},
+      {"group_rank -1", [](v1::Assignment* a) { a->set_group_rank(-1); }},
+      {"world_size 3", [](v1::Assignment* a) { a->set_world_size(3); }},
+      {"world_size 8193", [](v1::Assignment* a) { a->set_world_size(8193); }},
+      {"rank_offset 2147483647", [](v1::Assignment* a) { a->set_rank_offset(2147483647); }},
+      {"rank_offset 5", [](v1::Assignment* a) { a->set_rank_offset(5); }},
+      {"rank_offset -4", [](v1::Assignment* a) { a->set_rank_offset(-4); }},
+      {"master_addr of 0", [](v1::Assignment* a) { a->clear_master_addr(); }},
+      {"master_addr of 300", [](v1::Assignment* a) { a->set_master_addr(std::string(300, 'h')); }},
+      {"master_port 0", [](v1::Assignment* a) { a->set_master_port(0); }},
+      {"master_port 70000", [](v1::Assignment* a) { a->set_master_port(70000); }},
+      {"max_restarts -1", [](v1::Assignment* a) { a->set_max_restarts(-1); }},
+      {"restart_count 4", [](v1::Assignment* a) { a->set_restart_count(4); }},
+      {"restart_count -1", [](v1::Assignment* a) { a->set_restart_count(-1); }},
+      {"lease_port 65536", [](v1::Assignment* a) { a->set_lease_port(65536); }},
+      {"coordinator_host of 400", [](v1::Assignment* a) { a->set_coordinator_host(std::string(400, 'c')); }},
+      {"member_addresses: 129", [](v1::Assignment* a) {
+         for (int i = 0; i < 127; ++i) a->add_member_addresses("10.0.0.3");
+       }},
+      {"member address of 65", [](v1::Assignment* a) { a->add_member_addresses(std::string(65, '1')); }},
+  };
+  for (const Row& row : rows) {
+    v1::Assignment a = GoodAssignment();
+    row.bad(&a);
+    absl::Status st = ValidateAssignment(a, 4);
+    EXPECT_TRUE(absl::IsFailedPrecondition(st)) << row.field << ": " << st;
+    EXPECT_NE(st.message().find(row.field), std::string::npos) << st.message();
+    EXPECT_EQ(st.message().find('\n'), std::string::npos) << st.message();
+  }
+}
+
+// A coordinator that hands out an impossible assignment is not retried: the join fails naming it.
+TEST_F(SessionTest, AJoinAnsweredWithAnImpossibleAssignmentFailsAndIsNotRetried) {
+  v1::Assignment a = GoodAssignment();
+  a.set_rank_offset(2147483647);
+  client_.joins.push_back(a);
+  CoordinatorSession s = Session();
+  int sig = 0;
+  auto got = s.Join(Request(), &sig);
+  ASSERT_TRUE(absl::IsFailedPrecondition(got.status())) << got.status();
+  EXPECT_NE(got.status().message().find("10.0.0.1:29400: the coordinator's assignment has rank_offset 2147483647"),
+            std::string::npos)
+      << got.status();
+  EXPECT_EQ(client_.join_calls(), 1);
 }
 
 TEST_F(SessionTest, ASignalCutsTheRetriesShort) {
