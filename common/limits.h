@@ -33,6 +33,9 @@ inline constexpr size_t kMaxWarmImports = 64;
 inline constexpr int kMaxWorkersPerNode = 4096;
 // Nodes in one run (--nnodes MAX, and every node count on the wire).
 inline constexpr int kMaxNodes = 16384;
+// A round number as the wire, a lease datagram or etcd carries it: rounds are counted from 1 and
+// a round takes at least a worker's start, so no run gets near this; anything above is hostile.
+inline constexpr long kMaxRound = 1L << 40;
 // A node id (the agent makes "<host>:<pid>:<hex>", its host part cut to fit) and a host name or
 // address (a DNS name is at most 253 bytes), as they travel in RPCs and lease datagrams.
 inline constexpr size_t kMaxNodeIdLength = 255;

@@ -17,10 +17,29 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "common/unique_fd.h"
 
 namespace launch {
+
+absl::StatusOr<std::vector<HostPort>> ParseEndpoints(const std::string& value, const std::string& what) {
+  std::vector<HostPort> out;
+  if (value.find(',') == std::string::npos) {
+    ASSIGN_OR_RETURN(HostPort hp, ParseHostPort(value, what));
+    out.push_back(std::move(hp));
+    return out;
+  }
+  for (absl::string_view part : absl::StrSplit(value, ',')) {
+    if (static_cast<int>(out.size()) == kMaxEndpoints) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, "=", value, ": more than ", kMaxEndpoints, " endpoints; expected HOST[:PORT],..."));
+    }
+    ASSIGN_OR_RETURN(HostPort hp, ParseHostPort(std::string(part), what));
+    out.push_back(std::move(hp));
+  }
+  return out;
+}
 
 absl::StatusOr<HostPort> ParseHostPort(const std::string& value, const std::string& what) {
   auto bad = [&](const std::string& why) {

@@ -17,6 +17,10 @@ struct HostPort {
 
 // "host", "host:port", "1.2.3.4:5", "[::1]:8080", "::1". Errors name the value.
 absl::StatusOr<HostPort> ParseHostPort(const std::string& value, const std::string& what);
+// Several HOST[:PORT] separated by commas (the replicated coordinators: --rdzv-endpoint
+// h1:p,h2:p,h3:p), at most kMaxEndpoints; one is a list of one.
+inline constexpr int kMaxEndpoints = 16;
+absl::StatusOr<std::vector<HostPort>> ParseEndpoints(const std::string& value, const std::string& what);
 // host:port with brackets around IPv6 literals.
 std::string JoinHostPort(const std::string& host, int port);
 

@@ -63,8 +63,22 @@ std::string EscapeLabelValue(const std::string& v) {
   return out;
 }
 
-std::string PrometheusText(const std::vector<v1::StatusResponse>& runs) {
+std::string PrometheusText(const std::vector<v1::StatusResponse>& runs, const v1::ReplicaStatus* replica) {
   Exposition e;
+  if (replica != nullptr) {
+    e.Define("launch_coordinator_leader", "gauge", "1 while this coordinator replica leads, else 0.");
+    e.Define("launch_coordinator_leader_since_seconds", "gauge",
+             "When this replica began to lead, in seconds since the epoch (0: it does not lead).");
+    e.Define("launch_coordinator_failovers_total", "counter",
+             "Leaderships this replica has seen begin after the first one it saw.");
+    e.Define("launch_etcd_endpoint_healthy", "gauge", "1 while the etcd endpoint answers with a leader, else 0.");
+    const Labels me = {{"replica", replica->replica()}, {"leader", replica->leader()}};
+    e.Add("launch_coordinator_leader", me, replica->leading() ? 1 : 0);
+    e.Add("launch_coordinator_leader_since_seconds", me, replica->leader_since_unix());
+    e.Add("launch_coordinator_failovers_total", me, static_cast<double>(replica->failovers()));
+    for (const v1::EtcdEndpointHealth& h : replica->etcd())
+      e.Add("launch_etcd_endpoint_healthy", {{"endpoint", h.endpoint()}}, h.healthy() ? 1 : 0);
+  }
   e.Define("launch_run_info", "gauge", "A run this coordinator knows, with its state (always 1).");
   e.Define("launch_run_round", "gauge", "The run's current rendezvous round.");
   e.Define("launch_run_restarts_total", "counter", "Restarts of the run's worker groups so far.");

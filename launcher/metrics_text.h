@@ -10,7 +10,8 @@
 
 namespace launch {
 
-std::string PrometheusText(const std::vector<v1::StatusResponse>& runs);
+// `replica`: the answering coordinator's place among replicated ones (nullptr: not replicated).
+std::string PrometheusText(const std::vector<v1::StatusResponse>& runs, const v1::ReplicaStatus* replica = nullptr);
 
 // A label value as the format writes it: backslash, double quote and newline escaped.
 std::string EscapeLabelValue(const std::string& v);

@@ -488,7 +488,7 @@ absl::Status ParseRendezvous(RawMap& raw, LaunchConfig& c) {
   }
   if (IsSet(raw, "rdzv_endpoint") && !raw["rdzv_endpoint"].value.empty()) {
     RawValue& v = raw["rdzv_endpoint"];
-    auto hp = ParseHostPort(v.value, v.origin);
+    auto hp = ParseEndpoints(v.value, v.origin);  // several: replicated coordinators
     if (!hp.ok()) return hp.status();
     c.rdzv_endpoint = v.value;
   }
@@ -980,12 +980,35 @@ absl::StatusOr<ParsedCoordinatorArgs> ParseCoordinatorArgs(const std::vector<std
   app.add_option("--metrics-port,--metrics_port", c.metrics_port,
                  "Serve Prometheus metrics on this port of the --listen host (bearer token: the rendezvous token)")
       ->check(CLI::Range(1, 65535));
+  app.add_option("--state", c.state,
+                 "etcd://HOST:PORT[,HOST:PORT...][/PREFIX]: run as one of several replicas that keep their state in "
+                 "etcd (etcds:// for TLS); one leads, the others stand by");
+  app.add_option("--advertise", c.advertise,
+                 "HOST:PORT agents reach this replica at (default: --listen's, with this host's name for a wildcard)");
+  app.add_option("--etcd-cacert,--etcd_cacert", c.etcd_ca, "PEM CA of etcd's certificates (etcds://)");
+  app.add_option("--etcd-cert,--etcd_cert", c.etcd_cert, "PEM client certificate for etcd");
+  app.add_option("--etcd-key,--etcd_key", c.etcd_key, "PEM private key of --etcd-cert");
+  app.add_option("--leader-lease,--leader_lease", c.leader_lease,
+                 absl::StrCat("Seconds of the leader's etcd lease: a standby leads within this after the leader is "
+                              "lost (default ",
+                              c.leader_lease, ")"))
+      ->check(CLI::Range(1, 60));
   ASSIGN_OR_RETURN(out.help, ParseSubcommandArgs(app, argv, "launch coordinator"));
   if (out.help) return out;
   auto hp = ParseHostPort(c.listen, "--listen");
   if (!hp.ok()) return hp.status();
   if (!hp->port) {
     return absl::InvalidArgumentError(absl::StrCat("--listen=", c.listen, ": expected HOST:PORT"));
+  }
+  if (!c.advertise.empty()) {
+    auto ad = ParseHostPort(c.advertise, "--advertise");
+    if (!ad.ok()) return ad.status();
+    if (!ad->port || *ad->port == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--advertise=", c.advertise, ": expected HOST:PORT"));
+    }
+  }
+  if (c.state.empty() && (!c.advertise.empty() || !c.etcd_ca.empty() || !c.etcd_cert.empty() || !c.etcd_key.empty())) {
+    return absl::InvalidArgumentError("--advertise and --etcd-* are for replicas: they need --state etcd://...");
   }
   return out;
 }

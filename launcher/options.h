@@ -113,6 +113,11 @@ struct CoordinatorConfig {
   std::string tls_cert, tls_key, tls_ca;
   bool insecure = false;
   std::optional<int> metrics_port;
+  // Replicated coordinators: etcd://HOST:PORT[,...][/PREFIX] holds their state; empty: none.
+  std::string state;
+  std::string advertise;                     // how agents reach this replica (default: --listen's)
+  std::string etcd_ca, etcd_cert, etcd_key;  // TLS to etcd
+  int leader_lease = 3;                      // seconds
 };
 struct ParsedCoordinatorArgs {
   bool help = false;

@@ -89,8 +89,8 @@ absl::StatusOr<std::string> NodeAddress(const LaunchConfig& c, HostQueries& q) {
   std::string addr = c.local_addr;
   std::string endpoint_host;
   if (!c.rdzv_endpoint.empty()) {
-    auto hp = ParseHostPort(c.rdzv_endpoint, "--rdzv-endpoint");
-    if (hp.ok()) endpoint_host = hp->host;
+    auto hp = ParseEndpoints(c.rdzv_endpoint, "--rdzv-endpoint");
+    if (hp.ok()) endpoint_host = hp->front().host;
   }
   if (addr.empty() && !endpoint_host.empty()) {
     // A coordinator on loopback means the whole job is on this machine.
@@ -402,10 +402,21 @@ absl::Status PlanStaticRanks(const LaunchConfig& c, const Shape& shape, AgentOpt
 absl::Status ChooseCoordinator(const LaunchConfig& c, const HostFacts& host, const Shape& shape, LaunchPlan& plan) {
   HostQueries& q = *host.queries;
   if (shape.multi) {
-    ASSIGN_OR_RETURN(HostPort hp, ParseHostPort(c.rdzv_endpoint, "--rdzv-endpoint"));
+    ASSIGN_OR_RETURN(std::vector<HostPort> endpoints, ParseEndpoints(c.rdzv_endpoint, "--rdzv-endpoint"));
+    const HostPort& hp = endpoints.front();
     plan.rdzv_host = hp.host;
     plan.rdzv_endpoint = JoinHostPort(hp.host, hp.port.value_or(kDefaultRendezvousPort));
-    if (c.rdzv.is_host) {
+    if (endpoints.size() > 1) {
+      // Replicated coordinators (`launch coordinator --state etcd://...`): no agent hosts one.
+      if (c.rdzv.is_host && *c.rdzv.is_host) {
+        return absl::InvalidArgumentError(absl::StrCat("--rdzv-endpoint=", c.rdzv_endpoint,
+                                                       ": several endpoints are replicated coordinators, which no "
+                                                       "agent hosts; drop is_host=true from --rdzv-conf"));
+      }
+      for (const HostPort& e : endpoints)
+        plan.rdzv_replicas.push_back(JoinHostPort(e.host, e.port.value_or(kDefaultRendezvousPort)));
+      plan.coordinator = CoordinatorRole::kJoin;
+    } else if (c.rdzv.is_host) {
       plan.coordinator = *c.rdzv.is_host ? CoordinatorRole::kHost : CoordinatorRole::kJoin;
     } else {
       // This machine's own name is this machine, whatever DNS says yet, and so is a name under it

@@ -82,6 +82,9 @@ struct LaunchPlan {
   // kMultiNode: the endpoint to connect to (the default port filled in), and its host.
   std::string rdzv_endpoint;
   std::string rdzv_host;
+  // Replicated coordinators (--rdzv-endpoint h1:p,h2:p,...): every replica's endpoint, ports
+  // filled in (rdzv_endpoint and rdzv_host are the first's); one endpoint: empty.
+  std::vector<std::string> rdzv_replicas;
   RendezvousConfig rendezvous;
   // Everything but what only execution learns: log_dir when make_temp_log_dir, and
   // node.hosts_coordinator (known once the server is up).

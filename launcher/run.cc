@@ -1,5 +1,6 @@
 #include "launcher/run.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
@@ -8,12 +9,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <random>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "agent/agent.h"
 #include "probes/cpus.h"
@@ -26,7 +29,11 @@
 #include "common/status_macros.h"
 #include "common/tunables.h"
 #include "rendezvous/coordinator.h"
+#include "rendezvous/failover_coordinator_client.h"
 #include "rendezvous/grpc_coordinator_client.h"
+#ifdef LAUNCH_WITH_ETCD
+#include "rendezvous/coordinator_replica.h"
+#endif
 #include "doctor/doctor.h"
 #include "rendezvous/local_coordinator.h"
 #include "launcher/plan.h"
@@ -139,9 +146,12 @@ struct RendezvousLink {
 
 absl::StatusOr<std::unique_ptr<GrpcCoordinatorClient>> MakeClient(const std::string& target,
                                                                   const SecurityOptions& security,
-                                                                  const RendezvousConfig& rcfg) {
+                                                                  const RendezvousConfig& rcfg,
+                                                                  const std::string& tls_name = "") {
   ASSIGN_OR_RETURN(auto creds, MakeChannelCredentials(security));
   grpc::ChannelArguments args;
+  // A replica reached by one of its name's addresses is still checked against that name.
+  if (!tls_name.empty() && security.tls()) args.SetSslTargetNameOverride(tls_name);
   args.SetMaxReceiveMessageSize(kMaxRendezvousMessageBytes);
   args.SetMaxSendMessageSize(kMaxRendezvousMessageBytes);
   // Reconnect quickly to a coordinator that comes back (gRPC's default backoff grows to 120 s).
@@ -169,6 +179,59 @@ absl::StatusOr<RendezvousLink> ConnectInProcess(const RendezvousConfig& rcfg, co
   return link;
 }
 
+// The replicas an agent follows: every endpoint of --rdzv-endpoint h1:p,h2:p,..., or every address
+// of a name that resolves to several (replicas behind one DNS name); none: one coordinator.
+std::vector<std::pair<std::string, std::string>> ReplicaTargets(const LaunchPlan& plan) {
+  std::vector<std::pair<std::string, std::string>> out;  // (target, the name TLS checks)
+  for (const std::string& e : plan.rdzv_replicas) {
+    auto hp = ParseHostPort(e, "--rdzv-endpoint");
+    out.emplace_back(e, hp.ok() ? hp->host : "");
+  }
+  if (!out.empty() || plan.coordinator != CoordinatorRole::kJoin) return out;
+  auto hp = ParseHostPort(plan.rdzv_endpoint, "--rdzv-endpoint");
+  in6_addr a6;
+  in_addr a4;
+  if (!hp.ok() || inet_pton(AF_INET, hp->host.c_str(), &a4) == 1 || inet_pton(AF_INET6, hp->host.c_str(), &a6) == 1) {
+    return out;  // a numeric address is one coordinator
+  }
+  auto resolved = ResolveHost(hp->host);
+  if (!resolved.ok()) return out;
+  // One family (IPv4 where there is any): a host's own IPv4 and IPv6 addresses are one host.
+  std::vector<std::string> addresses;
+  const bool any_v4 = std::any_of(resolved->begin(), resolved->end(),
+                                  [](const std::string& a) { return a.find(':') == std::string::npos; });
+  for (const std::string& a : *resolved) {
+    if ((a.find(':') == std::string::npos) == any_v4 &&
+        std::find(addresses.begin(), addresses.end(), a) == addresses.end()) {
+      addresses.push_back(a);
+    }
+  }
+  if (addresses.size() < 2) return out;
+  for (const std::string& a : addresses) {
+    if (static_cast<int>(out.size()) == kMaxEndpoints) break;
+    out.emplace_back(JoinHostPort(a, hp->port.value_or(kDefaultRendezvousPort)), hp->host);
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<CoordinatorClient>> MakeReplicasClient(const LaunchPlan& plan,
+                                                                      const SecurityOptions& security) {
+  auto replicas = ReplicaTargets(plan);
+  if (replicas.empty()) {
+    ASSIGN_OR_RETURN(auto one, MakeClient(plan.rdzv_endpoint, security, plan.rendezvous));
+    return std::unique_ptr<CoordinatorClient>(std::move(one));
+  }
+  std::vector<std::unique_ptr<CoordinatorClient>> clients;
+  for (const auto& [target, name] : replicas) {
+    ASSIGN_OR_RETURN(auto c, MakeClient(target, security, plan.rendezvous, name));
+    c->set_wait_for_ready(false);  // a replica that is down: the next one is tried
+    clients.push_back(std::move(c));
+  }
+  auto failover = std::make_unique<FailoverCoordinatorClient>(std::move(clients));
+  spdlog::info("rendezvous through the coordinator replicas at {}", failover->targets());
+  return std::unique_ptr<CoordinatorClient>(std::move(failover));
+}
+
 absl::StatusOr<RendezvousLink> ConnectToRendezvous(const LaunchPlan& plan, const SecurityOptions& security,
                                                    const Clock* clock) {
   RendezvousLink link;
@@ -188,7 +251,7 @@ absl::StatusOr<RendezvousLink> ConnectToRendezvous(const LaunchPlan& plan, const
           absl::StrCat("cannot host the coordinator at ", plan.rdzv_endpoint, ": ", server.status().message()));
     }
   }
-  ASSIGN_OR_RETURN(link.client, MakeClient(plan.rdzv_endpoint, security, plan.rendezvous));
+  ASSIGN_OR_RETURN(link.client, MakeReplicasClient(plan, security));
   return link;
 }
 
@@ -214,8 +277,49 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> ServeMetrics(CoordinatorService* 
   mo.token = security.token;
   mo.tls_cert_file = security.tls_cert_file;
   mo.tls_key_file = security.tls_key_file;
-  mo.render = [service] { return PrometheusText(service->AllStatus()); };
+  mo.render = [service] {
+    auto replica = service->Replica();
+    return PrometheusText(service->AllStatus(), replica ? &*replica : nullptr);
+  };
   return MetricsServer::Start(std::move(mo));
+}
+
+// `launch coordinator --state etcd://...`: this coordinator as one of several replicas (nullptr
+// without --state).
+absl::StatusOr<std::unique_ptr<RunStore>> StartReplica(const CoordinatorConfig& c, const SecurityOptions& security,
+                                                       const std::string& listen_host, CoordinatorServer* server) {
+  if (c.state.empty()) return nullptr;
+#ifdef LAUNCH_WITH_ETCD
+  ASSIGN_OR_RETURN(EtcdOptions etcd, ParseEtcdUrl(c.state));
+  etcd.ca_file = c.etcd_ca;
+  etcd.cert_file = c.etcd_cert;
+  etcd.key_file = c.etcd_key;
+  if (absl::StartsWith(c.state, "etcds://") && etcd.ca_file.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("--state ", c.state, ": etcds:// needs --etcd-cacert"));
+  }
+  ReplicaOptions ro;
+  ro.etcd = std::move(etcd);
+  ro.lease_ttl = std::chrono::seconds(c.leader_lease);
+  ro.security = security;
+  ro.advertise = c.advertise;
+  if (ro.advertise.empty()) {
+    std::string host = listen_host;
+    if (host.empty() || host == "0.0.0.0" || host == "::") {
+      char name[256] = {};
+      host = ::gethostname(name, sizeof name - 1) == 0 ? name : "localhost";
+    }
+    ro.advertise = JoinHostPort(host, server->port());
+  }
+  ASSIGN_OR_RETURN(auto replica, CoordinatorReplica::Start(std::move(ro), server->service()));
+  return std::unique_ptr<RunStore>(std::move(replica));
+#else
+  (void)security;
+  (void)listen_host;
+  (void)server;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--state ", c.state,
+                   ": this launch was built without etcd support (install golang-etcd-server-dev and rebuild)"));
+#endif
 }
 
 }  // namespace
@@ -234,14 +338,21 @@ int RunCoordinator(const CoordinatorConfig& c, SignalFd* signals) {
     std::fprintf(stderr, "launch coordinator: %s\n", std::string(server.status().message()).c_str());
     return ExitStatus(LaunchOutcome::LaunchError());
   }
+  auto replica = StartReplica(c, security, hp->host, server->get());
+  if (!replica.ok()) {
+    if (absl::IsInvalidArgument(replica.status())) return UsageError(std::string(replica.status().message()));
+    std::fprintf(stderr, "launch coordinator: %s\n", std::string(replica.status().message()).c_str());
+    return ExitStatus(LaunchOutcome::LaunchError());
+  }
   std::unique_ptr<MetricsServer> metrics;
   if (c.metrics_port) {
     auto served = ServeMetrics((*server)->service(), hp->host, *c.metrics_port, security);
     if (!served.ok()) return UsageError(std::string(served.status().message()));
     metrics = std::move(*served);
   }
-  std::printf("launch coordinator: listening on %s%s%s\n", (*server)->address().c_str(), security.tls() ? " (TLS)" : "",
-              security.token.empty() ? "" : " (token required)");
+  std::printf("launch coordinator: listening on %s%s%s%s\n", (*server)->address().c_str(),
+              security.tls() ? " (TLS)" : "", security.token.empty() ? "" : " (token required)",
+              c.state.empty() ? "" : " (a replica; state in etcd)");
   std::fflush(stdout);
   for (;;) {
     pollfd p{signals->fd(), POLLIN, 0};
@@ -249,6 +360,7 @@ int RunCoordinator(const CoordinatorConfig& c, SignalFd* signals) {
     while (int sig = signals->Read()) {
       if (sig == SIGCHLD) continue;
       spdlog::info("stopped by {}", SignalName(sig));
+      replica->reset();  // a leader gives its leadership up first: a standby leads at once
       server->reset();
       return ExitStatus(LaunchOutcome::Signalled(sig));
     }

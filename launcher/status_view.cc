@@ -40,6 +40,16 @@ std::string RenderStatus(const v1::StatusResponse& s) {
                           s.straggler_episodes(), s.straggler_factor());
   }
   absl::StrAppendFormat(&out, "  hung ranks %d\n", s.hung_ranks());
+  if (s.has_replica()) {
+    const v1::ReplicaStatus& r = s.replica();
+    absl::StrAppend(&out, "coordinator: leader ", r.leader().empty() ? "none" : r.leader(), ", answered by ",
+                    r.replica(), r.leading() ? " (the leader)" : " (a standby)", ", failovers seen ", r.failovers());
+    std::vector<std::string> etcd;
+    for (const v1::EtcdEndpointHealth& h : r.etcd())
+      etcd.push_back(absl::StrCat(h.endpoint(), h.healthy() ? " ok" : absl::StrCat(" down (", h.error(), ")")));
+    if (!etcd.empty()) absl::StrAppend(&out, "; etcd ", absl::StrJoin(etcd, ", "));
+    absl::StrAppend(&out, "\n");
+  }
   if (!s.reason().empty()) absl::StrAppend(&out, "reason: ", s.reason(), "\n");
   if (s.has_first_failure()) {
     const v1::Failure& f = s.first_failure();

@@ -121,7 +121,12 @@ class CoordinatorService::WatchReactor final
     : public grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse> {
  public:
   WatchReactor(CoordinatorService* svc, grpc::CallbackServerContext* ctx) : svc_(svc), peer_(ctx->peer()) {
-    if (grpc::Status st = svc_->CheckToken(ctx, "Watch"); !st.ok()) {
+    grpc::Status st = svc_->CheckToken(ctx, "Watch");
+    if (st.ok()) {
+      std::lock_guard<std::mutex> lock(svc_->mu_);
+      if (svc_->standby_) st = svc_->NotLeaderLocked();
+    }
+    if (!st.ok()) {
       finished_ = true;  // not yet known to anyone else: no lock needed
       Finish(st);
       return;
@@ -135,7 +140,7 @@ class CoordinatorService::WatchReactor final
       std::lock_guard<std::mutex> lock(svc_->mu_);
       if (!finished_) ReadDoneLocked(ok, &f);
     }
-    FinishAll(f);
+    svc_->FinishAll(f);
     svc_->settled_.notify_all();
   }
 
@@ -151,16 +156,28 @@ class CoordinatorService::WatchReactor final
   void ShutdownLocked(Finishes* f) {
     FinishLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down"), f);
   }
+  // mu_ held: this replica stands by now.
+  void EndLocked(grpc::Status st, Finishes* f) { FinishLocked(std::move(st), f); }
   // mu_ not held: carries out the decision (once; only the decider's Finishes holds this stream).
   void FinishAsDecided() {
     if (answer_) StartWriteAndFinish(&out_, grpc::WriteOptions(), grpc::Status::OK);
     else Finish(final_);
   }
+  // mu_ not held: the decision stands, but its answer could not be kept (the store refused it):
+  // the stream ends with `st` instead (only the decider's Finishes holds this stream).
+  void FailAsDecided(const grpc::Status& st) {
+    answer_ = false;
+    final_ = st;
+    FinishAsDecided();
+  }
 
   void OnDone() override {
     {
       std::lock_guard<std::mutex> lock(svc_->mu_);
-      if (run_ != nullptr) run_->watchers.erase(this);
+      // By id: a replica that stood by since has forgotten the run this stream was in.
+      if (run_ != nullptr) {
+        if (auto it = svc_->runs_.find(run_id_); it != svc_->runs_.end()) it->second.watchers.erase(this);
+      }
     }
     delete this;
   }
@@ -172,6 +189,7 @@ class CoordinatorService::WatchReactor final
     if (svc_->stopping_) {
       return FinishLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down"), f);
     }
+    if (svc_->standby_) return FinishLocked(svc_->NotLeaderLocked(), f);
     std::string why;
     if (grpc::Status big = CheckSize(peer_, in_, "Watch", &why); !big.ok()) {
       f->Warn(why);
@@ -275,20 +293,145 @@ int CoordinatorService::runs_for_test() {
   return static_cast<int>(runs_.size());
 }
 
-void CoordinatorService::FinishAll(Finishes& f) {
+bool CoordinatorService::FinishAll(Finishes& f) {
+  bool kept = true;
+  if (store_ != nullptr && (!f.records.empty() || !f.removed.empty())) {
+    std::lock_guard<std::mutex> lock(store_mu_);
+    std::vector<v1::RunRecord> changed;
+    for (v1::RunRecord& r : f.records) {
+      // A record whose run is not whole (rebuilt from re-registrations) or that a later one
+      // already replaced is not written.
+      if (r.run_id().empty()) continue;
+      auto it = stored_version_.find(r.run_id());
+      if (it != stored_version_.end() && it->second >= r.version()) continue;
+      changed.push_back(std::move(r));
+    }
+    if (!changed.empty() || !f.removed.empty()) {
+      absl::Status st = store_->Save(changed, f.removed);
+      if (st.ok()) {
+        for (const auto& r : changed) stored_version_[r.run_id()] = r.version();
+        for (const auto& id : f.removed) stored_version_.erase(id);
+      } else {
+        kept = false;
+        f.Warn(absl::StrCat("could not keep the runs' state (", st.message(), "): answering UNAVAILABLE"));
+      }
+    }
+  }
+  const grpc::Status lost(
+      grpc::StatusCode::UNAVAILABLE,
+      "this coordinator replica could not keep the run's state in etcd; retry (another replica leads)");
   for (const auto& [warning, line] : f.logs) {
     if (warning) spdlog::warn("{}", line);
     else spdlog::info("{}", line);
   }
-  for (auto& [call, status] : f.calls) call->Finish(status);
-  for (WatchReactor* w : f.streams) w->FinishAsDecided();
+  for (auto& [call, status] : f.calls) call->Finish(kept || !status.ok() ? status : lost);
+  for (WatchReactor* w : f.streams) {
+    if (kept) w->FinishAsDecided();
+    else w->FailAsDecided(lost);
+  }
   f = Finishes();
+  return kept;
+}
+
+grpc::Status CoordinatorService::NotLeaderLocked() const {
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                      leader_.empty() ? "this coordinator replica stands by; no replica leads yet"
+                                      : absl::StrCat("this coordinator replica stands by; the leader is at ", leader_));
+}
+
+void CoordinatorService::set_store(RunStore* store) {
+  std::lock_guard<std::mutex> lock(mu_);
+  store_ = store;
+  standby_ = store != nullptr;
+}
+
+std::optional<v1::ReplicaStatus> CoordinatorService::Replica() {
+  RunStore* store;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    store = store_;
+  }
+  if (store == nullptr) return std::nullopt;
+  return store->Describe();
+}
+
+bool CoordinatorService::leading() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !standby_;
+}
+
+v1::RunRecord CoordinatorService::RecordOf(const Run& run) {
+  v1::RunRecord r = run.rdzv->ToRecord();
+  if (r.run_id().empty()) return r;
+  r.set_lease_key(run.lease_key);
+  for (v1::MemberRecord& m : *r.mutable_members()) {
+    if (auto it = run.node_keys.find(m.node().node_id()); it != run.node_keys.end()) m.set_lease_key(it->second);
+  }
+  return r;
+}
+
+void CoordinatorService::Lead(const std::vector<v1::RunRecord>& records) {
+  Finishes f;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const v1::RunRecord& rec : records) {
+      auto rdzv = Rendezvous::FromRecord(rec, clock_);
+      if (!rdzv.ok()) {
+        f.Warn(absl::StrCat("left out a run kept in etcd: ", rdzv.status().message()));
+        continue;
+      }
+      Run run;
+      run.rdzv = std::move(*rdzv);
+      run.view = std::make_unique<JobView>(run.rdzv->config().straggler_factor);
+      run.lease_key = rec.lease_key();
+      for (const v1::MemberRecord& m : rec.members())
+        if (!m.lease_key().empty()) run.node_keys[m.node().node_id()] = m.lease_key();
+      run.next_tick = run.rdzv->Tick();
+      f.Info(absl::StrCat("run '", rec.run_id(), "' carried on from etcd: round ", rec.round(), ", ",
+                          rec.members_size(), " node(s), ", PhaseName(run.rdzv->phase())));
+      runs_[rec.run_id()] = std::move(run);
+    }
+    {
+      std::lock_guard<std::mutex> slock(store_mu_);
+      stored_version_.clear();
+      for (const v1::RunRecord& rec : records) stored_version_[rec.run_id()] = rec.version();
+    }
+    standby_ = false;
+    leader_.clear();
+    wake_.notify_all();
+  }
+  FinishAll(f);
+}
+
+void CoordinatorService::StandBy(const std::string& leader) {
+  Finishes f;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    leader_ = leader;
+    if (standby_ && runs_.empty()) return;
+    standby_ = true;
+    const grpc::Status st = NotLeaderLocked();
+    for (auto& [id, run] : runs_) {
+      for (HeldCall* c : run.held) f.emplace_back(c, st);
+      run.held.clear();
+      for (WatchReactor* w : run.watchers) w->EndLocked(st, &f);
+      run.watchers.clear();
+    }
+    runs_.clear();
+    f.Warn(leader.empty() ? "this coordinator replica no longer leads"
+                          : absl::StrCat("this coordinator replica stands by; the leader is at ", leader));
+  }
+  FinishAll(f);
 }
 
 grpc::Status CoordinatorService::Admit(grpc::CallbackServerContext* ctx, const google::protobuf::Message& req,
                                        const char* rpc) {
   grpc::Status st = CheckToken(ctx, rpc);
   if (!st.ok()) return st;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (standby_ && std::string_view(rpc) != "Status") return NotLeaderLocked();  // a standby forwards Status
+  }
   std::string why;
   st = CheckSize(ctx->peer(), req, rpc, &why);
   if (!st.ok()) spdlog::warn("{}", why);  // not under mu_
@@ -370,6 +513,7 @@ bool CoordinatorService::AnswerIfReady(Run& run, HeldCall* c, Finishes* out) {
 }
 
 void CoordinatorService::Pump(Run& run, Finishes* out) {
+  if (store_ != nullptr) out->records.push_back(RecordOf(run));
   for (auto it = run.watchers.begin(); it != run.watchers.end();) (*it++)->PumpLocked(out);
   for (auto it = run.held.begin(); it != run.held.end();) {
     it = AnswerIfReady(run, *it, out) ? run.held.erase(it) : std::next(it);
@@ -513,7 +657,9 @@ grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerCont
       status = ToGrpc(run.status());
     }
   }
-  FinishAll(f);
+  if (!FinishAll(f) && status.ok()) {
+    status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "this coordinator replica could not keep the run's state");
+  }
   reactor->Finish(status);
   settled_.notify_all();
   return reactor;
@@ -562,7 +708,9 @@ grpc::ServerUnaryReactor* CoordinatorService::ReportExit(grpc::CallbackServerCon
       wake_.notify_one();
     }
   }
-  FinishAll(f);
+  if (!FinishAll(f) && status.ok()) {
+    status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "this coordinator replica could not keep the run's state");
+  }
   reactor->Finish(status);
   settled_.notify_all();
   return reactor;
@@ -572,6 +720,20 @@ grpc::ServerUnaryReactor* CoordinatorService::Status(grpc::CallbackServerContext
                                                      v1::StatusResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   grpc::Status status = Admit(ctx, *req, "Status");
+  bool forward = false;
+  if (status.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    forward = standby_;
+  }
+  if (forward) {
+    // A standby asks the leader on the caller's behalf (so `launch status` works through any
+    // replica); the answer says which replica answered.
+    store_->ForwardStatus(*req, resp, [this, reactor, resp](absl::Status st) {
+      if (st.ok()) *resp->mutable_replica() = store_->Describe();
+      reactor->Finish(ToGrpc(st));
+    });
+    return reactor;
+  }
   if (status.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = runs_.find(req->run_id());
@@ -581,6 +743,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Status(grpc::CallbackServerContext
       *resp = StatusLocked(it->second);
     }
   }
+  if (status.ok() && store_ != nullptr) *resp->mutable_replica() = store_->Describe();
   reactor->Finish(status);
   return reactor;
 }
@@ -664,6 +827,7 @@ void CoordinatorService::TimerLoop() {
         auto close = r.ended_at() + r.config().close_timeout;
         if (now >= close && it->second.held.empty() && it->second.watchers.empty()) {
           f.Info(absl::StrCat("run '", it->first, "' closed (", PhaseName(r.phase()), ")"));
+          if (store_ != nullptr) f.removed.push_back(it->first);
           it = runs_.erase(it);
           continue;
         }

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -22,6 +23,7 @@
 #include "launch.grpc.pb.h"
 #include "rendezvous/job_view.h"
 #include "rendezvous/rendezvous.h"
+#include "rendezvous/run_store.h"
 #include "rendezvous/security.h"
 
 namespace launch {
@@ -52,6 +54,20 @@ class CoordinatorService final : public v1::Rendezvous::CallbackService {
 
   // Every run's status as the Status RPC answers it (for the metrics endpoint).
   std::vector<v1::StatusResponse> AllStatus();
+
+  // Replicated coordinators (rendezvous/coordinator_replica.h): the store that keeps what must
+  // outlive the leader, set before Start. With one, the service stands by until Lead.
+  void set_store(RunStore* store);
+  // This replica leads now: it carries on the runs of `records` (each member given a whole
+  // heartbeat timeout to renew its lease); a record that fails its checks is left out, with a line.
+  void Lead(const std::vector<v1::RunRecord>& records);
+  // This replica does not lead (any more): every held call and stream is ended UNAVAILABLE, the
+  // runs are forgotten (they live on in the store), and every call is answered UNAVAILABLE,
+  // naming `leader` when known, so that agents go there.
+  void StandBy(const std::string& leader);
+  bool leading();
+  // This replica's standing (nullopt: the coordinator is not replicated).
+  std::optional<v1::ReplicaStatus> Replica();
 
   // Starts the timer thread (last calls, leases, spares, closing ended runs).
   void Start();
@@ -84,6 +100,8 @@ class CoordinatorService final : public v1::Rendezvous::CallbackService {
     std::map<std::string, std::string> node_keys;
     std::set<std::string> udp_seen;  // nodes whose lease datagrams arrive
   };
+  // The run's record, with the keys its nodes' lease datagrams are checked with; mu_ held.
+  static v1::RunRecord RecordOf(const Run& run);
   Run NewRun(const std::string& run_id, const RendezvousConfig& cfg);
   // The key of `node_id`'s lease datagrams; `scratch` holds a derived one.
   static const std::string& NodeKey(const Run& run, const std::string& node_id, std::string* scratch);
@@ -94,10 +112,15 @@ class CoordinatorService final : public v1::Rendezvous::CallbackService {
     std::vector<std::pair<HeldCall*, grpc::Status>> calls;
     std::vector<WatchReactor*> streams;              // each finishes as it decided (answer or status)
     std::vector<std::pair<bool, std::string>> logs;  // (warning?, line)
+    // For the store (replicated coordinators): kept before any call or stream is answered.
+    std::vector<v1::RunRecord> records;
+    std::vector<std::string> removed;
     void emplace_back(HeldCall* c, grpc::Status st) { calls.emplace_back(c, std::move(st)); }
     void Info(std::string line) { logs.emplace_back(false, std::move(line)); }
     void Warn(std::string line) { logs.emplace_back(true, std::move(line)); }
-    bool empty() const { return calls.empty() && streams.empty() && logs.empty(); }
+    bool empty() const {
+      return calls.empty() && streams.empty() && logs.empty() && records.empty() && removed.empty();
+    }
   };
 
   grpc::Status CheckToken(grpc::CallbackServerContext* ctx, const char* rpc);
@@ -119,7 +142,11 @@ class CoordinatorService final : public v1::Rendezvous::CallbackService {
   // Ticks the run now and notes when it is due again; mu_ held.
   void TickNow(Run& run);
   void TimerLoop();
-  static void FinishAll(Finishes& f);
+  // Keeps the records, then answers; false: the store refused them (this replica no longer
+  // leads), and every answer became UNAVAILABLE.
+  bool FinishAll(Finishes& f);
+  // A standby's refusal; mu_ held.
+  grpc::Status NotLeaderLocked() const;
 
   CoordinatorOptions opts_;
   const Clock* clock_;
@@ -130,6 +157,11 @@ class CoordinatorService final : public v1::Rendezvous::CallbackService {
   std::map<std::string, Run> runs_;
   std::thread timer_;
   int lease_port_ = 0;  // under mu_
+  RunStore* store_ = nullptr;
+  bool standby_ = false;                            // under mu_: a replica that does not lead
+  std::string leader_;                              // under mu_: where the leader is, when a standby knows
+  std::mutex store_mu_;                             // orders the store's writes
+  std::map<std::string, uint64_t> stored_version_;  // under store_mu_
 };
 
 // A coordinator listening on an address, with its own gRPC threads.

@@ -79,11 +79,13 @@ WatchAnswer ClassifyWatchAnswer(const v1::HeartbeatResponse& resp) {
 }
 
 namespace {
-// Lease datagrams when the coordinator takes them: whether they are sent.
+// Lease datagrams when the coordinator takes them: whether they are sent. A coordinator takes
+// them on its own port number, over UDP, so after a failover to another replica they go to that
+// replica's port.
 bool StartLeaseDatagrams(const std::string& target, const v1::Assignment& a, LeaseSender* lease) {
   if (a.lease_port() <= 0 || a.lease_key().size() != kLeaseKeyBytes) return false;
   auto hp = ParseHostPort(target, "coordinator");
-  absl::Status st = hp.ok() ? lease->Connect(hp->host, a.lease_port()) : hp.status();
+  absl::Status st = hp.ok() ? lease->Connect(hp->host, hp->port.value_or(a.lease_port())) : hp.status();
   if (!st.ok()) spdlog::warn("no lease datagrams ({}); heartbeating on the stream", std::string(st.message()));
   return st.ok();
 }
@@ -95,12 +97,17 @@ void CoordinatorWatch::Loop(v1::Assignment a) {
   // Lease datagrams when the coordinator takes them (else, or once it says they do not arrive,
   // heartbeats on the stream).
   LeaseSender lease;
-  bool by_udp = StartLeaseDatagrams(client_->target(), a, &lease);
+  std::string lease_target = client_->target();
+  bool by_udp = StartLeaseDatagrams(lease_target, a, &lease);
   LeaseBeat beat;
   beat.run_id = opts.run_id;
   beat.node_id = opts.node.node_id();
   beat.round = a.round();
   for (;;) {
+    if (by_udp && client_->target() != lease_target) {  // another replica leads now
+      lease_target = client_->target();
+      by_udp = StartLeaseDatagrams(lease_target, a, &lease);
+    }
     std::optional<StreamEnd> end = WatchOnce(a, by_udp, &beat, &lease);
     if (!end) return;  // stopped
     if (!end->got) {
@@ -193,8 +200,8 @@ bool CoordinatorWatch::RideOut(const v1::Assignment& a, const absl::Status& ende
     return false;
   }
   if (!unreachable_.exchange(true)) {
-    spdlog::warn("coordinator at {} unreachable ({}); the workers keep running, retrying", client_->target(),
-                 std::string(ended_with.message()));
+    // The message names the coordinator (or replica) that was asked.
+    spdlog::warn("coordinator unreachable ({}); the workers keep running, retrying", std::string(ended_with.message()));
   }
   const std::chrono::milliseconds delay = pacer->Unreachable();
   if (!a.coordinator_host().empty() && pacer->unreachable_for() >= opts.patience) {

@@ -29,7 +29,7 @@ absl::StatusOr<v1::Assignment> GrpcCoordinatorClient::Join(const v1::JoinRequest
   // is never reached.
   Prepare(&ctx, join_timeout_ + kJoinDeadlineMargin);
   // A coordinator that is not up yet (another node is starting it) is waited for, not an error.
-  ctx.set_wait_for_ready(true);
+  ctx.set_wait_for_ready(wait_for_ready_);
   if (cancel && !cancel->Attach([&ctx] { ctx.TryCancel(); })) return absl::CancelledError("join cancelled");
   v1::JoinResponse resp;
   grpc::Status s = stub_->Join(&ctx, req, &resp);

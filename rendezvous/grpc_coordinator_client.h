@@ -25,12 +25,16 @@ class GrpcCoordinatorClient : public CoordinatorClient {
   absl::StatusOr<v1::SampleResponse> Sample(const v1::SampleRequest& req, std::chrono::milliseconds timeout) override;
   std::unique_ptr<WatchStream> Watch() override;
   std::string target() const override { return target_; }
+  // Whether a Join waits for a coordinator that is not up yet (the default: another node may be
+  // starting it) or fails at once (one of several replicas: the next one is tried instead).
+  void set_wait_for_ready(bool wait) { wait_for_ready_ = wait; }
 
  private:
   void Prepare(grpc::ClientContext* ctx, std::chrono::milliseconds timeout) const;
   std::unique_ptr<v1::Rendezvous::Stub> stub_;
   std::string target_, token_;
   std::chrono::milliseconds join_timeout_;
+  bool wait_for_ready_ = true;
 };
 
 // grpc::Status → absl::Status, keeping the code and the message.

@@ -530,6 +530,7 @@ v1::ReportExitResponse Rendezvous::ReportExit(const v1::ReportExitRequest& req) 
       OpenNextRound(absl::StrCat("node ", NodeName(req.node_id()), " left"));
     } else if (req.group_succeeded()) {
       m->succeeded = true;
+      ++version_;  // kept by a replicated coordinator: a new leader must not wait for this node again
       if (std::all_of(members_.begin(), members_.end(), [](const Member& x) { return x.succeeded; })) {
         End(Phase::kSucceeded, "");
       }

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -106,6 +107,14 @@ class Rendezvous {
 
   // Re-creates a run that a restarted coordinator does not know, from a node's heartbeat.
   static absl::StatusOr<RendezvousConfig> ConfigForReattach(const v1::HeartbeatRequest& req);
+
+  // What a replicated coordinator keeps of this run in etcd (rendezvous/run_record.cc); the run's
+  // lease key and the nodes' own keys are the service's to add.
+  v1::RunRecord ToRecord() const;
+  // The run as a new leader carries it on from its record, which is checked like wire input
+  // first (etcd is shared infrastructure). Leases stay in the leader's memory, so every member
+  // is given a whole heartbeat timeout from now to renew its lease before it is judged lost.
+  static absl::StatusOr<std::unique_ptr<Rendezvous>> FromRecord(const v1::RunRecord& record, const Clock* clock);
 
  private:
   struct Waiting {

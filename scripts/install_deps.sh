@@ -16,4 +16,5 @@ apt-get install -y -q --no-install-recommends \
   libssl-dev iproute2 procps openssl python3-yaml \
   clang-14 clang-format-14 libclang-rt-14-dev gdb \
   help2man dpkg-dev mmdebstrap \
-  slurmctld slurmd slurm-client munge
+  slurmctld slurmd slurm-client munge \
+  etcd-server etcd-client golang-etcd-server-dev

@@ -11,7 +11,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
 # A test that needs Python torch fails instead of skipping: it is installed above (and in part 1,
-# so does the real-Slurm test: slurmctld, slurmd and munge are).
+# so do the real-Slurm test: slurmctld, slurmd and munge are, and the replicated coordinators'
+# tests: etcd is).
 export LAUNCH_TEST_REQUIRE_TORCH=1
 failed=()
 
@@ -27,7 +28,7 @@ torch1=$(dpkg-query -W -f='${Version}' libtorch-dev)
 test_torch1() {
   echo "test.sh: LibTorch $torch1 (Debian 12), build/"
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo && cmake --build build -j "$(nproc)" &&
-    LAUNCH_TEST_REQUIRE_SLURM=1 ctest --test-dir build --output-on-failure -j "$(nproc)" --timeout 300 &&
+    LAUNCH_TEST_REQUIRE_SLURM=1 LAUNCH_TEST_REQUIRE_ETCD=1 ctest --test-dir build --output-on-failure -j "$(nproc)" --timeout 300 &&
     echo "test.sh: every test passed against LibTorch $torch1"
 }
 

@@ -1,0 +1,500 @@
+// Replicated coordinators on a real etcd: three etcd members (Debian's etcd), three `launch
+// coordinator --state etcd://...` replicas and agents that follow the leader. Each test runs in a
+// network namespace of its own (main() enters a new one), so the fixed etcd ports cannot collide
+// with anything, and every process it starts is killed however the test ends.
+#include <net/if.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace launch::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+const std::string kLaunch = LAUNCH_BIN;
+const std::string kWorker = TEST_WORKER_BIN;
+const char* kEtcd = "/usr/bin/etcd";
+const char* kEtcdctl = "/usr/bin/etcdctl";
+constexpr int kLeaderLease = 2;  // seconds (--leader-lease)
+
+std::string g_no_netns;  // why this process has no network namespace of its own (empty: it has)
+
+// Skips (or, where the test command demands etcd, fails) a test that cannot run here.
+#define LAUNCH_NEED_ETCD()                                                           \
+  do {                                                                               \
+    const char* req = std::getenv("LAUNCH_TEST_REQUIRE_ETCD");                       \
+    const bool required = req && std::string(req) == "1";                            \
+    std::string why;                                                                 \
+    if (!g_no_netns.empty()) why = "no network namespace of its own: " + g_no_netns; \
+    else if (::access(kEtcd, X_OK) != 0 || ::access(kEtcdctl, X_OK) != 0)            \
+      why = "no etcd (apt-get install etcd-server etcd-client)";                     \
+    if (!why.empty()) {                                                              \
+      if (required) FAIL() << why << " and LAUNCH_TEST_REQUIRE_ETCD=1";              \
+      GTEST_SKIP() << why;                                                           \
+    }                                                                                \
+  } while (0)
+
+int CountOf(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t pos = text.find(what); pos != std::string::npos; pos = text.find(what, pos + 1)) ++n;
+  return n;
+}
+
+// Three etcd members on 127.0.0.1 (client ports 2379, 12379, 22379) with data under `dir`.
+class EtcdCluster {
+ public:
+  explicit EtcdCluster(std::string dir) : dir_(std::move(dir)), members_(3) {
+    for (int i = 0; i < 3; ++i) Start(i);
+  }
+  ~EtcdCluster() {
+    for (auto& m : members_)
+      if (m && ProcessAlive(m->pid())) {
+        ::kill(m->pid(), SIGKILL);
+        m->Wait(std::chrono::seconds(10));
+      }
+  }
+  static int ClientPort(int i) { return 2379 + 10000 * i; }
+  std::string Endpoints() const {
+    return absl::StrCat("127.0.0.1:", ClientPort(0), ",127.0.0.1:", ClientPort(1), ",127.0.0.1:", ClientPort(2));
+  }
+  std::string Url() const { return "etcd://" + Endpoints(); }
+  void Start(int i) {
+    std::string cluster;
+    for (int j = 0; j < 3; ++j)
+      absl::StrAppend(&cluster, j ? "," : "", "m", j, "=http://127.0.0.1:", ClientPort(j) + 1);
+    const std::string client = absl::StrCat("http://127.0.0.1:", ClientPort(i));
+    const std::string peer = absl::StrCat("http://127.0.0.1:", ClientPort(i) + 1);
+    members_[i] = std::make_unique<Child>(
+        std::vector<std::string>{kEtcd, "--name", absl::StrCat("m", i), "--data-dir", absl::StrCat(dir_, "/etcd", i),
+                                 "--listen-client-urls", client, "--advertise-client-urls", client,
+                                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer, "--initial-cluster",
+                                 cluster, "--initial-cluster-state", "new", "--initial-cluster-token", "launch-test"});
+  }
+  void Kill(int i) {
+    ::kill(members_[i]->pid(), SIGKILL);
+    members_[i]->Wait(std::chrono::seconds(10));
+  }
+  // Every member answers with a leader (a quorum).
+  bool Healthy() const {
+    RunResult r = RunCmd({kEtcdctl, "--endpoints", Endpoints(), "endpoint", "health"}, {"ETCDCTL_API=3"},
+                         std::chrono::seconds(10));
+    return r.exit_code == 0;
+  }
+  bool WaitHealthy() {
+    return WaitUntil(
+        [&] {
+          for (auto& m : members_)
+            if (m) m->Pump(1);
+          return Healthy();
+        },
+        std::chrono::seconds(60));
+  }
+  std::string Get(const std::string& key) const {
+    RunResult r = RunCmd({kEtcdctl, "--endpoints", Endpoints(), "get", key, "--print-value-only"}, {"ETCDCTL_API=3"},
+                         std::chrono::seconds(10));
+    return std::string(absl::StripTrailingAsciiWhitespace(r.out));
+  }
+  bool Put(const std::string& key, const std::string& value) const {
+    return RunCmd({kEtcdctl, "--endpoints", Endpoints(), "put", key, value}, {"ETCDCTL_API=3"},
+                  std::chrono::seconds(10))
+               .exit_code == 0;
+  }
+  void Pump() {
+    for (auto& m : members_)
+      if (m) m->Pump(1);
+  }
+
+ private:
+  std::string dir_;
+  std::vector<std::unique_ptr<Child>> members_;
+};
+
+// One `launch coordinator` replica on 127.0.0.1 (port 0), killed by the destructor.
+class Replica {
+ public:
+  explicit Replica(const std::string& url, const std::string& listen = "127.0.0.1:0") {
+    std::vector<std::string> argv = {kLaunch,   "coordinator", "--listen",       listen,
+                                     "--state", url,           "--leader-lease", std::to_string(kLeaderLease)};
+    child_ = std::make_unique<Child>(argv);
+    ready_ = WaitUntil([&] {
+      child_->Pump(5);
+      return absl::StrContains(child_->out(), "listening on") || !ProcessAlive(child_->pid());
+    });
+    const std::string at = "127.0.0.1:";
+    auto pos = child_->out().find(at);
+    ready_ = ready_ && pos != std::string::npos;
+    if (ready_) {
+      pos += at.size();
+      ready_ = absl::SimpleAtoi(child_->out().substr(pos, child_->out().find_first_not_of("0123456789", pos) - pos),
+                                &port_);
+    }
+  }
+  ~Replica() {
+    if (child_ && ProcessAlive(child_->pid())) Kill(SIGKILL);
+  }
+  bool ready() const { return ready_; }
+  std::string endpoint() const { return absl::StrCat("127.0.0.1:", port_); }
+  RunResult Kill(int sig) {
+    ::kill(child_->pid(), sig);
+    return child_->Wait(std::chrono::seconds(20));
+  }
+  Child& child() { return *child_; }
+
+ private:
+  std::unique_ptr<Child> child_;
+  bool ready_ = false;
+  int port_ = 0;
+};
+
+// The etcd members, three replicas, and the agents' --rdzv-endpoint over them.
+struct ControlPlane {
+  TempDir dir;
+  EtcdCluster etcd{dir.path()};
+  std::vector<std::unique_ptr<Replica>> replicas;
+  bool Up() {
+    if (!etcd.WaitHealthy()) return false;
+    for (int i = 0; i < 3; ++i) replicas.push_back(std::make_unique<Replica>(etcd.Url()));
+    for (auto& r : replicas)
+      if (!r->ready()) return false;
+    return WaitUntil([&] { return !Leader().empty(); });
+  }
+  std::string Endpoints() const {
+    std::vector<std::string> e;
+    for (const auto& r : replicas) e.push_back(r->endpoint());
+    return absl::StrJoin(e, ",");
+  }
+  std::string Leader() const { return etcd.Get("/launch/leader"); }
+  int LeaderIndex() const {
+    const std::string l = Leader();
+    for (size_t i = 0; i < replicas.size(); ++i)
+      if (replicas[i] && replicas[i]->endpoint() == l) return static_cast<int>(i);
+    return -1;
+  }
+  void Pump() {
+    etcd.Pump();
+    for (auto& r : replicas)
+      if (r) r->child().Pump(1);
+  }
+  std::string Logs() {
+    std::string all;
+    for (auto& r : replicas)
+      if (r) absl::StrAppend(&all, "replica ", r->endpoint(), ":\n", r->child().err());
+    return all;
+  }
+};
+
+std::vector<std::string> AgentArgv(const std::string& endpoints, const std::string& run,
+                                   std::vector<std::string> launch, std::vector<std::string> worker) {
+  std::vector<std::string> argv = {kLaunch, "--rdzv-endpoint", endpoints, "--rdzv-id", run};
+  argv.insert(argv.end(), launch.begin(), launch.end());
+  argv.insert(argv.end(), worker.begin(), worker.end());
+  return argv;
+}
+
+RunResult Status(const std::string& endpoint, const std::string& run) {
+  return RunCmd({kLaunch, "status", "--rdzv-endpoint", endpoint, "--rdzv-id", run}, {}, std::chrono::seconds(20));
+}
+
+// Every node of `run` has renewed its lease with whichever replica leads now: status through
+// `endpoint` lists `nodes` nodes, each heard from within the last second (the first "N.N s" of a
+// node's line is its heartbeat's age).
+bool Reattached(const std::string& endpoint, const std::string& run, int nodes) {
+  RunResult r = Status(endpoint, run);
+  if (r.exit_code != 0) return false;
+  static const std::regex kAge(R"(\s([0-9]+\.[0-9]+) s\b)");
+  int fresh = 0;
+  bool in_nodes = false;
+  for (const std::string& line : std::vector<std::string>(absl::StrSplit(r.out, '\n'))) {
+    if (absl::StartsWith(line, "NODE")) {
+      in_nodes = true;
+      continue;
+    }
+    std::smatch m;
+    if (!in_nodes || line.empty()) {
+      in_nodes = in_nodes && !line.empty();
+      continue;
+    }
+    if (std::regex_search(line, m, kAge)) fresh += std::stod(m[1]) < 1.0;
+  }
+  return fresh == nodes;
+}
+
+TEST(ReplicatedCoordinators, LeaderKilledTheJobGoesOnWithoutARestartAndAnyReplicaShowsIt) {
+  LAUNCH_NEED_ETCD();
+  ControlPlane cp;
+  ASSERT_TRUE(cp.Up()) << cp.Logs();
+  const int first = cp.LeaderIndex();
+  ASSERT_GE(first, 0) << cp.Leader();
+  std::vector<std::unique_ptr<Child>> agents;
+  for (int i = 0; i < 2; ++i) {
+    agents.push_back(std::make_unique<Child>(
+        AgentArgv(cp.Endpoints(), "job", {"--nnodes=2", "--nproc-per-node=1", "--max-restarts=3"},
+                  {kWorker, "--pid-file", cp.dir / "pids", "--wait-lines", cp.dir / "go", "1", "--print-env",
+                   "TORCHELASTIC_RESTART_COUNT"})));
+  }
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        for (auto& a : agents) a->Pump(1);
+        cp.Pump();
+        return ReadPids(cp.dir / "pids").size() == 2;
+      },
+      std::chrono::seconds(60)))
+      << cp.Logs();
+  const auto workers = ReadPids(cp.dir / "pids");
+
+  const std::string old_leader = cp.Leader();
+  const auto killed_at = std::chrono::steady_clock::now();
+  cp.replicas[first]->Kill(SIGKILL);
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        cp.Pump();
+        const std::string l = cp.Leader();
+        return !l.empty() && l != old_leader;
+      },
+      std::chrono::seconds(30)))
+      << cp.Logs();
+  const double failover_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  std::printf("a standby led %.2f s after the leader was killed (leader lease %d s)\n", failover_s, kLeaderLease);
+  const int second = cp.LeaderIndex();
+  ASSERT_GE(second, 0);
+  EXPECT_TRUE(WaitUntil([&] {
+    cp.Pump();
+    return absl::StrContains(cp.replicas[second]->child().err(), "run 'job' carried on from etcd: round 1, 2 node(s)");
+  })) << cp.Logs();
+  // Both agents renew their leases with the new leader; their workers were never touched.
+  const int standby = 3 - first - second;
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        for (auto& a : agents) a->Pump(1);
+        cp.Pump();
+        return Reattached(cp.replicas[second]->endpoint(), "job", 2);
+      },
+      std::chrono::seconds(30)))
+      << cp.Logs();
+  for (pid_t w : workers) EXPECT_TRUE(ProcessAlive(w)) << "worker " << w << " was stopped by the failover";
+  // Status through the standby (it asks the leader) and through the leader.
+  for (int i : {standby, second}) {
+    RunResult st = Status(cp.replicas[i]->endpoint(), "job");
+    EXPECT_EQ(st.exit_code, 0) << st.err;
+    EXPECT_THAT(st.out, HasSubstr("running"));
+    EXPECT_THAT(st.out, HasSubstr("restarts 0/3"));
+    EXPECT_THAT(st.out, HasSubstr("leader " + cp.replicas[second]->endpoint())) << st.out;
+  }
+  WriteFile(cp.dir / "go", "go\n");
+  for (auto& a : agents) {
+    RunResult r = a->Wait(std::chrono::seconds(60));
+    EXPECT_EQ(r.exit_code, 0) << r.err << cp.Logs();
+    EXPECT_THAT(r.out, HasSubstr("TORCHELASTIC_RESTART_COUNT=0"));
+    EXPECT_THAT(r.out, Not(HasSubstr("TORCHELASTIC_RESTART_COUNT=1")));
+  }
+}
+
+TEST(ReplicatedCoordinators, AnEtcdMemberLostIsInvisibleAndQuorumLostOnlyDelaysARestart) {
+  LAUNCH_NEED_ETCD();
+  ControlPlane cp;
+  ASSERT_TRUE(cp.Up()) << cp.Logs();
+  std::vector<std::unique_ptr<Child>> agents;
+  for (int i = 0; i < 2; ++i) {
+    agents.push_back(std::make_unique<Child>(
+        AgentArgv(cp.Endpoints(), "job", {"--nnodes=2", "--nproc-per-node=1", "--max-restarts=1"},
+                  {kWorker, "--pid-file", cp.dir / "pids", "--wait-lines", cp.dir / "go", "1", "--print-env",
+                   "TORCHELASTIC_RESTART_COUNT"})));
+  }
+  auto pump = [&] {
+    for (auto& a : agents) a->Pump(1);
+    cp.Pump();
+  };
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        pump();
+        return ReadPids(cp.dir / "pids").size() == 2;
+      },
+      std::chrono::seconds(60)))
+      << cp.Logs();
+  const std::string leader = cp.Leader();
+
+  // One member down and back: the same replica leads throughout.
+  cp.etcd.Kill(0);
+  ASSERT_TRUE(WaitUntil([&] {
+    pump();
+    return cp.Leader() == leader;
+  }));
+  cp.etcd.Start(0);
+  ASSERT_TRUE(cp.etcd.WaitHealthy());
+  EXPECT_EQ(cp.Leader(), leader);
+  for (auto& r : cp.replicas) EXPECT_THAT(r->child().err(), Not(HasSubstr("no longer leads"))) << cp.Logs();
+
+  // Quorum lost: the leader stands down, the workers keep running, and a worker that fails then
+  // waits for the control plane.
+  const auto workers = ReadPids(cp.dir / "pids");
+  cp.etcd.Kill(1);
+  cp.etcd.Kill(2);
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        pump();
+        return absl::StrContains(cp.Logs(), "no longer leads");
+      },
+      std::chrono::seconds(30)))
+      << cp.Logs();
+  ASSERT_EQ(::kill(workers[0], SIGKILL), 0);
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        pump();
+        int waiting = 0;
+        for (auto& a : agents) waiting += absl::StrContains(a->err(), "retrying for up to");
+        return waiting >= 1;
+      },
+      std::chrono::seconds(30)));
+  EXPECT_TRUE(ProcessAlive(workers[1])) << "the other node's worker was stopped while the control plane was away";
+  cp.etcd.Start(1);
+  cp.etcd.Start(2);
+  ASSERT_TRUE(cp.etcd.WaitHealthy());
+  // The failure is taken once a replica leads again: round 2, restart 1.
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        pump();
+        return ReadPids(cp.dir / "pids").size() == 4;
+      },
+      std::chrono::seconds(60)))
+      << cp.Logs();
+  WriteFile(cp.dir / "go", "go\n");
+  for (auto& a : agents) {
+    RunResult r = a->Wait(std::chrono::seconds(60));
+    EXPECT_EQ(r.exit_code, 0) << r.err << cp.Logs();
+    EXPECT_THAT(r.out, HasSubstr("TORCHELASTIC_RESTART_COUNT=1"));
+  }
+}
+
+TEST(ReplicatedCoordinators, AReplicaStartedFromNothingCarriesOnEveryRunFromEtcd) {
+  LAUNCH_NEED_ETCD();
+  ControlPlane cp;
+  ASSERT_TRUE(cp.Up()) << cp.Logs();
+  std::vector<std::unique_ptr<Child>> agents;
+  for (const char* run : {"first", "second"}) {
+    agents.push_back(std::make_unique<Child>(
+        AgentArgv(cp.Endpoints(), run, {"--nnodes=1", "--nproc-per-node=2", "--max-restarts=2"},
+                  {kWorker, "--pid-file", cp.dir / (std::string(run) + ".pids"), "--wait-lines", cp.dir / "go", "1"})));
+  }
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        for (auto& a : agents) a->Pump(1);
+        cp.Pump();
+        return ReadPids(cp.dir / "first.pids").size() == 2 && ReadPids(cp.dir / "second.pids").size() == 2;
+      },
+      std::chrono::seconds(60)))
+      << cp.Logs();
+  // Every replica gone; one new one, started from nothing but etcd.
+  std::vector<std::string> endpoints;
+  for (auto& r : cp.replicas) {
+    endpoints.push_back(r->endpoint());
+    r->Kill(SIGKILL);
+    r.reset();
+  }
+  cp.replicas.clear();
+  // On one of the old addresses, so that the agents find it.
+  auto fresh = std::make_unique<Replica>(cp.etcd.Url(), endpoints[1]);
+  ASSERT_TRUE(fresh->ready());
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        fresh->child().Pump(1);
+        return absl::StrContains(fresh->child().err(), "leads");
+      },
+      std::chrono::seconds(30)))
+      << fresh->child().err();
+  EXPECT_THAT(fresh->child().err(), HasSubstr("run 'first' carried on from etcd: round 1, 1 node(s), running"));
+  EXPECT_THAT(fresh->child().err(), HasSubstr("run 'second' carried on from etcd: round 1, 1 node(s), running"));
+  for (const char* run : {"first", "second"}) {
+    RunResult st = Status(fresh->endpoint(), run);
+    EXPECT_EQ(st.exit_code, 0) << st.err;
+    EXPECT_THAT(st.out, HasSubstr("restarts 0/2"));
+  }
+  // The agents find it among their replicas and finish their runs there.
+  WriteFile(cp.dir / "go", "go\n");
+  for (auto& a : agents) {
+    RunResult r = a->Wait(std::chrono::seconds(90));
+    EXPECT_EQ(r.exit_code, 0) << r.err << fresh->child().err();
+  }
+}
+
+TEST(ReplicatedCoordinators, WhatEtcdHoldsIsCheckedAndAReplicaWithoutEtcdRefusesToStart) {
+  LAUNCH_NEED_ETCD();
+  ControlPlane cp;
+  ASSERT_TRUE(cp.etcd.WaitHealthy());
+  // Records a hostile or broken writer left under the prefix.
+  ASSERT_TRUE(cp.etcd.Put("/launch/runs/garbage", "not a record"));
+  ASSERT_TRUE(cp.etcd.Put("/launch/runs/mismatch", std::string("\x0a\x05other", 7)));  // run_id "other"
+  Replica r(cp.etcd.Url());
+  ASSERT_TRUE(r.ready()) << r.child().err();
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        r.child().Pump(1);
+        return absl::StrContains(r.child().err(), " leads ");
+      },
+      std::chrono::seconds(30)))
+      << r.child().err();
+  EXPECT_EQ(CountOf(r.child().err(), "left out a run kept in etcd"), 2) << r.child().err();
+  EXPECT_TRUE(ProcessAlive(r.child().pid()));
+  // A job runs through it all the same.
+  Child agent(AgentArgv(r.endpoint() + "," + r.endpoint(), "job", {"--nnodes=1", "--nproc-per-node=2"}, {kWorker}));
+  RunResult done = agent.Wait(std::chrono::seconds(60));
+  EXPECT_EQ(done.exit_code, 0) << done.err << r.child().err();
+
+  // No etcd at that address: one line, exit 1, at once.
+  RunResult none = RunCmd({kLaunch, "coordinator", "--listen", "127.0.0.1:0", "--state", "etcd://127.0.0.1:1"}, {},
+                          std::chrono::seconds(30));
+  EXPECT_EQ(none.exit_code, 1) << none.out << none.err;
+  EXPECT_THAT(none.err, HasSubstr("cannot use etcd at 127.0.0.1:1"));
+  EXPECT_EQ(CountOf(none.err, "\n"), 1) << none.err;
+  // A malformed --state: a usage error.
+  RunResult bad = RunCmd({kLaunch, "coordinator", "--listen", "127.0.0.1:0", "--state", "http://x"}, {},
+                         std::chrono::seconds(30));
+  EXPECT_EQ(bad.exit_code, 2) << bad.err;
+  EXPECT_THAT(bad.err, HasSubstr("expected etcd://HOST:PORT"));
+}
+
+// Brings the loopback interface of a fresh network namespace up.
+bool LoopbackUp() {
+  int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  ifreq ifr{};
+  std::strncpy(ifr.ifr_name, "lo", IFNAMSIZ - 1);
+  bool ok = ::ioctl(fd, SIOCGIFFLAGS, &ifr) == 0;
+  ifr.ifr_flags |= IFF_UP;
+  ok = ok && ::ioctl(fd, SIOCSIFFLAGS, &ifr) == 0;
+  ::close(fd);
+  return ok;
+}
+
+}  // namespace
+}  // namespace launch::testing
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  if (::unshare(CLONE_NEWNET) != 0) {
+    launch::testing::g_no_netns = std::strerror(errno);
+  } else if (!launch::testing::LoopbackUp()) {
+    launch::testing::g_no_netns = "cannot bring its loopback interface up";
+  }
+  return RUN_ALL_TESTS();
+}
