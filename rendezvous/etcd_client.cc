@@ -68,7 +68,9 @@ absl::StatusOr<EtcdOptions> ParseEtcdUrl(const std::string& url) {
     while (o.prefix.size() > 1 && o.prefix.back() == '/') o.prefix.pop_back();
   }
   for (absl::string_view e : absl::StrSplit(rest, ',', absl::SkipEmpty())) {
-    ASSIGN_OR_RETURN(HostPort hp, ParseHostPort(std::string(e), "--state"));
+    auto parsed = ParseHostPort(std::string(e), "endpoint");
+    if (!parsed.ok()) return absl::InvalidArgumentError(absl::StrCat("--state ", url, ": ", parsed.status().message()));
+    const HostPort& hp = *parsed;
     if (hp.host.empty())
       return absl::InvalidArgumentError(absl::StrCat("--state ", url, ": an endpoint without a host"));
     o.endpoints.push_back(JoinHostPort(hp.host, hp.port.value_or(2379)));

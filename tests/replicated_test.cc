@@ -9,7 +9,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <regex>
@@ -472,6 +474,133 @@ TEST(ReplicatedCoordinators, WhatEtcdHoldsIsCheckedAndAReplicaWithoutEtcdRefuses
   EXPECT_EQ(bad.exit_code, 2) << bad.err;
   EXPECT_THAT(bad.err, HasSubstr("expected etcd://HOST:PORT"));
 }
+
+#ifdef TRAIN_MLP_BIN
+// The run: 2 agents x 2 train_mlp workers with checkpoints. The leader killed mid-run
+// costs no restart (the same workers go on taking steps); then a worker killed is restarted by
+// the new leader from the last checkpoint, and the job ends with the parameters of an
+// undisturbed run. Steps are held back by a budget file until the disruptions are done.
+TEST(ReplicatedCoordinators, TrainingSurvivesALeaderKillWithoutARestartAndAWorkerKillFromItsCheckpoint) {
+  LAUNCH_NEED_ETCD();
+  ControlPlane cp;
+  ASSERT_TRUE(cp.Up()) << cp.Logs();
+  const std::string budget_file = cp.dir / "step-budget";
+  auto set_budget = [&](long steps) {
+    WriteFile(budget_file + ".new", std::to_string(steps) + "\n");
+    ASSERT_EQ(::rename((budget_file + ".new").c_str(), budget_file.c_str()), 0);
+  };
+  auto agent_argv = [&](const std::string& run) {
+    std::vector<std::string> argv = {"--nnodes=2", "--nproc-per-node=2", "--max-restarts=3", "--rdzv-conf",
+                                     "heartbeat_interval=0.2"};
+    std::vector<std::string> worker = {TRAIN_MLP_BIN,
+                                       "--dims",
+                                       "32,64,64,10",
+                                       "--batch",
+                                       "16",
+                                       "--steps",
+                                       "300",
+                                       "--dataset-size",
+                                       "512",
+                                       "--warmup",
+                                       "0",
+                                       "--checkpoint-every",
+                                       "5",
+                                       "--keep",
+                                       "3",
+                                       "--print-every",
+                                       "0",
+                                       "--slow-rank",
+                                       "0",
+                                       "--slow-ms",
+                                       "10",
+                                       "--checkpoint-dir",
+                                       cp.dir / (run + "-ckpt"),
+                                       "--save-params",
+                                       cp.dir / (run + ".bin")};
+    if (run == "disturbed") worker.insert(worker.end(), {"--step-budget-file", budget_file});
+    return AgentArgv(cp.Endpoints(), run, argv, worker);
+  };
+  {
+    std::vector<std::unique_ptr<Child>> straight;
+    for (int i = 0; i < 2; ++i) straight.push_back(std::make_unique<Child>(agent_argv("straight")));
+    for (auto& a : straight) ASSERT_EQ(a->Wait(std::chrono::seconds(180)).exit_code, 0) << a->err();
+  }
+  set_budget(40);
+  std::vector<std::unique_ptr<Child>> agents;
+  for (int i = 0; i < 2; ++i) agents.push_back(std::make_unique<Child>(agent_argv("disturbed")));
+  std::vector<pid_t> agent_pids = {agents[0]->pid(), agents[1]->pid()};
+  auto pump = [&] {
+    for (auto& a : agents) a->Pump(1);
+    cp.Pump();
+  };
+  std::vector<pid_t> workers;
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        pump();
+        workers = TrainWorkers(agent_pids);
+        return workers.size() == 4 && NewestCheckpoint(cp.dir / "disturbed-ckpt") >= 5;
+      },
+      std::chrono::seconds(120)))
+      << cp.Logs();
+
+  // The leader goes; a standby leads, the agents follow it, the workers never stop.
+  const int first = cp.LeaderIndex();
+  ASSERT_GE(first, 0);
+  const std::string old_leader = cp.Leader();
+  cp.replicas[first]->Kill(SIGKILL);
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        pump();
+        return cp.LeaderIndex() >= 0 && cp.Leader() != old_leader;
+      },
+      std::chrono::seconds(30)))
+      << cp.Logs();
+  const int second = cp.LeaderIndex();
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        pump();
+        return Reattached(cp.replicas[second]->endpoint(), "disturbed", 2);
+      },
+      std::chrono::seconds(30)))
+      << cp.Logs();
+  const long at_failover = NewestCheckpoint(cp.dir / "disturbed-ckpt");
+  set_budget(at_failover + 40);
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        pump();
+        return NewestCheckpoint(cp.dir / "disturbed-ckpt") > at_failover;
+      },
+      std::chrono::seconds(60)));
+  EXPECT_EQ(TrainWorkers(agent_pids), workers) << "the failover restarted workers";
+
+  // A worker killed now: the new leader runs the restart, from the last checkpoint.
+  ASSERT_EQ(::kill(workers[1], SIGKILL), 0);
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        pump();
+        auto now = TrainWorkers(agent_pids);
+        return now.size() == 4 && std::none_of(now.begin(), now.end(), [&](pid_t p) {
+                 return std::count(workers.begin(), workers.end(), p) > 0;
+               });
+      },
+      std::chrono::seconds(60)))
+      << cp.Logs();
+  set_budget(300);
+  std::string out;
+  for (auto& a : agents) {
+    RunResult r = a->Wait(std::chrono::seconds(180));
+    EXPECT_EQ(r.exit_code, 0) << r.err << cp.Logs();
+    out += r.out;
+  }
+  EXPECT_THAT(out, HasSubstr("done: steps=300"));
+  EXPECT_EQ(CountOf(out, "resumed from step"), 1) << out;  // the worker's kill, not the leader's
+  auto a = ReadFloats(cp.dir / "straight.bin");
+  auto b = ReadFloats(cp.dir / "disturbed.bin");
+  ASSERT_FALSE(a.empty());
+  EXPECT_LE(MaxAbsDiff(a, b), 1e-6);
+  for (pid_t p : workers) EXPECT_FALSE(ProcessAlive(p));
+}
+#endif  // TRAIN_MLP_BIN
 
 // Brings the loopback interface of a fresh network namespace up.
 bool LoopbackUp() {

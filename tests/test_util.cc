@@ -113,7 +113,7 @@ std::vector<std::string> PythonTorchEnv(std::vector<std::string> more) {
 }
 
 RunResult RunCmd(const std::vector<std::string>& argv, const std::vector<std::string>& extra_env,
-              std::chrono::milliseconds timeout) {
+                 std::chrono::milliseconds timeout) {
   Child c(argv, extra_env);
   return c.Wait(timeout);
 }
@@ -200,6 +200,48 @@ bool PythonHasTorch() { return RunCmd({"/usr/bin/python3", "-c", "import torch.d
 bool PythonTorchRequired() {
   const char* v = std::getenv("LAUNCH_TEST_REQUIRE_TORCH");
   return v && std::string(v) == "1";
+}
+
+namespace {
+// A decimal number of up to 18 digits, and nothing else.
+bool ParseDigits(const std::string& s, long* out) {
+  if (s.empty() || s.size() > 18 || s.find_first_not_of("0123456789") != std::string::npos) return false;
+  *out = std::stol(s);
+  return true;
+}
+}  // namespace
+
+// The live train_mlp workers whose parent is one of `agents`. A standby still loading LibTorch
+// has the program's name too (it is named launch-standby from its own static initialization
+// on); its stdout is the agent's memfd, where a worker's is a pipe.
+std::vector<pid_t> TrainWorkers(const std::vector<pid_t>& agents) {
+  std::vector<pid_t> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    int pid = 0;
+    long number = 0;
+    if (!ParseDigits(e.path().filename().string(), &number)) continue;
+    pid = static_cast<int>(number);
+    auto [ppid, name] = ParentAndName(pid);
+    if (name != "train_mlp" || !std::count(agents.begin(), agents.end(), ppid) || !ProcessAlive(pid)) continue;
+    std::error_code ec;
+    const std::string stdout_target =
+        std::filesystem::read_symlink("/proc/" + std::to_string(pid) + "/fd/1", ec).string();
+    if (stdout_target.rfind("/memfd:launch-standby", 0) != 0) out.push_back(pid);
+  }
+  return out;
+}
+
+// The step of the newest checkpoint in `dir` (0: none).
+long NewestCheckpoint(const std::string& dir) {
+  long newest = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    long step = 0;
+    if (name.rfind("ckpt-", 0) == 0 && name.size() >= 15 && ParseDigits(name.substr(5, 10), &step))
+      newest = std::max(newest, step);
+  }
+  return newest;
 }
 
 }  // namespace launch::testing

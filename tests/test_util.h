@@ -22,8 +22,7 @@ struct RunResult {
 class Child {
  public:
   // stdin_fd >= 0: the child's stdin (else it inherits the test's).
-  Child(const std::vector<std::string>& argv, const std::vector<std::string>& extra_env = {},
-        int stdin_fd = -1);
+  Child(const std::vector<std::string>& argv, const std::vector<std::string>& extra_env = {}, int stdin_fd = -1);
   ~Child();
   pid_t pid() const { return pid_; }
   // Reads output until exit or the deadline; on the deadline kills the child's process group.
@@ -45,7 +44,7 @@ class Child {
 };
 
 RunResult RunCmd(const std::vector<std::string>& argv, const std::vector<std::string>& extra_env = {},
-              std::chrono::milliseconds timeout = std::chrono::seconds(60));
+                 std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
 // The environment for a Python torch.distributed (env://) worker under launch: /usr/bin/python3,
 // and where that torch has no libuv (USE_LIBUV=0 set for the test run, as scripts/test_torch2.sh
@@ -55,21 +54,20 @@ RunResult RunCmd(const std::vector<std::string>& argv, const std::vector<std::st
 std::vector<std::string> PythonTorchEnv(std::vector<std::string> more = {});
 
 // Polls `cond` (every few ms) until true or the deadline; returns its last value.
-bool WaitUntil(const std::function<bool()>& cond,
-               std::chrono::milliseconds timeout = std::chrono::seconds(20));
+bool WaitUntil(const std::function<bool()>& cond, std::chrono::milliseconds timeout = std::chrono::seconds(20));
 
 // Whether /usr/bin/python3 imports torch.distributed, and whether the run demands it
 // (LAUNCH_TEST_REQUIRE_TORCH=1, set by scripts/test.sh: there a missing torch is a broken set-up).
 bool PythonHasTorch();
 bool PythonTorchRequired();
 // In a test body: skips the test when /usr/bin/python3 has no torch, or fails it where required.
-#define LAUNCH_NEED_PYTHON_TORCH()                                                  \
-  do {                                                                              \
-    if (!::launch::testing::PythonHasTorch()) {                                     \
-      if (::launch::testing::PythonTorchRequired())                                 \
-        FAIL() << "/usr/bin/python3 has no torch and LAUNCH_TEST_REQUIRE_TORCH=1";  \
+#define LAUNCH_NEED_PYTHON_TORCH()                                                     \
+  do {                                                                                 \
+    if (!::launch::testing::PythonHasTorch()) {                                        \
+      if (::launch::testing::PythonTorchRequired())                                    \
+        FAIL() << "/usr/bin/python3 has no torch and LAUNCH_TEST_REQUIRE_TORCH=1";     \
       GTEST_SKIP() << "/usr/bin/python3 has no torch (apt-get install python3-torch)"; \
-    }                                                                               \
+    }                                                                                  \
   } while (0)
 
 bool ProcessAlive(pid_t pid);  // false for zombies too
@@ -82,6 +80,11 @@ double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b);
 std::vector<pid_t> ReadPids(const std::string& path);
 std::string ReadFile(const std::string& path);
 void WriteFile(const std::string& path, const std::string& text);
+
+// The live train_mlp workers whose parent is one of `agents` (standbys, which have the program's
+// name too, left out), and the step of the newest checkpoint train_mlp wrote in `dir` (0: none).
+std::vector<pid_t> TrainWorkers(const std::vector<pid_t>& agents);
+long NewestCheckpoint(const std::string& dir);
 
 // A fresh directory under /tmp, removed by the destructor.
 class TempDir {

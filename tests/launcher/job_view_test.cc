@@ -237,28 +237,73 @@ TEST(StatusView, OneScreenWithTheJobItsNodesRanksAndGpus) {
   EXPECT_THAT(screen, HasSubstr("round 2  running  restarts 1/3  stragglers 1 now, 1 episodes"));
   EXPECT_THAT(screen, HasSubstr("node-a (10.0.0.1)"));
   EXPECT_THAT(screen, HasSubstr("3.0 GiB"));  // /dev/shm used
-  EXPECT_THAT(screen, testing::ContainsRegex("\n0 +node-a +running +50 +200.0 +50.0 .* 97 +170.0 MiB +9 +0 +0% +1.0 GiB/80.0 GiB\n"));
+  EXPECT_THAT(screen, testing::ContainsRegex(
+                          "\n0 +node-a +running +50 +200.0 +50.0 .* 97 +170.0 MiB +9 +0 +0% +1.0 GiB/80.0 GiB\n"));
   EXPECT_THAT(screen, testing::ContainsRegex("\n1 +node-a +running slow +50 +200.0 +80.0 "));
-  EXPECT_THAT(screen, testing::ContainsRegex("node-a +0 NVIDIA H100 +0% +1.0 GiB/80.0 GiB +45 C +350 W +1980 MHz XID 79\n"));
+  EXPECT_THAT(screen,
+              testing::ContainsRegex("node-a +0 NVIDIA H100 +0% +1.0 GiB/80.0 GiB +45 C +350 W +1980 MHz XID 79\n"));
+}
+
+v1::ReplicaStatus Standby() {
+  v1::ReplicaStatus r;
+  r.set_replica("10.0.0.2:29400");
+  r.set_leader("10.0.0.1:29400");
+  r.set_failovers(2);
+  auto* ok = r.add_etcd();
+  ok->set_endpoint("10.0.0.5:2379");
+  ok->set_healthy(true);
+  auto* down = r.add_etcd();
+  down->set_endpoint("10.0.0.6:2379");
+  down->set_error("connection refused");
+  return r;
+}
+
+TEST(StatusView, AReplicatedCoordinatorSaysWhoLeadsAndHowEtcdIs) {
+  v1::StatusResponse s = RunningJob();
+  *s.mutable_replica() = Standby();
+  EXPECT_THAT(RenderStatus(s), HasSubstr("coordinator: leader 10.0.0.1:29400, answered by 10.0.0.2:29400 (a standby), "
+                                         "failovers seen 2; etcd 10.0.0.5:2379 ok, 10.0.0.6:2379 down (connection "
+                                         "refused)\n"));
+  EXPECT_THAT(RenderStatus(RunningJob()), Not(HasSubstr("coordinator:")));
+}
+
+TEST(PrometheusText, AReplicaExportsWhetherItLeadsItsFailoversAndEtcdsHealth) {
+  v1::ReplicaStatus r = Standby();
+  const std::string text = PrometheusText({}, &r);
+  EXPECT_THAT(text, HasSubstr("launch_coordinator_leader{replica=\"10.0.0.2:29400\",leader=\"10.0.0.1:29400\"} 0\n"));
+  EXPECT_THAT(text,
+              HasSubstr(
+                  "launch_coordinator_failovers_total{replica=\"10.0.0.2:29400\",leader=\"10.0.0.1:29400\"} 2\n"));
+  EXPECT_THAT(text, HasSubstr("launch_etcd_endpoint_healthy{endpoint=\"10.0.0.5:2379\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("launch_etcd_endpoint_healthy{endpoint=\"10.0.0.6:2379\"} 0\n"));
+  EXPECT_THAT(PrometheusText({}), Not(HasSubstr("launch_coordinator_leader")));
 }
 
 TEST(PrometheusText, FamiliesOnceLabelsEscapedUnitsInBaseUnits) {
   const std::string text = PrometheusText({RunningJob(), RunningJob()});
   // One HELP and TYPE per family, however many runs.
   size_t n = 0;
-  for (size_t at = 0; (at = text.find("# TYPE launch_rank_steps_per_second gauge\n", at)) != std::string::npos; ++at) ++n;
+  for (size_t at = 0; (at = text.find("# TYPE launch_rank_steps_per_second gauge\n", at)) != std::string::npos; ++at)
+    ++n;
   EXPECT_EQ(n, 1u);
   EXPECT_THAT(text, HasSubstr("launch_run_info{run=\"job\\\"7\",state=\"running\"} 1\n"));
   EXPECT_THAT(text, HasSubstr("launch_run_restarts_total{run=\"job\\\"7\"} 1\n"));
   EXPECT_THAT(text, HasSubstr("launch_rank_steps_per_second{run=\"job\\\"7\",rank=\"0\",node=\"node-a\"} 5\n"));
   EXPECT_THAT(text, HasSubstr("launch_rank_straggler{run=\"job\\\"7\",rank=\"1\",node=\"node-a\"} 1\n"));
   EXPECT_THAT(text, HasSubstr("launch_rank_cpu_usage_ratio{run=\"job\\\"7\",rank=\"0\",node=\"node-a\"} 0.97\n"));
-  EXPECT_THAT(text, HasSubstr("launch_gpu_sm_clock_hertz{run=\"job\\\"7\",node=\"node-a\",gpu=\"0\",uuid=\"GPU-aaaa\"} 1980000000\n"));
-  EXPECT_THAT(text, HasSubstr("launch_gpu_utilization_ratio{run=\"job\\\"7\",node=\"node-a\",gpu=\"0\",uuid=\"GPU-aaaa\"} 0\n"));
-  EXPECT_THAT(text, HasSubstr("launch_gpu_xid_errors{run=\"job\\\"7\",node=\"node-a\",gpu=\"0\",uuid=\"GPU-aaaa\"} 1\n"));
+  EXPECT_THAT(
+      text,
+      HasSubstr(
+          "launch_gpu_sm_clock_hertz{run=\"job\\\"7\",node=\"node-a\",gpu=\"0\",uuid=\"GPU-aaaa\"} 1980000000\n"));
+  EXPECT_THAT(text,
+              HasSubstr(
+                  "launch_gpu_utilization_ratio{run=\"job\\\"7\",node=\"node-a\",gpu=\"0\",uuid=\"GPU-aaaa\"} 0\n"));
+  EXPECT_THAT(text,
+              HasSubstr("launch_gpu_xid_errors{run=\"job\\\"7\",node=\"node-a\",gpu=\"0\",uuid=\"GPU-aaaa\"} 1\n"));
   // Every line is a comment or "name{labels} value".
   for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
-    EXPECT_THAT(std::string(line), testing::MatchesRegex("(# (HELP|TYPE) launch_[a-z0-9_]+ .*|launch_[a-z0-9_]+(\\{.*\\})? [-0-9.e+]+)"));
+    EXPECT_THAT(std::string(line),
+                testing::MatchesRegex("(# (HELP|TYPE) launch_[a-z0-9_]+ .*|launch_[a-z0-9_]+(\\{.*\\})? [-0-9.e+]+)"));
   }
   EXPECT_EQ(EscapeLabelValue("a\\b\"c\nd"), "a\\\\b\\\"c\\nd");
 }

@@ -4,7 +4,10 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <atomic>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -188,8 +191,7 @@ TEST_F(CoordinatorRpc, EveryRpcNeedsTheToken) {
   Start("the-token");
   v1::JoinResponse resp;
   EXPECT_EQ(stub_->Join(Ctx().get(), Join("job", "a"), &resp).error_code(), grpc::StatusCode::UNAUTHENTICATED);
-  EXPECT_EQ(stub_->Join(Ctx("wrong").get(), Join("job", "a"), &resp).error_code(),
-            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(stub_->Join(Ctx("wrong").get(), Join("job", "a"), &resp).error_code(), grpc::StatusCode::UNAUTHENTICATED);
   v1::StatusRequest sreq;
   sreq.set_run_id("job");
   v1::StatusResponse sresp;
@@ -241,7 +243,6 @@ TEST_F(CoordinatorRpc, WatchStreamAnswersOnceWhenTheNodeMustStop) {
   EXPECT_FALSE(watch->Read(&answer));
   EXPECT_TRUE(watch->Finish().ok());
 }
-
 
 // Seconds since the lease of `node` in run "job" was last renewed (-1: not known).
 double SecondsSinceLease(v1::Rendezvous::Stub* stub, const std::string& node) {
@@ -413,6 +414,81 @@ TEST_F(CoordinatorRpc, SamplesComeOnlyFromTheRunsNodesAndAnswerWithStragglerEven
   EXPECT_EQ(st.nodes(0).sample().ranks_size(), 2);
   EXPECT_THAT(st.straggling_ranks(), ::testing::ElementsAre(1));
   EXPECT_DOUBLE_EQ(st.straggler_factor(), 1.5);
+}
+
+// A replica's store, in memory: what it was asked to keep, and whether it still leads.
+class MemoryStore final : public RunStore {
+ public:
+  absl::Status Save(const std::vector<v1::RunRecord>& records, const std::vector<std::string>& removed) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!leads) return absl::UnavailableError("another replica leads now");
+    for (const auto& r : records) kept[r.run_id()] = r;
+    for (const auto& id : removed) kept.erase(id);
+    return absl::OkStatus();
+  }
+  v1::ReplicaStatus Describe() override {
+    v1::ReplicaStatus s;
+    s.set_replica("me:1");
+    return s;
+  }
+  void ForwardStatus(const v1::StatusRequest&, v1::StatusResponse*, std::function<void(absl::Status)> done) override {
+    done(absl::UnavailableError("forwarded"));
+  }
+  std::map<std::string, v1::RunRecord> Kept() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return kept;
+  }
+  std::atomic<bool> leads{true};
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, v1::RunRecord> kept;
+};
+
+TEST_F(CoordinatorRpc, AReplicaStandsByLeadsWithWhatWasKeptAndAnswersNothingItCouldNotKeep) {
+  Start();
+  MemoryStore store;
+  server_->service()->set_store(&store);
+  // Standing by: every call is refused, naming the leader; Status is forwarded.
+  server_->service()->StandBy("10.0.0.1:29400");
+  v1::JoinResponse resp;
+  grpc::Status st = stub_->Join(Ctx().get(), Join("job", "a"), &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(st.error_message(), HasSubstr("stands by; the leader is at 10.0.0.1:29400"));
+  v1::StatusRequest sreq;
+  sreq.set_run_id("job");
+  v1::StatusResponse status;
+  st = stub_->Status(Ctx().get(), sreq, &status);
+  EXPECT_THAT(st.error_message(), HasSubstr("forwarded"));
+
+  // Leading: a round that forms is kept before its join is answered.
+  server_->service()->Lead({});
+  ASSERT_TRUE(stub_->Join(Ctx().get(), Join("job", "a"), &resp).ok());
+  auto kept = store.Kept();
+  ASSERT_EQ(kept.count("job"), 1u);
+  EXPECT_EQ(kept["job"].round(), 1);
+  EXPECT_EQ(kept["job"].lease_key().size(), kLeaseKeyBytes);  // the run's: a new leader's datagram keys agree
+  ASSERT_EQ(kept["job"].members_size(), 1);
+
+  // Another replica took over: what this one cannot keep, it does not answer.
+  store.leads = false;
+  v1::JoinResponse other;
+  st = stub_->Join(Ctx().get(), Join("job2", "b"), &other);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(st.error_message(), HasSubstr("could not keep the run's state"));
+
+  // A replica that leads again carries on what was kept, and its members' heartbeats are answered.
+  server_->service()->StandBy("");
+  server_->service()->Lead({kept["job"]});
+  v1::HeartbeatRequest hb;
+  hb.set_run_id("job");
+  hb.set_node_id("a");
+  hb.set_round(1);
+  v1::HeartbeatResponse hr;
+  ASSERT_TRUE(stub_->Heartbeat(Ctx().get(), hb, &hr).ok());
+  EXPECT_FALSE(hr.unknown_node());
+  EXPECT_EQ(hr.current_round(), 1);
+  EXPECT_FALSE(hr.stop_workers());
 }
 
 TEST_F(CoordinatorRpc, AStragglerFactorOutOfRangeIsRefusedAtTheJoin) {
