@@ -7,7 +7,15 @@
 //      per second, as the agent does: with --lease udp (the default) the first three on the
 //      stream and every one as a lease datagram; with --lease stream all on the stream. The
 //      coordinator's CPU time (utime + stime from /proc) over the window, as % of one core.
+//   3. with --state etcd://...: the coordinator keeps its state in etcd (launch coordinator
+//      --state), and with --failover a second replica stands by; after the lease window the
+//      leader is killed (kill -9) and every agent re-attaches to the new leader as the agent does
+//      (a heartbeat carrying its registration, retried at the agent's pacing): the time until the
+//      last one is back.
+// "served": after the window, every node's last heartbeat (as the coordinator's Status says) is at
+// most two intervals old.
 // Usage: rendezvous_bench LAUNCH_BIN [--agents 128,1024,4096] [--window 5] [--channels 0] [--lease udp|stream]
+//                        [--state etcd://HOST:PORT,...] [--failover]
 // --channels 0 (the default): one connection per agent, as N real agents would have.
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
@@ -15,6 +23,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -43,7 +52,7 @@ struct CoordinatorProcess {
   int port = 0;
 };
 
-CoordinatorProcess StartCoordinator(const std::string& bin) {
+CoordinatorProcess StartCoordinator(const std::string& bin, const std::string& state) {
   int out[2];
   if (pipe(out) != 0) std::exit(1);
   pid_t pid = fork();
@@ -52,7 +61,8 @@ CoordinatorProcess StartCoordinator(const std::string& bin) {
     close(out[0]);
     int devnull = ::open("/dev/null", O_WRONLY);
     dup2(devnull, 2);  // its info lines (one per run) are not part of the measurement
-    execl(bin.c_str(), bin.c_str(), "coordinator", "--listen", "127.0.0.1:0", nullptr);
+    if (state.empty()) execl(bin.c_str(), bin.c_str(), "coordinator", "--listen", "127.0.0.1:0", nullptr);
+    else execl(bin.c_str(), bin.c_str(), "coordinator", "--listen", "127.0.0.1:0", "--state", state.c_str(), nullptr);
     _exit(127);
   }
   close(out[1]);
@@ -73,10 +83,18 @@ CoordinatorProcess StartCoordinator(const std::string& bin) {
   return c;
 }
 
-double CpuSeconds(pid_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  std::istringstream rest(s.substr(s.rfind(')') + 2));
+// The process's CPU seconds, read through `stat_fd` (/proc/PID/stat, opened before the agents
+// took the descriptors).
+double CpuSeconds(int stat_fd) {
+  char buf[1024];
+  ssize_t n = pread(stat_fd, buf, sizeof buf - 1, 0);
+  std::string s(buf, n > 0 ? static_cast<size_t>(n) : 0);
+  const size_t close_paren = s.rfind(')');
+  if (close_paren == std::string::npos || close_paren + 2 > s.size()) {
+    std::fprintf(stderr, "rendezvous_bench: cannot read the coordinator's CPU time\n");
+    std::exit(1);
+  }
+  std::istringstream rest(s.substr(close_paren + 2));
   std::string field;
   long utime = 0, stime = 0;
   for (int i = 3; i <= 15 && rest >> field; ++i) {
@@ -141,10 +159,141 @@ struct Result {
   bool ranks_ok = false;
   double cpu_percent = 0;
   long heartbeats = 0;
+  int stale = -1;  // nodes whose last heartbeat was over two intervals old after the window (-1: unknown)
+  double failover_s = 0, failover_median_s = 0;
 };
 
-Result RunOnce(const std::string& bin, int n, double window_s, int channels_n, bool udp) {
-  CoordinatorProcess coord = StartCoordinator(bin);
+// Kills the leader and re-attaches every agent to the standby, as the agent does: a heartbeat
+// carrying its registration, retried at the agent's pace (kRetryFirstDelay doubling to
+// kRetryMaxDelay) while the standby is not yet leading. The seconds until the last agent is back.
+double Failover(const CoordinatorProcess& leader, const CoordinatorProcess& standby, std::vector<SimAgent>& agents,
+                const launch::v1::RunSpec& spec, double* median) {
+  std::vector<std::unique_ptr<launch::v1::Rendezvous::Stub>> stubs;
+  const size_t n_stubs = std::min<size_t>(agents.size(), 64);
+  for (size_t i = 0; i < n_stubs; ++i) {
+    grpc::ChannelArguments args;
+    args.SetInt("launch.bench.failover", static_cast<int>(i));
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    stubs.push_back(
+        launch::v1::Rendezvous::NewStub(grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(standby.port),
+                                                                  grpc::InsecureChannelCredentials(), args)));
+  }
+  struct Reattach {
+    launch::v1::HeartbeatRequest hb;
+    launch::v1::HeartbeatResponse resp;
+    std::unique_ptr<grpc::ClientContext> ctx;
+    std::chrono::milliseconds delay = launch::kRetryFirstDelay;
+    double back_s = -1;
+  };
+  std::vector<Reattach> re(agents.size());
+  for (size_t i = 0; i < agents.size(); ++i) {
+    re[i].hb.set_run_id(agents[i].join.run_id());
+    re[i].hb.set_node_id(agents[i].join.node().node_id());
+    re[i].hb.set_round(agents[i].join_resp.assignment().round());
+    *re[i].hb.mutable_node() = agents[i].join.node();
+    *re[i].hb.mutable_assignment() = agents[i].join_resp.assignment();
+    *re[i].hb.mutable_spec() = spec;
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t back = 0;
+  const auto t0 = Clock::now();
+  kill(leader.pid, SIGKILL);
+  waitpid(leader.pid, nullptr, 0);
+  // Each agent finds its stream broken and tries the next replica after its first retry delay.
+  std::function<void(size_t)> attempt = [&](size_t i) {
+    Reattach& r = re[i];
+    r.ctx = std::make_unique<grpc::ClientContext>();
+    r.ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    stubs[i % stubs.size()]->async()->Heartbeat(r.ctx.get(), &r.hb, &r.resp, [&, i](grpc::Status s) {
+      Reattach& me = re[i];
+      if (s.ok() && !me.resp.unknown_node() && !me.resp.stop_workers()) {
+        std::lock_guard<std::mutex> lock(mu);
+        me.back_s = std::chrono::duration<double>(Clock::now() - t0).count();
+        ++back;
+        cv.notify_all();
+        return;
+      }
+      const auto delay = me.delay;
+      me.delay = std::min(me.delay * 2, std::chrono::duration_cast<std::chrono::milliseconds>(launch::kRetryMaxDelay));
+      std::thread([&, i, delay] {
+        std::this_thread::sleep_for(delay);
+        attempt(i);
+      }).detach();
+    });
+  };
+  for (size_t i = 0; i < agents.size(); ++i) {
+    std::thread([&, i] {
+      std::this_thread::sleep_for(launch::kRetryFirstDelay);
+      attempt(i);
+    }).detach();
+  }
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait_for(lock, std::chrono::seconds(120), [&] { return back == agents.size(); });
+  std::vector<double> times;
+  for (const auto& r : re) times.push_back(r.back_s < 0 ? 1e9 : r.back_s);
+  std::sort(times.begin(), times.end());
+  *median = times[times.size() / 2];
+  const bool all = back == agents.size();
+  lock.unlock();
+  if (!all) std::fprintf(stderr, "rendezvous_bench: %zu of %zu agents re-attached\n", back, agents.size());
+  return all ? times.back() : -1;
+}
+
+// Waits until the coordinator at `stub` leads (a standby answers UNAVAILABLE).
+void AwaitLeader(launch::v1::Rendezvous::Stub* stub) {
+  for (int i = 0; i < 600; ++i) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    launch::v1::StatusRequest req;
+    req.set_run_id("probe");
+    launch::v1::StatusResponse resp;
+    if (stub->Status(&ctx, req, &resp).error_code() != grpc::StatusCode::UNAVAILABLE) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  std::fprintf(stderr, "rendezvous_bench: the coordinator never led\n");
+  std::exit(1);
+}
+
+std::unique_ptr<launch::v1::Rendezvous::Stub> StubTo(int port) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  return launch::v1::Rendezvous::NewStub(
+      grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials(), args));
+}
+
+// How many of the run's nodes were last heard from more than `max_age` seconds ago (-1: no answer).
+int StaleNodes(launch::v1::Rendezvous::Stub* stub, const std::string& run, int n, double max_age) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  launch::v1::StatusRequest req;
+  req.set_run_id(run);
+  launch::v1::StatusResponse resp;
+  if (!stub->Status(&ctx, req, &resp).ok() || resp.nodes_size() != n) return -1;
+  int stale = 0;
+  for (const auto& node : resp.nodes()) stale += node.seconds_since_heartbeat() > max_age;
+  return stale;
+}
+
+struct Options {
+  double window_s = 5;
+  int channels = 0;
+  bool udp = true;
+  std::string state;
+  bool failover = false;
+};
+
+Result RunOnce(const std::string& bin, int n, const Options& o) {
+  const double window_s = o.window_s;
+  const bool udp = o.udp;
+  int channels_n = o.channels;
+  CoordinatorProcess coord = StartCoordinator(bin, o.state);
+  auto control = StubTo(coord.port);
+  if (!o.state.empty()) AwaitLeader(control.get());
+  CoordinatorProcess standby;
+  if (o.failover) standby = StartCoordinator(bin, o.state);
+  const std::string stat_path = "/proc/" + std::to_string(coord.pid) + "/stat";
+  const int stat_fd = ::open(stat_path.c_str(), O_RDONLY | O_CLOEXEC);
   const std::string target = "127.0.0.1:" + std::to_string(coord.port);
   if (channels_n <= 0 || channels_n > n) channels_n = n;
   std::vector<std::shared_ptr<grpc::Channel>> channels;
@@ -254,24 +403,32 @@ Result RunOnce(const std::string& bin, int n, double window_s, int channels_n, b
   // Three seconds for every lease to be in its steady cycle (with datagrams, the stream carries
   // the first three heartbeats), then the measured window.
   std::this_thread::sleep_for(std::chrono::milliseconds(3500));
-  const double cpu0 = CpuSeconds(coord.pid);
+  const double cpu0 = CpuSeconds(stat_fd);
   const long beats0 = beats;
   const auto w0 = Clock::now();
   std::this_thread::sleep_for(std::chrono::duration<double>(window_s));
-  const double cpu1 = CpuSeconds(coord.pid);
+  const double cpu1 = CpuSeconds(stat_fd);
   const double wall = std::chrono::duration<double>(Clock::now() - w0).count();
   r.heartbeats = beats - beats0;
   r.cpu_percent = 100.0 * (cpu1 - cpu0) / wall;
+  r.stale = StaleNodes(control.get(), run, n, 2.0);
   stop = true;
   pacer.join();
+  if (o.failover) r.failover_s = Failover(coord, standby, agents, spec, &r.failover_median_s);
   int told = 0;
   for (auto& w : watches) told += w->answered();
   if (told > 0) {
     std::fprintf(stderr, "rendezvous_bench: %d agent(s) were told to stop during the window\n", told);
     r.ranks_ok = false;
   }
-  kill(coord.pid, SIGTERM);  // ends every stream
-  waitpid(coord.pid, nullptr, 0);
+  if (!o.failover) {
+    kill(coord.pid, SIGTERM);  // ends every stream
+    waitpid(coord.pid, nullptr, 0);
+  } else {
+    kill(standby.pid, SIGTERM);
+    waitpid(standby.pid, nullptr, 0);
+  }
+  ::close(stat_fd);
   for (auto& w : watches) w->Cancel();
   for (int i = 0; i < 30000 && open > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   r.heartbeats = static_cast<long>(r.heartbeats / wall);
@@ -282,47 +439,68 @@ Result RunOnce(const std::string& bin, int n, double window_s, int channels_n, b
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: rendezvous_bench LAUNCH_BIN [--agents 128,1024,4096] [--window 5] [--channels 0] [--lease udp|stream]\n");
+    std::fprintf(
+        stderr,
+        "usage: rendezvous_bench LAUNCH_BIN [--agents 128,1024,4096] [--window 5] [--channels 0] [--lease udp|stream]\n");
     return 2;
   }
   std::string bin = argv[1];
   std::vector<int> sizes = {128, 256, 512, 1024, 2048, 4096};
-  double window = 5;
-  int channels = 0;
-  bool udp = true;
-  for (int i = 2; i + 1 < argc; i += 2) {
-    std::string k = argv[i], v = argv[i + 1];
+  Options o;
+  for (int i = 2; i < argc; i += 2) {
+    std::string k = argv[i];
+    if (k == "--failover") {
+      o.failover = true;
+      --i;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "rendezvous_bench: %s needs a value\n", k.c_str());
+      return 2;
+    }
+    std::string v = argv[i + 1];
     if (k == "--agents") {
       sizes.clear();
       std::stringstream ss(v);
       for (std::string item; std::getline(ss, item, ',');) sizes.push_back(std::atoi(item.c_str()));
     } else if (k == "--window") {
-      window = std::atof(v.c_str());
+      o.window_s = std::atof(v.c_str());
     } else if (k == "--channels") {
-      channels = std::atoi(v.c_str());
+      o.channels = std::atoi(v.c_str());
     } else if (k == "--lease" && (v == "udp" || v == "stream")) {
-      udp = v == "udp";
+      o.udp = v == "udp";
+    } else if (k == "--state") {
+      o.state = v;
     } else {
       std::fprintf(stderr, "rendezvous_bench: unknown flag %s\n", k.c_str());
       return 2;
     }
   }
-  std::printf("%-8s %-16s %-10s %-14s %-22s\n", "agents", "round formed", "ranks", "heartbeats/s",
-              "coordinator CPU (1 core)");
+  if (o.failover && o.state.empty()) {
+    std::fprintf(stderr, "rendezvous_bench: --failover needs --state etcd://...\n");
+    return 2;
+  }
+  std::printf("%-8s %-16s %-10s %-14s %-10s %-24s%s\n", "agents", "round formed", "ranks", "heartbeats/s", "served",
+              "coordinator CPU (1 core)", o.failover ? " failover: all back (median)" : "");
   bool all_ok = true;
   std::vector<std::string> verdicts;
   for (int n : sizes) {
-    Result r = RunOnce(bin, n, window, channels, udp);
-    all_ok &= r.ranks_ok;
+    Result r = RunOnce(bin, n, o);
+    all_ok &= r.ranks_ok && r.stale == 0 && (!o.failover || r.failover_s >= 0);
     if (n == 1024) {
-      verdicts.push_back(std::string("target: 1024 agents' round formed <= 1 s: ") + (r.round_s <= 1.0 ? "met" : "MISSED"));
+      verdicts.push_back(std::string("target: 1024 agents' round formed <= 1 s: ") +
+                         (r.round_s <= 1.0 ? "met" : "MISSED"));
     }
     if (n == 4096) {
       verdicts.push_back(std::string("target: 4096 agents at 1 Hz <= 25% of one core: ") +
                          (r.cpu_percent <= 25.0 ? "met" : "MISSED"));
     }
-    std::printf("%-8d %-16s %-10s %-14ld %.1f%%\n", n, (std::to_string(r.round_s * 1000).substr(0, 6) + " ms").c_str(),
-                r.ranks_ok ? "0..N-1" : "WRONG", r.heartbeats, r.cpu_percent);
+    const std::string served = r.stale == 0 ? "all" : r.stale < 0 ? "unknown" : std::to_string(r.stale) + " stale";
+    std::printf("%-8d %-16s %-10s %-14ld %-10s %-24s", n,
+                (std::to_string(r.round_s * 1000).substr(0, 6) + " ms").c_str(), r.ranks_ok ? "0..N-1" : "WRONG",
+                r.heartbeats, served.c_str(), (std::to_string(r.cpu_percent).substr(0, 5) + "%").c_str());
+    if (o.failover) std::printf("%.2f s (%.2f s)", r.failover_s, r.failover_median_s);
+    std::printf("\n");
     std::fflush(stdout);
   }
   for (const auto& v : verdicts) std::printf("%s\n", v.c_str());

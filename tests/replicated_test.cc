@@ -26,6 +26,7 @@
 #include "absl/strings/strip.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/chaos.h"
 #include "tests/test_util.h"
 
 namespace launch::testing {
@@ -599,6 +600,36 @@ TEST(ReplicatedCoordinators, TrainingSurvivesALeaderKillWithoutARestartAndAWorke
   ASSERT_FALSE(a.empty());
   EXPECT_LE(MaxAbsDiff(a, b), 1e-6);
   for (pid_t p : workers) EXPECT_FALSE(ProcessAlive(p));
+}
+
+// The chaos soak (tests/chaos.h) against three replicas, its leader killed among the disruptions
+// (and a fresh replica started in its place, on its address).
+TEST(ReplicatedChaos, TrainingSurvivesRandomWorkerAgentAndLeaderKillsWithExactSteps) {
+  LAUNCH_NEED_ETCD();
+  ControlPlane cp;
+  ASSERT_TRUE(cp.Up()) << cp.Logs();
+  ChaosPlane plane;
+  plane.endpoint = cp.Endpoints();
+  plane.logs = [&] { return cp.Logs(); };
+  plane.pump = [&] { cp.Pump(); };
+  plane.kill_leader = [&] {
+    const int i = cp.LeaderIndex();
+    ASSERT_GE(i, 0) << cp.Logs();
+    const std::string old = cp.Leader();
+    const std::string endpoint = cp.replicas[i]->endpoint();
+    cp.replicas[i]->Kill(SIGKILL);
+    ASSERT_TRUE(WaitUntil(
+        [&] {
+          cp.Pump();
+          const std::string now = cp.Leader();
+          return !now.empty() && now != old;
+        },
+        std::chrono::seconds(30)))
+        << cp.Logs();
+    cp.replicas[i] = std::make_unique<Replica>(cp.etcd.Url(), endpoint);
+    ASSERT_TRUE(cp.replicas[i]->ready()) << cp.replicas[i]->child().err();
+  };
+  RunChaos(plane);
 }
 #endif  // TRAIN_MLP_BIN
 
