@@ -67,11 +67,15 @@ namespace launch {
   X(std::chrono::milliseconds, StatusDeadline, std::chrono::seconds(5), "Deadline of `launch status`'s call")  \
   /* gRPC connections between agents and the coordinator. */                                                   \
   X(std::chrono::milliseconds, KeepaliveTime, std::chrono::seconds(5),                                         \
-    "Between HTTP/2 pings that find a peer gone without closing the connection (a cut link)")                  \
+    "Between an agent's HTTP/2 pings that find its coordinator gone without a word (a cut link)")              \
+  X(std::chrono::milliseconds, ServerKeepaliveTime, std::chrono::seconds(30),                                  \
+    "Between the coordinator's pings to each agent (a lost agent's lease finds it sooner)")                    \
   X(std::chrono::milliseconds, KeepaliveTimeout, std::chrono::seconds(3),                                      \
     "How long a ping's answer is waited for before the connection is closed")                                  \
   X(std::chrono::milliseconds, MinPingInterval, std::chrono::seconds(4),                                       \
     "The most often the coordinator lets a peer ping without data (below KeepaliveTime)")                      \
+  X(std::chrono::milliseconds, LeaseBatchPeriod, std::chrono::milliseconds(5),                                 \
+    "The coordinator reads lease datagrams at most this often (in batches), not one wake-up each")             \
   X(std::chrono::milliseconds, ReconnectFirstBackoff, std::chrono::milliseconds(100),                          \
     "An agent's first wait before reconnecting to its coordinator (gRPC's grows to 120 s)")                    \
   X(std::chrono::milliseconds, ReconnectMaxBackoff, std::chrono::seconds(1),                                   \

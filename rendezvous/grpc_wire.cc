@@ -11,8 +11,10 @@ int Ms(std::chrono::milliseconds d) { return static_cast<int>(d.count()); }
 }  // namespace
 
 std::vector<std::pair<const char*, int>> KeepaliveArgs(GrpcEnd end) {
+  // An agent pings often: it must find a coordinator that vanished (to follow another replica).
+  // The coordinator pings each of thousands of agents seldom: a lost agent is found by its lease.
   std::vector<std::pair<const char*, int>> args = {
-      {GRPC_ARG_KEEPALIVE_TIME_MS, Ms(kKeepaliveTime)},
+      {GRPC_ARG_KEEPALIVE_TIME_MS, Ms(end == GrpcEnd::kServer ? kServerKeepaliveTime : kKeepaliveTime)},
       {GRPC_ARG_KEEPALIVE_TIMEOUT_MS, Ms(kKeepaliveTimeout)},
       // Heartbeats are tiny: no bandwidth-delay-product pings (each costs a ping, an ack and a
       // timer).

@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/tunables.h"
 #include "common/thread_name.h"
 
 namespace launch {
@@ -181,6 +182,10 @@ void LeaseListener::Loop() {
       if (n < kBatch) break;
     }
     if (!batch.empty()) on_batch_(batch);
+    // Thousands of agents' datagrams come evenly spread: woken for each, this thread would spend
+    // more on wake-ups than on leases. What arrives meanwhile waits in the socket's buffer.
+    pollfd stop = {stop_.get(), POLLIN, 0};
+    if (::poll(&stop, 1, static_cast<int>(kLeaseBatchPeriod.count())) > 0) return;
   }
 }
 
