@@ -11,6 +11,7 @@
 #include "common/limits.h"
 #include "common/launch_env.h"
 #include "common/net.h"
+#include "common/strings.h"
 #include "common/tunables.h"
 #include "rendezvous/grpc_log.h"
 #include "spdlog/spdlog.h"
@@ -23,11 +24,6 @@ namespace {
 grpc::Status ToGrpc(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
-
-// A string from the wire as a log line shows it: at most 64 bytes (an id may be the attack).
-std::string Shown(const std::string& s) {
-  return s.size() <= 64 ? s : absl::StrCat(s.substr(0, 64), "...(", s.size(), " bytes)");
 }
 
 bool ValidId(const std::string& s, size_t max) {
@@ -50,19 +46,19 @@ absl::Status ValidateIds(const std::string& run_id, const std::string& node_id) 
 absl::Status ValidateNode(const std::string& run_id, const v1::NodeIdentity& n) {
   if (absl::Status st = ValidateIds(run_id, n.node_id()); !st.ok()) return st;
   if (n.local_world_size() < 1 || n.local_world_size() > kMaxWorkersPerNode) {
-    return absl::InvalidArgumentError(absl::StrCat("node ", n.node_id(), ": local_world_size ", n.local_world_size(),
+    return absl::InvalidArgumentError(absl::StrCat("node ", Shown(n.node_id()), ": local_world_size ", n.local_world_size(),
                                                    " is not 1-", kMaxWorkersPerNode));
   }
   if (n.host_address().size() > kMaxHostLength || n.hostname().size() > kMaxHostLength) {
     return absl::InvalidArgumentError(absl::StrCat("host name or address over ", kMaxHostLength, " bytes"));
   }
   if (n.addresses_size() > kMaxNodeAddresses) {
-    return absl::InvalidArgumentError(absl::StrCat("node ", n.node_id(), ": ", n.addresses_size(),
+    return absl::InvalidArgumentError(absl::StrCat("node ", Shown(n.node_id()), ": ", n.addresses_size(),
                                                    " interface addresses (expected at most ", kMaxNodeAddresses, ")"));
   }
   for (const auto& a : n.addresses()) {
     if (!ValidId(a, kMaxAddressLength)) {
-      return absl::InvalidArgumentError(absl::StrCat("node ", n.node_id(), ": an interface address missing, over ",
+      return absl::InvalidArgumentError(absl::StrCat("node ", Shown(n.node_id()), ": an interface address missing, over ",
                                                      kMaxAddressLength, " bytes or not printable"));
     }
   }
@@ -193,7 +189,7 @@ class CoordinatorService::WatchReactor final
     }
     if (last_.lease_by_udp() && ++messages_ >= 3 && !run_->udp_seen.count(last_.node_id())) {
       // Its datagrams do not get here (a firewall, another port): the stream must do.
-      f->Warn(absl::StrCat("run '", run_id_, "': no lease datagram from node ", last_.node_id(), " (", peer_,
+      f->Warn(absl::StrCat("run '", Shown(run_id_), "': no lease datagram from node ", Shown(last_.node_id()), " (", peer_,
                            ") has arrived; it heartbeats on its stream"));
       ans.set_lease_by_stream(true);
       return AnswerLocked(ans, f);
@@ -308,6 +304,13 @@ grpc::Status CoordinatorService::CheckToken(grpc::CallbackServerContext* ctx, co
                                      : "wrong rendezvous token");
 }
 
+absl::Status CoordinatorService::RoomForRun(const std::string& run_id) const {
+  if (runs_.size() < static_cast<size_t>(kMaxRunsPerCoordinator)) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat("this coordinator holds ", runs_.size(), " runs, its limit (",
+                                                   kMaxRunsPerCoordinator, "): run '", Shown(run_id),
+                                                   "' is not taken until one ends"));
+}
+
 CoordinatorService::Run CoordinatorService::NewRun(const std::string& run_id, const RendezvousConfig& cfg) {
   Run run;
   run.rdzv = std::make_unique<Rendezvous>(run_id, cfg, clock_);
@@ -356,13 +359,14 @@ bool CoordinatorService::AnswerIfReady(Run& run, HeldCall* c, Finishes* out) {
   }
   if (auto refused = r.TakeJoinRefusal(id)) {
     out->Warn(
-        absl::StrCat("run '", c->run_id, "': gave up on spare node ", id, " from ", c->peer, ": ", refused->message()));
+        absl::StrCat("run '", Shown(c->run_id), "': gave up on spare node ", Shown(id), " from ", c->peer, ": ",
+                     refused->message()));
     out->emplace_back(c, ToGrpc(*refused));
     return true;
   }
   if (r.ended()) {
     out->emplace_back(c, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                                      absl::StrCat("run '", c->run_id, "' ", PhaseName(r.phase()),
+                                      absl::StrCat("run '", Shown(c->run_id), "' ", PhaseName(r.phase()),
                                                    r.reason().empty() ? "" : ": ", r.reason())));
     return true;
   }
@@ -428,8 +432,13 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
         }
         cfg = *c;
       }
+      if (absl::Status room = RoomForRun(req->run_id()); !room.ok()) {
+        lock.unlock();
+        return reject(room);
+      }
       it = runs_.emplace(req->run_id(), NewRun(req->run_id(), cfg)).first;
-      f.Info(absl::StrCat("run '", req->run_id(), "': first node ", req->node().hostname(), " (", req->node().node_id(),
+      f.Info(absl::StrCat("run '", Shown(req->run_id()), "': first node ", Shown(req->node().hostname()), " (",
+                          Shown(req->node().node_id()),
                           ") from ", ctx->peer()));
     }
     Run& run = it->second;
@@ -442,7 +451,8 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
     }
     TickNow(run);
     if (run.rdzv->IsSpare(req->node().node_id())) {
-      f.Info(absl::StrCat("run '", req->run_id(), "': node ", req->node().hostname(), " (", req->node().node_id(),
+      f.Info(absl::StrCat("run '", Shown(req->run_id()), "': node ", Shown(req->node().hostname()), " (",
+                          Shown(req->node().node_id()),
                           ") from ", ctx->peer(), " waits as a spare: the round runs with its ",
                           run.rdzv->config().max_nodes, " node(s) (--nnodes max)"));
     }
@@ -466,6 +476,10 @@ absl::StatusOr<CoordinatorService::Run*> CoordinatorService::HeartbeatLocked(con
     return st;
   }
   auto it = runs_.find(req.run_id());
+  auto reject = [&](const absl::Status& st) {
+    f->Warn(absl::StrCat("rejected re-registration of node ", Shown(req.node_id()), " from ", peer, ": ", st.message()));
+    return st;
+  };
   if (it == runs_.end()) {
     if (!req.has_assignment()) {
       ans->set_unknown_node(true);
@@ -473,11 +487,12 @@ absl::StatusOr<CoordinatorService::Run*> CoordinatorService::HeartbeatLocked(con
     }
     auto cfg = Rendezvous::ConfigForReattach(req);
     absl::Status valid = cfg.ok() ? ValidateNode(req.run_id(), req.node()) : cfg.status();
-    if (!valid.ok()) {
-      f->Warn(absl::StrCat("rejected re-registration of node ", req.node_id(), " from ", peer, ": ", valid.message()));
-      return valid;
-    }
+    if (valid.ok()) valid = RoomForRun(req.run_id());
+    if (!valid.ok()) return reject(valid);
     it = runs_.emplace(req.run_id(), NewRun(req.run_id(), *cfg)).first;
+  } else if (req.has_assignment() && req.has_node() && !it->second.rdzv->Knows(req.node_id())) {
+    // What a re-registration brings is kept: it is checked first, however the run was made.
+    if (absl::Status valid = ValidateNode(req.run_id(), req.node()); !valid.ok()) return reject(valid);
   }
   Run& run = it->second;
   const bool known_before = run.rdzv->Knows(req.node_id());
@@ -488,7 +503,8 @@ absl::StatusOr<CoordinatorService::Run*> CoordinatorService::HeartbeatLocked(con
     run.node_keys[req.node_id()] = req.assignment().lease_key();
   }
   if (!known_before && req.has_assignment() && !ans->unknown_node()) {
-    f->Info(absl::StrCat("run '", req.run_id(), "': node ", req.node().hostname(), " (", req.node_id(),
+    f->Info(absl::StrCat("run '", Shown(req.run_id()), "': node ", Shown(req.node().hostname()), " (",
+                         Shown(req.node_id()),
                          ") re-registered in round ", req.round(), " from ", peer));
   }
   if (run.rdzv->version() != v || !known_before) {
@@ -543,10 +559,10 @@ grpc::ServerUnaryReactor* CoordinatorService::ReportExit(grpc::CallbackServerCon
     std::lock_guard<std::mutex> lock(mu_);
     auto it = runs_.find(req->run_id());
     if (it == runs_.end()) {
-      f.Warn(absl::StrCat("rejected exit report of node ", req->node_id(), " from ", ctx->peer(), ": no run '",
-                          req->run_id(), "'"));
+      f.Warn(absl::StrCat("rejected exit report of node ", Shown(req->node_id()), " from ", ctx->peer(), ": no run '",
+                          Shown(req->run_id()), "'"));
       status = grpc::Status(grpc::StatusCode::NOT_FOUND,
-                            absl::StrCat("no run '", req->run_id(), "' on this coordinator (unknown, or closed)"));
+                            absl::StrCat("no run '", Shown(req->run_id()), "' on this coordinator (unknown, or closed)"));
     } else {
       Run& run = it->second;
       uint64_t v = run.rdzv->version();
@@ -556,7 +572,7 @@ grpc::ServerUnaryReactor* CoordinatorService::ReportExit(grpc::CallbackServerCon
       if (resp->job_succeeded() || resp->job_failed()) run.rdzv->NoteToldEnd(req->node_id());
       TickNow(run);
       if (run.rdzv->version() != v) {
-        if (!run.rdzv->reason().empty()) f.Info(absl::StrCat("run '", req->run_id(), "': ", run.rdzv->reason()));
+        if (!run.rdzv->reason().empty()) f.Info(absl::StrCat("run '", Shown(req->run_id()), "': ", run.rdzv->reason()));
         Pump(run, &f);
       }
       wake_.notify_one();
@@ -576,7 +592,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Status(grpc::CallbackServerContext
     std::lock_guard<std::mutex> lock(mu_);
     auto it = runs_.find(req->run_id());
     if (it == runs_.end()) {
-      status = grpc::Status(grpc::StatusCode::NOT_FOUND, absl::StrCat("no run '", req->run_id(), "'"));
+      status = grpc::Status(grpc::StatusCode::NOT_FOUND, absl::StrCat("no run '", Shown(req->run_id()), "'"));
     } else {
       *resp = StatusLocked(it->second);
     }
@@ -615,12 +631,12 @@ grpc::ServerUnaryReactor* CoordinatorService::Sample(grpc::CallbackServerContext
     std::lock_guard<std::mutex> lock(mu_);
     auto it = runs_.find(req->run_id());
     if (it == runs_.end()) {
-      status = grpc::Status(grpc::StatusCode::NOT_FOUND, absl::StrCat("no run '", req->run_id(), "'"));
+      status = grpc::Status(grpc::StatusCode::NOT_FOUND, absl::StrCat("no run '", Shown(req->run_id()), "'"));
     } else if (!it->second.rdzv->IsMember(req->node_id()) || req->round() > it->second.rdzv->round()) {
       // Only the nodes of the run's round speak for its ranks.
       status = grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                             absl::StrCat("node ", Shown(req->node_id()), " is not in round ", req->round(), " of run '",
-                                         req->run_id(), "'"));
+                                         Shown(req->run_id()), "'"));
     } else {
       Run& run = it->second;
       run.view->Update(*req, clock_->Now());
@@ -655,7 +671,7 @@ void CoordinatorService::TimerLoop() {
         uint64_t v = r.version();
         TickNow(it->second);
         if (r.version() != v) {
-          if (!r.reason().empty()) f.Warn(absl::StrCat("run '", it->first, "': ", r.reason()));
+          if (!r.reason().empty()) f.Warn(absl::StrCat("run '", Shown(it->first), "': ", r.reason()));
           Pump(it->second, &f);
         }
       }
@@ -663,7 +679,7 @@ void CoordinatorService::TimerLoop() {
       if (r.ended()) {
         auto close = r.ended_at() + r.config().close_timeout;
         if (now >= close && it->second.held.empty() && it->second.watchers.empty()) {
-          f.Info(absl::StrCat("run '", it->first, "' closed (", PhaseName(r.phase()), ")"));
+          f.Info(absl::StrCat("run '", Shown(it->first), "' closed (", PhaseName(r.phase()), ")"));
           it = runs_.erase(it);
           continue;
         }

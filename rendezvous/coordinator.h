@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/clock.h"
+#include "common/limits.h"
 #include "rendezvous/lease.h"
 #include "common/unique_fd.h"
 #include "launch.grpc.pb.h"
@@ -85,6 +86,8 @@ class CoordinatorService final : public v1::Rendezvous::CallbackService {
     std::set<std::string> udp_seen;  // nodes whose lease datagrams arrive
   };
   Run NewRun(const std::string& run_id, const RendezvousConfig& cfg);
+  // OK when one more run fits under kMaxRunsPerCoordinator; mu_ held.
+  absl::Status RoomForRun(const std::string& run_id) const;
   // The key of `node_id`'s lease datagrams; `scratch` holds a derived one.
   static const std::string& NodeKey(const Run& run, const std::string& node_id, std::string* scratch);
   // What a section under mu_ decided, done once mu_ is released: the one locking rule is decide
@@ -170,9 +173,6 @@ class CoordinatorServer {
   std::thread keeper_;
 };
 
-// Message size limit for every rendezvous RPC (the messages are small; anything big is an attack
-// or a bug).
-constexpr int kMaxRendezvousMessageBytes = 1 << 20;
 // What gRPC itself accepts: messages between the two limits are refused by the service, with a
 // log line naming the peer; larger ones by gRPC before they are parsed.
 constexpr int kGrpcReceiveLimitBytes = 4 * kMaxRendezvousMessageBytes;
