@@ -152,8 +152,14 @@ absl::Status Rendezvous::Join(const v1::JoinRequest& req) {
     OpenNextRound(absl::StrCat("node ", NodeName(id), " joined"));
   }
   if (waiting_ids_.contains(id)) {  // a retry: refresh what it offers
-    for (auto& w : waiting_)
-      if (w.join.node().node_id() == id) w.join = req;
+    for (auto& w : waiting_) {
+      if (w.join.node().node_id() != id) continue;
+      CountAddresses(w.join.node(), -1);
+      absl::Status fits = AddressesFit(req.node());
+      CountAddresses(fits.ok() ? req.node() : w.join.node(), +1);
+      if (!fits.ok()) return fits;
+      w.join = req;
+    }
     return absl::OkStatus();
   }
   // Every place of the round being formed is taken (a spare took the place of a node that left or
@@ -164,13 +170,52 @@ absl::Status Rendezvous::Join(const v1::JoinRequest& req) {
   if (!member && static_cast<int>(waiting_.size()) + LiveMembersNotWaiting() >= config_.max_nodes) {
     return AddSpare(req);
   }
+  RETURN_IF_ERROR(AddressesFit(req.node()));
   RemoveSpare(id);
   AddWaiting(req);
   if (ReadyToForm()) FormRound();
   return absl::OkStatus();
 }
 
+void Rendezvous::CountAddresses(const v1::NodeIdentity& n, int delta) {
+  auto count = [&](const std::string& a) {
+    if (a.empty()) return;
+    int& refs = address_refs_[a];
+    if (refs == 0) address_bytes_ += WireAddressBytes(a.size());
+    refs += delta;
+    if (refs == 0) {
+      address_bytes_ -= WireAddressBytes(a.size());
+      address_refs_.erase(a);
+    }
+  };
+  absl::flat_hash_set<std::string> mine(n.addresses().begin(), n.addresses().end());
+  mine.insert(n.host_address());
+  for (const auto& a : mine) count(a);
+}
+
+absl::Status Rendezvous::AddressesFit(const v1::NodeIdentity& n) const {
+  absl::flat_hash_set<std::string> mine(n.addresses().begin(), n.addresses().end());
+  if (!n.host_address().empty()) mine.insert(n.host_address());
+  size_t more = 0;
+  for (const auto& a : mine) {
+    if (!address_refs_.contains(a)) more += WireAddressBytes(a.size());
+  }
+  if (address_bytes_ + more <= kMaxMemberAddressBytes) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "node %s brings %d address(es) that would make the %d-node round's address list %d bytes, over its limit of %d "
+      "(the answer must fit in a rendezvous message): give it fewer interface addresses",
+      Shown(n.node_id()), mine.size(), waiting_.size() + 1, address_bytes_ + more, kMaxMemberAddressBytes));
+}
+
+void Rendezvous::ClearWaiting() {
+  waiting_.clear();
+  waiting_ids_.clear();
+  address_refs_.clear();
+  address_bytes_ = 0;
+}
+
 void Rendezvous::AddWaiting(const v1::JoinRequest& req) {
+  CountAddresses(req.node(), +1);
   waiting_.push_back({req, clock_->Now()});
   waiting_ids_.insert(req.node().node_id());
   if (static_cast<int>(waiting_.size()) >= config_.min_nodes && !last_call_deadline_) {
@@ -235,7 +280,12 @@ std::optional<absl::Status> Rendezvous::TakeJoinRefusal(const std::string& node_
 void Rendezvous::PromoteSpares() {
   if (phase_ != Phase::kWaiting) return;
   while (!spares_.empty() && static_cast<int>(waiting_.size()) + LiveMembersNotWaiting() < config_.max_nodes) {
-    AddWaiting(spares_.front().join);
+    if (absl::Status fits = AddressesFit(spares_.front().join.node()); !fits.ok()) {
+      refused_[spares_.front().join.node().node_id()] = fits;
+      ++version_;
+    } else {
+      AddWaiting(spares_.front().join);
+    }
     spare_index_.erase(spares_.front().join.node().node_id());
     spares_.pop_front();
   }
@@ -288,6 +338,7 @@ void Rendezvous::CancelJoin(const std::string& node_id) {
   auto it = std::find_if(waiting_.begin(), waiting_.end(),
                          [&](const Waiting& w) { return w.join.node().node_id() == node_id; });
   if (it == waiting_.end()) return;
+  CountAddresses(it->join.node(), -1);
   waiting_.erase(it);
   waiting_ids_.erase(node_id);
   if (static_cast<int>(waiting_.size()) < config_.min_nodes) last_call_deadline_.reset();
@@ -298,8 +349,7 @@ void Rendezvous::CancelJoin(const std::string& node_id) {
 void Rendezvous::OpenNextRound(std::string why) {
   if (phase_ == Phase::kWaiting) return;
   phase_ = Phase::kWaiting;
-  waiting_.clear();
-  waiting_ids_.clear();
+  ClearWaiting();
   waiting_since_ = clock_->Now();
   last_call_deadline_.reset();
   reason_ = std::move(why);
@@ -387,8 +437,7 @@ void Rendezvous::FormRound() {
   }
   members_ = std::move(members);
   group_world_size_ = static_cast<int>(members_.size());
-  waiting_.clear();
-  waiting_ids_.clear();
+  ClearWaiting();
   last_call_deadline_.reset();
   phase_ = Phase::kRunning;
   stopped_for_hang_ = false;

@@ -127,6 +127,11 @@ class Rendezvous {
   };
   void OpenNextRound(std::string why);
   void AddWaiting(const v1::JoinRequest& req);
+  void ClearWaiting();
+  // The distinct addresses of the round being formed, which its group-rank-0 agent is handed:
+  // OK when the node's would keep them under kMaxMemberAddressBytes (else RESOURCE_EXHAUSTED).
+  absl::Status AddressesFit(const v1::NodeIdentity& n) const;
+  void CountAddresses(const v1::NodeIdentity& n, int delta);
   // RESOURCE_EXHAUSTED when the run holds kMaxSparesPerRun spares already.
   absl::Status AddSpare(const v1::JoinRequest& req);
   // Makes room to remember `id` (forgetting nodes that are neither members, waiting nor spares);
@@ -159,6 +164,8 @@ class Rendezvous {
   bool reattached_ = false;
   std::vector<Waiting> waiting_;  // join order
   absl::flat_hash_set<std::string> waiting_ids_;
+  absl::flat_hash_map<std::string, int> address_refs_;  // the waiting nodes' addresses, and how many bring each
+  size_t address_bytes_ = 0;                            // their bytes on the wire
   std::list<Waiting> spares_;  // join order
   absl::flat_hash_map<std::string, std::list<Waiting>::iterator> spare_index_;
   absl::flat_hash_map<std::string, absl::Status> refused_;  // spares given up, until told

@@ -724,5 +724,41 @@ TEST(Rendezvous, WireStringsInReasonsAreCut) {
   EXPECT_NE(r.reason().find("(250 bytes)"), std::string::npos) << r.reason();
 }
 
+
+// 300 nodes with 64 addresses each made a Join answer over gRPC's send limit, and the round never
+// started. A join whose new addresses would take the round's address list over its budget is
+// refused; the largest answer then fits in a rendezvous message.
+TEST(Rendezvous, TheLargestJoinAnswerFitsInAMessage) {
+  FakeClock clock;
+  Rendezvous r("job", Elastic(1, 300), &clock);
+  int refused = 0;
+  std::string why;
+  for (int i = 0; i < 300; ++i) {
+    v1::JoinRequest j = JoinOf(absl::StrCat("n", i), 1, 1);
+    j.set_agent_store(true);
+    auto addr = [&](int k) {
+      std::string a = absl::StrCat(i, ".", k, ".");
+      return a + std::string(kMaxAddressLength - a.size(), 'f');
+    };
+    j.mutable_node()->set_host_address(addr(kMaxNodeAddresses));
+    for (int k = 0; k < kMaxNodeAddresses; ++k) j.mutable_node()->add_addresses(addr(k));
+    absl::Status st = r.Join(j);
+    if (!st.ok()) {
+      EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted);
+      why = std::string(st.message());
+      ++refused;
+    }
+  }
+  EXPECT_GT(refused, 0);
+  EXPECT_NE(why.find(absl::StrCat("over its limit of ", kMaxMemberAddressBytes)), std::string::npos) << why;
+  clock.Advance(r.config().last_call_timeout + std::chrono::seconds(1));
+  r.Tick();
+  ASSERT_EQ(r.phase(), Rendezvous::Phase::kRunning);
+  v1::JoinResponse answer;
+  *answer.mutable_assignment() = *r.AssignmentFor("n0", 0);
+  answer.mutable_assignment()->set_lease_key(std::string(64, 'k'));
+  EXPECT_GT(answer.assignment().member_addresses_size(), 10000);
+  EXPECT_LT(answer.ByteSizeLong(), static_cast<size_t>(kMaxRendezvousMessageBytes));
+}
 }  // namespace
 }  // namespace launch
