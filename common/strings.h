@@ -24,7 +24,8 @@ inline std::vector<std::string> SplitCommaList(const std::string& s) {
 // attack), with its length when cut.
 inline constexpr size_t kMaxShownWireBytes = 64;
 inline std::string Shown(const std::string& s) {
-  return s.size() <= kMaxShownWireBytes ? s : absl::StrCat(s.substr(0, kMaxShownWireBytes), "...(", s.size(), " bytes)");
+  return s.size() <= kMaxShownWireBytes ? s
+                                        : absl::StrCat(s.substr(0, kMaxShownWireBytes), "...(", s.size(), " bytes)");
 }
 
 // "a, b, c and 7 more": a list in a log line or message, its length bounded whatever the list's.

@@ -11,6 +11,7 @@
 #include "common/limits.h"
 #include "common/launch_env.h"
 #include "common/net.h"
+#include "common/status_macros.h"
 #include "common/strings.h"
 #include "common/tunables.h"
 #include "rendezvous/grpc_log.h"
@@ -46,8 +47,8 @@ absl::Status ValidateIds(const std::string& run_id, const std::string& node_id) 
 absl::Status ValidateNode(const std::string& run_id, const v1::NodeIdentity& n) {
   if (absl::Status st = ValidateIds(run_id, n.node_id()); !st.ok()) return st;
   if (n.local_world_size() < 1 || n.local_world_size() > kMaxWorkersPerNode) {
-    return absl::InvalidArgumentError(absl::StrCat("node ", Shown(n.node_id()), ": local_world_size ", n.local_world_size(),
-                                                   " is not 1-", kMaxWorkersPerNode));
+    return absl::InvalidArgumentError(absl::StrCat("node ", Shown(n.node_id()), ": local_world_size ",
+                                                   n.local_world_size(), " is not 1-", kMaxWorkersPerNode));
   }
   if (n.host_address().size() > kMaxHostLength || n.hostname().size() > kMaxHostLength) {
     return absl::InvalidArgumentError(absl::StrCat("host name or address over ", kMaxHostLength, " bytes"));
@@ -58,8 +59,9 @@ absl::Status ValidateNode(const std::string& run_id, const v1::NodeIdentity& n) 
   }
   for (const auto& a : n.addresses()) {
     if (!ValidId(a, kMaxAddressLength)) {
-      return absl::InvalidArgumentError(absl::StrCat("node ", Shown(n.node_id()), ": an interface address missing, over ",
-                                                     kMaxAddressLength, " bytes or not printable"));
+      return absl::InvalidArgumentError(absl::StrCat("node ", Shown(n.node_id()),
+                                                     ": an interface address missing, over ", kMaxAddressLength,
+                                                     " bytes or not printable"));
     }
   }
   return absl::OkStatus();
@@ -92,6 +94,24 @@ grpc::Status CheckSize(const std::string& peer, const google::protobuf::Message&
                                    kMaxRendezvousMessageBytes, " bytes"));
 }
 
+// The node key a caller presented (empty: none).
+std::string PresentedNodeKey(const grpc::CallbackServerContext* ctx) {
+  const auto& md = ctx->client_metadata();
+  auto it = md.find(kNodeKeyMetadataKey);
+  return it == md.end() ? std::string() : std::string(it->second.data(), it->second.size());
+}
+
+// A key a node presents against the one it must have (a lease key: kLeaseKeyBytes bytes).
+bool KeyMatches(const std::string& presented, const std::string& expected) {
+  return expected.size() == kLeaseKeyBytes && ConstantTimeEquals(presented, expected);
+}
+
+absl::Status WrongNodeKey(const std::string& node_id, bool presented) {
+  return absl::PermissionDeniedError(absl::StrCat(presented ? "wrong" : "no", " node key (", kNodeKeyMetadataKey,
+                                                  ") for node ", Shown(node_id),
+                                                  ": a node speaks only for itself, with the key of its join"));
+}
+
 }  // namespace
 
 // A Join whose answer comes when its round forms; it owns nothing but its place in the run.
@@ -116,7 +136,8 @@ class CoordinatorService::HeldCall final : public grpc::ServerUnaryReactor {
 class CoordinatorService::WatchReactor final
     : public grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse> {
  public:
-  WatchReactor(CoordinatorService* svc, grpc::CallbackServerContext* ctx) : svc_(svc), peer_(ctx->peer()) {
+  WatchReactor(CoordinatorService* svc, grpc::CallbackServerContext* ctx)
+      : svc_(svc), peer_(ctx->peer()), node_key_(PresentedNodeKey(ctx)) {
     if (grpc::Status st = svc_->CheckToken(ctx, "Watch"); !st.ok()) {
       finished_ = true;  // not yet known to anyone else: no lock needed
       Finish(st);
@@ -179,7 +200,7 @@ class CoordinatorService::WatchReactor final
     }
     last_ = in_;
     v1::HeartbeatResponse ans;
-    auto run = svc_->HeartbeatLocked(peer_, last_, &ans, f);
+    auto run = svc_->HeartbeatLocked(peer_, node_key_, last_, &ans, f);
     if (finished_) return;  // answered already: the change this heartbeat made was this node's business
     if (!run.ok()) return FinishLocked(ToGrpc(run.status()), f);
     if (*run == nullptr || Rendezvous::Urgent(ans)) return AnswerLocked(ans, f);
@@ -189,8 +210,8 @@ class CoordinatorService::WatchReactor final
     }
     if (last_.lease_by_udp() && ++messages_ >= 3 && !run_->udp_seen.count(last_.node_id())) {
       // Its datagrams do not get here (a firewall, another port): the stream must do.
-      f->Warn(absl::StrCat("run '", Shown(run_id_), "': no lease datagram from node ", Shown(last_.node_id()), " (", peer_,
-                           ") has arrived; it heartbeats on its stream"));
+      f->Warn(absl::StrCat("run '", Shown(run_id_), "': no lease datagram from node ", Shown(last_.node_id()), " (",
+                           peer_, ") has arrived; it heartbeats on its stream"));
       ans.set_lease_by_stream(true);
       return AnswerLocked(ans, f);
     }
@@ -214,6 +235,7 @@ class CoordinatorService::WatchReactor final
 
   CoordinatorService* svc_;
   const std::string peer_;
+  const std::string node_key_;
   std::string run_id_;
   Run* run_ = nullptr;     // set once the node is known; a run with watchers is never removed
   bool finished_ = false;  // under svc_->mu_
@@ -304,6 +326,15 @@ grpc::Status CoordinatorService::CheckToken(grpc::CallbackServerContext* ctx, co
                                      : "wrong rendezvous token");
 }
 
+absl::Status CoordinatorService::CheckNodeKey(const Run& run, const std::string& node_id, const std::string& presented,
+                                              const std::string& peer, const char* rpc, Finishes* f) const {
+  std::string derived;
+  if (KeyMatches(presented, NodeKey(run, node_id, &derived))) return absl::OkStatus();
+  absl::Status st = WrongNodeKey(node_id, !presented.empty());
+  f->Warn(absl::StrCat("rejected ", rpc, " from ", peer, ": ", st.message()));
+  return st;
+}
+
 absl::Status CoordinatorService::RoomForRun(const std::string& run_id) const {
   if (runs_.size() < static_cast<size_t>(kMaxRunsPerCoordinator)) return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrCat("this coordinator holds ", runs_.size(), " runs, its limit (",
@@ -358,9 +389,8 @@ bool CoordinatorService::AnswerIfReady(Run& run, HeldCall* c, Finishes* out) {
     return true;
   }
   if (auto refused = r.TakeJoinRefusal(id)) {
-    out->Warn(
-        absl::StrCat("run '", Shown(c->run_id), "': gave up on spare node ", Shown(id), " from ", c->peer, ": ",
-                     refused->message()));
+    out->Warn(absl::StrCat("run '", Shown(c->run_id), "': gave up on spare node ", Shown(id), " from ", c->peer, ": ",
+                           refused->message()));
     out->emplace_back(c, ToGrpc(*refused));
     return true;
   }
@@ -438,8 +468,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
       }
       it = runs_.emplace(req->run_id(), NewRun(req->run_id(), cfg)).first;
       f.Info(absl::StrCat("run '", Shown(req->run_id()), "': first node ", Shown(req->node().hostname()), " (",
-                          Shown(req->node().node_id()),
-                          ") from ", ctx->peer()));
+                          Shown(req->node().node_id()), ") from ", ctx->peer()));
     }
     Run& run = it->second;
     const uint64_t version = run.rdzv->version();
@@ -452,9 +481,9 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
     TickNow(run);
     if (run.rdzv->IsSpare(req->node().node_id())) {
       f.Info(absl::StrCat("run '", Shown(req->run_id()), "': node ", Shown(req->node().hostname()), " (",
-                          Shown(req->node().node_id()),
-                          ") from ", ctx->peer(), " waits as a spare: the round runs with its ",
-                          run.rdzv->config().max_nodes, " node(s) (--nnodes max)"));
+                          Shown(req->node().node_id()), ") from ", ctx->peer(),
+                          " waits as a spare: the round runs with its ", run.rdzv->config().max_nodes,
+                          " node(s) (--nnodes max)"));
     }
     if (run.rdzv->version() != version) {  // a round formed or opened: every held call may be ready
       run.held.insert(call);
@@ -469,6 +498,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
 }
 
 absl::StatusOr<CoordinatorService::Run*> CoordinatorService::HeartbeatLocked(const std::string& peer,
+                                                                             const std::string& node_key,
                                                                              const v1::HeartbeatRequest& req,
                                                                              v1::HeartbeatResponse* ans, Finishes* f) {
   if (absl::Status st = ValidateIds(req.run_id(), req.node_id()); !st.ok()) {
@@ -477,7 +507,8 @@ absl::StatusOr<CoordinatorService::Run*> CoordinatorService::HeartbeatLocked(con
   }
   auto it = runs_.find(req.run_id());
   auto reject = [&](const absl::Status& st) {
-    f->Warn(absl::StrCat("rejected re-registration of node ", Shown(req.node_id()), " from ", peer, ": ", st.message()));
+    f->Warn(
+        absl::StrCat("rejected re-registration of node ", Shown(req.node_id()), " from ", peer, ": ", st.message()));
     return st;
   };
   if (it == runs_.end()) {
@@ -488,11 +519,23 @@ absl::StatusOr<CoordinatorService::Run*> CoordinatorService::HeartbeatLocked(con
     auto cfg = Rendezvous::ConfigForReattach(req);
     absl::Status valid = cfg.ok() ? ValidateNode(req.run_id(), req.node()) : cfg.status();
     if (valid.ok()) valid = RoomForRun(req.run_id());
+    // A restarted coordinator trusts the key a re-registering node brings (its datagrams' key).
+    if (valid.ok() && !KeyMatches(node_key, req.assignment().lease_key())) {
+      valid = WrongNodeKey(req.node_id(), !node_key.empty());
+    }
     if (!valid.ok()) return reject(valid);
     it = runs_.emplace(req.run_id(), NewRun(req.run_id(), *cfg)).first;
-  } else if (req.has_assignment() && req.has_node() && !it->second.rdzv->Knows(req.node_id())) {
-    // What a re-registration brings is kept: it is checked first, however the run was made.
-    if (absl::Status valid = ValidateNode(req.run_id(), req.node()); !valid.ok()) return reject(valid);
+  } else if (!it->second.rdzv->Knows(req.node_id())) {
+    if (req.has_assignment() && req.has_node()) {
+      // What a re-registration brings is kept: it is checked first, however the run was made.
+      absl::Status valid = ValidateNode(req.run_id(), req.node());
+      if (valid.ok() && !KeyMatches(node_key, req.assignment().lease_key())) {
+        valid = WrongNodeKey(req.node_id(), !node_key.empty());
+      }
+      if (!valid.ok()) return reject(valid);
+    }
+  } else {
+    RETURN_IF_ERROR(CheckNodeKey(it->second, req.node_id(), node_key, peer, "heartbeat", f));
   }
   Run& run = it->second;
   const bool known_before = run.rdzv->Knows(req.node_id());
@@ -504,8 +547,7 @@ absl::StatusOr<CoordinatorService::Run*> CoordinatorService::HeartbeatLocked(con
   }
   if (!known_before && req.has_assignment() && !ans->unknown_node()) {
     f->Info(absl::StrCat("run '", Shown(req.run_id()), "': node ", Shown(req.node().hostname()), " (",
-                         Shown(req.node_id()),
-                         ") re-registered in round ", req.round(), " from ", peer));
+                         Shown(req.node_id()), ") re-registered in round ", req.round(), " from ", peer));
   }
   if (run.rdzv->version() != v || !known_before) {
     TickNow(run);  // a re-registration rebuilds the run: its timers start now
@@ -525,7 +567,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerCont
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) {
       status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down");
-    } else if (auto run = HeartbeatLocked(ctx->peer(), *req, resp, &f); !run.ok()) {
+    } else if (auto run = HeartbeatLocked(ctx->peer(), PresentedNodeKey(ctx), *req, resp, &f); !run.ok()) {
       status = ToGrpc(run.status());
     }
   }
@@ -561,8 +603,12 @@ grpc::ServerUnaryReactor* CoordinatorService::ReportExit(grpc::CallbackServerCon
     if (it == runs_.end()) {
       f.Warn(absl::StrCat("rejected exit report of node ", Shown(req->node_id()), " from ", ctx->peer(), ": no run '",
                           Shown(req->run_id()), "'"));
-      status = grpc::Status(grpc::StatusCode::NOT_FOUND,
-                            absl::StrCat("no run '", Shown(req->run_id()), "' on this coordinator (unknown, or closed)"));
+      status = grpc::Status(grpc::StatusCode::NOT_FOUND, absl::StrCat("no run '", Shown(req->run_id()),
+                                                                      "' on this coordinator (unknown, or closed)"));
+    } else if (absl::Status key = CheckNodeKey(it->second, req->node_id(), PresentedNodeKey(ctx), ctx->peer(),
+                                               "exit report", &f);
+               !key.ok()) {
+      status = ToGrpc(key);
     } else {
       Run& run = it->second;
       uint64_t v = run.rdzv->version();
@@ -619,6 +665,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Sample(grpc::CallbackServerContext
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   grpc::Status status = Admit(ctx, *req, "Sample");
   absl::Status valid = absl::OkStatus();
+  Finishes f;
   if (status.ok()) {
     valid = ValidateIds(req->run_id(), req->node_id());
     if (valid.ok()) valid = ValidateSample(*req);
@@ -637,12 +684,17 @@ grpc::ServerUnaryReactor* CoordinatorService::Sample(grpc::CallbackServerContext
       status = grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                             absl::StrCat("node ", Shown(req->node_id()), " is not in round ", req->round(), " of run '",
                                          Shown(req->run_id()), "'"));
+    } else if (absl::Status key = CheckNodeKey(it->second, req->node_id(), PresentedNodeKey(ctx), ctx->peer(), "sample",
+                                               &f);
+               !key.ok()) {
+      status = ToGrpc(key);
     } else {
       Run& run = it->second;
       run.view->Update(*req, clock_->Now());
       for (v1::StragglerEvent& e : run.view->EventsAfter(req->events_seen())) *resp->add_events() = std::move(e);
     }
   }
+  FinishAll(f);
   reactor->Finish(status);
   return reactor;
 }

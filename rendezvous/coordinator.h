@@ -104,6 +104,10 @@ class CoordinatorService final : public v1::Rendezvous::CallbackService {
   };
 
   grpc::Status CheckToken(grpc::CallbackServerContext* ctx, const char* rpc);
+  // Whether `presented` is the key of `node_id` in `run` (derived from the run's key, or the one
+  // it re-registered with); PERMISSION_DENIED, logged with the peer, otherwise. mu_ held.
+  absl::Status CheckNodeKey(const Run& run, const std::string& node_id, const std::string& presented,
+                            const std::string& peer, const char* rpc, Finishes* f) const;
   // The token, then the message size: the first refusal, logged with the peer.
   grpc::Status Admit(grpc::CallbackServerContext* ctx, const google::protobuf::Message& req, const char* rpc);
   // Answers the run's held calls whose answer is ready; mu_ held. Finish happens after unlock.
@@ -114,8 +118,9 @@ class CoordinatorService final : public v1::Rendezvous::CallbackService {
   // coordinator does not know, answers held joins and streams the change concerns; mu_ held.
   // nullptr: the run is unknown and the node sent nothing to rebuild it from (ans says
   // unknown_node).
-  absl::StatusOr<Run*> HeartbeatLocked(const std::string& peer, const v1::HeartbeatRequest& req,
-                                       v1::HeartbeatResponse* ans, Finishes* f);
+  // `node_key`: the key the caller presented (kNodeKeyMetadataKey).
+  absl::StatusOr<Run*> HeartbeatLocked(const std::string& peer, const std::string& node_key,
+                                       const v1::HeartbeatRequest& req, v1::HeartbeatResponse* ans, Finishes* f);
   void Cancelled(HeldCall* call);
   // The run's status with its nodes' latest samples; mu_ held.
   v1::StatusResponse StatusLocked(const Run& run) const;

@@ -122,6 +122,7 @@ absl::StatusOr<v1::Assignment> CoordinatorSession::Join(
       if (absl::Status valid = ValidateAssignment(*result, opts_.node.local_world_size()); !valid.ok()) {
         return absl::FailedPreconditionError(absl::StrCat(client_->target(), ": ", valid.message()));
       }
+      client_->SetNodeKey(result->lease_key());
       return result;
     }
     if (!CoordinatorUnreachable(result.status()) || clock_->Now() >= deadline) return result;

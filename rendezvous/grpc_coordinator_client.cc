@@ -18,9 +18,22 @@ GrpcCoordinatorClient::GrpcCoordinatorClient(std::shared_ptr<grpc::Channel> chan
       token_(std::move(token)),
       join_timeout_(join_timeout) {}
 
+void GrpcCoordinatorClient::SetNodeKey(const std::string& key) {
+  std::lock_guard<std::mutex> lock(key_mu_);
+  node_key_ = key;
+}
+
+namespace {
+void AddCredentials(grpc::ClientContext* ctx, const std::string& token, const std::string& node_key) {
+  if (!token.empty()) ctx->AddMetadata(kTokenMetadataKey, token);
+  if (!node_key.empty()) ctx->AddMetadata(kNodeKeyMetadataKey, node_key);
+}
+}  // namespace
+
 void GrpcCoordinatorClient::Prepare(grpc::ClientContext* ctx, std::chrono::milliseconds timeout) const {
   ctx->set_deadline(std::chrono::system_clock::now() + timeout);
-  if (!token_.empty()) ctx->AddMetadata(kTokenMetadataKey, token_);
+  std::lock_guard<std::mutex> lock(key_mu_);
+  AddCredentials(ctx, token_, node_key_);
 }
 
 absl::StatusOr<v1::Assignment> GrpcCoordinatorClient::Join(const v1::JoinRequest& req, CallCanceller* cancel) {
@@ -57,9 +70,9 @@ namespace {
 
 class GrpcWatchStream final : public WatchStream {
  public:
-  GrpcWatchStream(v1::Rendezvous::Stub* stub, const std::string& token, std::string target)
+  GrpcWatchStream(v1::Rendezvous::Stub* stub, const std::string& token, const std::string& node_key, std::string target)
       : target_(std::move(target)) {
-    if (!token.empty()) ctx_.AddMetadata(kTokenMetadataKey, token);
+    AddCredentials(&ctx_, token, node_key);
     stream_ = stub->Watch(&ctx_);
   }
   ~GrpcWatchStream() override {
@@ -89,7 +102,8 @@ class GrpcWatchStream final : public WatchStream {
 }  // namespace
 
 std::unique_ptr<WatchStream> GrpcCoordinatorClient::Watch() {
-  return std::make_unique<GrpcWatchStream>(stub_.get(), token_, target_);
+  std::lock_guard<std::mutex> lock(key_mu_);
+  return std::make_unique<GrpcWatchStream>(stub_.get(), token_, node_key_, target_);
 }
 
 absl::StatusOr<v1::ReportExitResponse> GrpcCoordinatorClient::ReportExit(const v1::ReportExitRequest& req,

@@ -7,6 +7,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <mutex>
+
 #include "launch.grpc.pb.h"
 #include "rendezvous/coordinator_client.h"
 
@@ -25,12 +27,15 @@ class GrpcCoordinatorClient : public CoordinatorClient {
   absl::StatusOr<v1::SampleResponse> Sample(const v1::SampleRequest& req, std::chrono::milliseconds timeout) override;
   std::unique_ptr<WatchStream> Watch() override;
   std::string target() const override { return target_; }
+  void SetNodeKey(const std::string& key) override;
 
  private:
   void Prepare(grpc::ClientContext* ctx, std::chrono::milliseconds timeout) const;
   std::unique_ptr<v1::Rendezvous::Stub> stub_;
   std::string target_, token_;
   std::chrono::milliseconds join_timeout_;
+  mutable std::mutex key_mu_;  // calls come from the agent's threads
+  std::string node_key_;       // key_mu_
 };
 
 // grpc::Status → absl::Status, keeping the code and the message.

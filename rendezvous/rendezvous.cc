@@ -264,9 +264,10 @@ absl::Status Rendezvous::RoomToKnow(const std::string& id) {
     identities_.erase(it++);
   }
   if (identities_.size() < limit) return absl::OkStatus();
-  return absl::ResourceExhaustedError(absl::StrFormat("run '%s' holds %d node ids (the limit for --nnodes max %d): "
-                                                      "node %s is not taken",
-                                                      Shown(run_id_), identities_.size(), config_.max_nodes, Shown(id)));
+  return absl::ResourceExhaustedError(
+      absl::StrFormat("run '%s' holds %d node ids (the limit for --nnodes max %d): "
+                      "node %s is not taken",
+                      Shown(run_id_), identities_.size(), config_.max_nodes, Shown(id)));
 }
 
 std::optional<absl::Status> Rendezvous::TakeJoinRefusal(const std::string& node_id) {
@@ -722,21 +723,22 @@ absl::Status CheckReattach(const v1::HeartbeatRequest& req, const RendezvousConf
       a.group_rank() >= a.group_world_size() || a.round() < 1 || a.round() > kMaxRound || a.restart_count() < 0 ||
       a.restart_count() > c.max_restarts || a.world_size() < a.group_world_size() ||
       a.world_size() > static_cast<int64_t>(c.max_nodes) * kMaxWorkersPerNode) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "re-registration with round ", a.round(), ", node ", a.group_rank(), " of ", a.group_world_size(),
-        ", world size ", a.world_size(), ", restart ", a.restart_count(), ": expected a round >= 1 of 1-",
-        c.max_nodes, " nodes (the run's --nnodes max), rounds up to ", kMaxRound, ", a restart count of 0-",
-        c.max_restarts));
+    return absl::InvalidArgumentError(absl::StrCat("re-registration with round ", a.round(), ", node ", a.group_rank(),
+                                                   " of ", a.group_world_size(), ", world size ", a.world_size(),
+                                                   ", restart ", a.restart_count(), ": expected a round >= 1 of 1-",
+                                                   c.max_nodes, " nodes (the run's --nnodes max), rounds up to ",
+                                                   kMaxRound, ", a restart count of 0-", c.max_restarts));
   }
   // The strings it keeps: as long as those a coordinator hands out.
   size_t address_bytes = 0;
   for (const auto& addr : a.member_addresses()) address_bytes += WireAddressBytes(addr.size());
   if (a.master_addr().size() > kMaxHostLength || a.coordinator_host().size() > 2 * kMaxHostLength + 4 ||
       address_bytes > kMaxMemberAddressBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "re-registration with a master address of ", a.master_addr().size(), " bytes, a coordinator host of ",
-        a.coordinator_host().size(), " bytes and member addresses of ", address_bytes, " bytes: expected at most ",
-        kMaxHostLength, ", ", 2 * kMaxHostLength + 4, " and ", kMaxMemberAddressBytes));
+    return absl::InvalidArgumentError(absl::StrCat("re-registration with a master address of ", a.master_addr().size(),
+                                                   " bytes, a coordinator host of ", a.coordinator_host().size(),
+                                                   " bytes and member addresses of ", address_bytes,
+                                                   " bytes: expected at most ", kMaxHostLength, ", ",
+                                                   2 * kMaxHostLength + 4, " and ", kMaxMemberAddressBytes));
   }
   return absl::OkStatus();
 }

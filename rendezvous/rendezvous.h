@@ -166,7 +166,7 @@ class Rendezvous {
   absl::flat_hash_set<std::string> waiting_ids_;
   absl::flat_hash_map<std::string, int> address_refs_;  // the waiting nodes' addresses, and how many bring each
   size_t address_bytes_ = 0;                            // their bytes on the wire
-  std::list<Waiting> spares_;  // join order
+  std::list<Waiting> spares_;                           // join order
   absl::flat_hash_map<std::string, std::list<Waiting>::iterator> spare_index_;
   absl::flat_hash_map<std::string, absl::Status> refused_;  // spares given up, until told
   Clock::TimePoint waiting_since_;

@@ -557,7 +557,6 @@ TEST(Rendezvous, CancelledJoinLeavesTheWaitingRound) {
   EXPECT_EQ(r.phase(), Rendezvous::Phase::kWaiting);  // no last call below min
 }
 
-
 TEST(Rendezvous, SpareTakesTheLostNodesPlaceWithoutSpendingTheBudget) {
   FakeClock clock;
   Rendezvous r("job", Elastic(2, 2, 1), &clock);
@@ -723,7 +722,6 @@ TEST(Rendezvous, WireStringsInReasonsAreCut) {
   EXPECT_LT(r.reason().size(), 400u) << r.reason();
   EXPECT_NE(r.reason().find("(250 bytes)"), std::string::npos) << r.reason();
 }
-
 
 // 300 nodes with 64 addresses each made a Join answer over gRPC's send limit, and the round never
 // started. A join whose new addresses would take the round's address list over its budget is
