@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "rendezvous/grpc_wire.h"
@@ -320,10 +321,14 @@ grpc::Status CoordinatorService::CheckToken(grpc::CallbackServerContext* ctx, co
   std::string got = it == md.end() ? "" : std::string(it->second.data(), it->second.size());
   if (it != md.end() && ConstantTimeEquals(got, opts_.token)) return grpc::Status::OK;
   spdlog::warn("rejected {} from {}: {} rendezvous token", rpc, ctx->peer(), it == md.end() ? "no" : "wrong");
-  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                      it == md.end() ? absl::StrCat("this coordinator needs a rendezvous token (--rdzv-token-file or ",
-                                                    kRdzvTokenEnv, ")")
-                                     : "wrong rendezvous token");
+  return grpc::Status(
+      grpc::StatusCode::UNAUTHENTICATED,
+      opts_.owner_only
+          ? "this coordinator serves only the user who started it (on loopback without a token): run as that user, "
+            "or give it and its clients --rdzv-token-file"
+      : it == md.end()
+          ? absl::StrCat("this coordinator needs a rendezvous token (--rdzv-token-file or ", kRdzvTokenEnv, ")")
+          : "wrong rendezvous token");
 }
 
 absl::Status CoordinatorService::CheckNodeKey(const Run& run, const std::string& node_id, const std::string& presented,
@@ -783,7 +788,11 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
   auto creds = MakeServerCredentials(security);
   if (!creds.ok()) return creds.status();
   std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
-  opts.token = security.token;
+  // Without a token on loopback every local user could call it: it is its own user's alone.
+  const bool owner_only = TakesLocalToken(hp->host, security.token, security.tls(), security.insecure);
+  opts.token = owner_only ? absl::BytesToHexString(NewLeaseKey()) : security.token;
+  opts.owner_only = owner_only;
+  const std::string token = opts.token;
   s->creds_ = *creds;
   s->service_ = std::make_unique<CoordinatorService>(std::move(opts), clock);
   s->server_ = s->BuildServer(JoinHostPort(hp->host, hp->port.value_or(kDefaultRendezvousPort)), &s->port_);
@@ -793,6 +802,11 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
       if (in_use.ok() && *in_use) return absl::AlreadyExistsError(absl::StrCat(listen, " is already in use"));
     }
     return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));
+  }
+  if (owner_only) {
+    auto published = LocalTokenFile::Publish(s->port_, token);
+    if (!published.ok()) return published.status();
+    s->local_token_ = std::move(*published);
   }
   s->service_->Start();
   s->address_ = JoinHostPort(hp->host, s->port_);

@@ -22,6 +22,7 @@
 #include "common/unique_fd.h"
 #include "launch.grpc.pb.h"
 #include "rendezvous/job_view.h"
+#include "rendezvous/local_token.h"
 #include "rendezvous/rendezvous.h"
 #include "rendezvous/security.h"
 
@@ -30,7 +31,8 @@ namespace launch {
 struct CoordinatorOptions {
   // For joins that carry no run spec (older agents, tests): the run's settings.
   RendezvousConfig defaults;
-  std::string token;  // required on every RPC when not empty
+  std::string token;        // required on every RPC when not empty
+  bool owner_only = false;  // the token is one it took and published for its user (local_token.h)
 };
 
 class CoordinatorService final : public v1::Rendezvous::CallbackService {
@@ -150,6 +152,8 @@ class CoordinatorServer {
   ~CoordinatorServer();
   int port() const { return port_; }
   std::string address() const { return address_; }
+  // Where an owner-only coordinator (loopback, no token) published its token; empty otherwise.
+  std::string local_token_path() const { return local_token_ ? local_token_->path() : ""; }
   CoordinatorService* service() { return service_.get(); }
   // A channel to this server inside the process (no socket): for fuzzing the RPC handlers.
   std::shared_ptr<grpc::Channel> InProcessChannel();
@@ -165,6 +169,7 @@ class CoordinatorServer {
   std::unique_ptr<CoordinatorService> service_;
   std::unique_ptr<grpc::Server> server_;  // replaced by the keeper thread; keeper_mu_
   std::unique_ptr<LeaseListener> leases_;
+  std::unique_ptr<LocalTokenFile> local_token_;
   int port_ = 0;
   std::string address_;
   std::mutex keeper_mu_;

@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -120,8 +121,9 @@ std::vector<RunResult> WaitAll(std::vector<std::unique_ptr<Child>>& agents,
   return out;
 }
 
-const char* kEnvKeys = "RANK,LOCAL_RANK,WORLD_SIZE,LOCAL_WORLD_SIZE,GROUP_RANK,GROUP_WORLD_SIZE,MASTER_ADDR,MASTER_PORT,"
-                       "TORCHELASTIC_RESTART_COUNT,TORCHELASTIC_RUN_ID";
+const char* kEnvKeys =
+    "RANK,LOCAL_RANK,WORLD_SIZE,LOCAL_WORLD_SIZE,GROUP_RANK,GROUP_WORLD_SIZE,MASTER_ADDR,MASTER_PORT,"
+    "TORCHELASTIC_RESTART_COUNT,TORCHELASTIC_RUN_ID";
 
 void ExpectOneJob(const std::vector<RunResult>& results, int world, int nodes) {
   std::set<int> ranks;
@@ -154,8 +156,10 @@ TEST(MultiNode, TwoAgentsAndAStandaloneCoordinator) {
   Coordinator coord;
   ASSERT_TRUE(coord.ready()) << coord.child().err();
   std::vector<std::unique_ptr<Child>> agents;
-  agents.push_back(std::make_unique<Child>(Agent(coord.endpoint(), {"--nnodes=2", "--nproc-per-node=2"}, {"--print-env", kEnvKeys})));
-  agents.push_back(std::make_unique<Child>(Agent(coord.endpoint(), {"--nnodes=2", "--nproc-per-node=1"}, {"--print-env", kEnvKeys})));
+  agents.push_back(std::make_unique<Child>(
+      Agent(coord.endpoint(), {"--nnodes=2", "--nproc-per-node=2"}, {"--print-env", kEnvKeys})));
+  agents.push_back(std::make_unique<Child>(
+      Agent(coord.endpoint(), {"--nnodes=2", "--nproc-per-node=1"}, {"--print-env", kEnvKeys})));
   ExpectOneJob(WaitAll(agents), 3, 2);
 }
 
@@ -186,10 +190,11 @@ TEST(MultiNode, WorkerFailureStopsEveryNodeAndTheBudgetIsTheJobs) {
   std::vector<std::unique_ptr<Child>> agents;
   // Rank 0 (node A) would run for ever in the first attempt; rank 1 (node B) fails in it.
   for (int i = 0; i < 2; ++i) {
-    agents.push_back(std::make_unique<Child>(Agent(
-        coord.endpoint(), {"--nnodes=2", "--nproc-per-node=1", "--max-restarts=2"},
-        {"--stamp", dir / "starts", "--pid-file", dir / "pids{restart}", "--wait-lines", dir / "pids{restart}", "2",
-         "--fail-rank", "1", "5", "--sleep-below-restart", "1", "0", "--print-env", "TORCHELASTIC_RESTART_COUNT"})));
+    agents.push_back(
+        std::make_unique<Child>(Agent(coord.endpoint(), {"--nnodes=2", "--nproc-per-node=1", "--max-restarts=2"},
+                                      {"--stamp", dir / "starts", "--pid-file", dir / "pids{restart}", "--wait-lines",
+                                       dir / "pids{restart}", "2", "--fail-rank", "1", "5", "--sleep-below-restart",
+                                       "1", "0", "--print-env", "TORCHELASTIC_RESTART_COUNT"})));
   }
   // The failing rank fails in every attempt, so the run ends after 2 restarts with its code.
   auto results = WaitAll(agents);
@@ -217,10 +222,10 @@ TEST(MultiNode, RestartAfterAFailureElsewhereRunsToSuccess) {
   TempDir dir;
   std::vector<std::unique_ptr<Child>> agents;
   for (int i = 0; i < 2; ++i) {
-    agents.push_back(std::make_unique<Child>(Agent(
-        coord.endpoint(), {"--nnodes=2", "--nproc-per-node=1", "--max-restarts=1"},
-        {"--pid-file", dir / "pids{restart}", "--wait-lines", dir / "pids{restart}", "2", "--stamp", dir / "starts",
-         "--sleep-below-restart", "1", "0.2", "--fail-below-restart", "1", "3"})));
+    agents.push_back(std::make_unique<Child>(
+        Agent(coord.endpoint(), {"--nnodes=2", "--nproc-per-node=1", "--max-restarts=1"},
+              {"--pid-file", dir / "pids{restart}", "--wait-lines", dir / "pids{restart}", "2", "--stamp",
+               dir / "starts", "--sleep-below-restart", "1", "0.2", "--fail-below-restart", "1", "3"})));
   }
   for (const auto& r : WaitAll(agents)) EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(Lines(ReadFile(dir / "starts")).size(), 4u);
@@ -338,8 +343,9 @@ TEST(MultiNode, AConnectionFloodDoesNotDeafenTheCoordinator) {
   }
   // A new job joins the rebuilt listener.
   std::vector<std::unique_ptr<Child>> next;
-  next.push_back(std::make_unique<Child>(std::vector<std::string>{
-      kLaunch, "--rdzv-endpoint", coord.endpoint(), "--rdzv-id", "next", "--nnodes=1", kWorker, "--exit", "0"}));
+  next.push_back(
+      std::make_unique<Child>(std::vector<std::string>{kLaunch, "--rdzv-endpoint", coord.endpoint(), "--rdzv-id",
+                                                       "next", "--nnodes=1", kWorker, "--exit", "0"}));
   for (auto& r : WaitAll(next)) EXPECT_EQ(r.exit_code, 0) << r.err;
 }
 
@@ -356,11 +362,35 @@ TEST(MultiNode, AHangOnOneNodeCapturesTheStacksOnEveryNode) {
   TempDir dir;
   std::vector<std::unique_ptr<Child>> agents;
   for (int i = 0; i < 2; ++i) {
-    agents.push_back(std::make_unique<Child>(std::vector<std::string>{
-        kLaunch, "--rdzv-endpoint", coord.endpoint(), "--rdzv-id", "hang", "--nnodes=2", "--nproc-per-node=1",
-        "--max-restarts=1", "--hang-timeout", "3", "--log-dir", dir / ("node" + std::to_string(i)), TRAIN_MLP_BIN,
-        "--dims", "16,32,4", "--steps", "22", "--warmup", "0", "--dataset-size", "256", "--checkpoint-dir",
-        dir / "ckpt", "--checkpoint-every", "5", "--print-every", "0", "--hang-at-step", "12"}));
+    agents.push_back(std::make_unique<Child>(std::vector<std::string>{kLaunch,
+                                                                      "--rdzv-endpoint",
+                                                                      coord.endpoint(),
+                                                                      "--rdzv-id",
+                                                                      "hang",
+                                                                      "--nnodes=2",
+                                                                      "--nproc-per-node=1",
+                                                                      "--max-restarts=1",
+                                                                      "--hang-timeout",
+                                                                      "3",
+                                                                      "--log-dir",
+                                                                      dir / ("node" + std::to_string(i)),
+                                                                      TRAIN_MLP_BIN,
+                                                                      "--dims",
+                                                                      "16,32,4",
+                                                                      "--steps",
+                                                                      "22",
+                                                                      "--warmup",
+                                                                      "0",
+                                                                      "--dataset-size",
+                                                                      "256",
+                                                                      "--checkpoint-dir",
+                                                                      dir / "ckpt",
+                                                                      "--checkpoint-every",
+                                                                      "5",
+                                                                      "--print-every",
+                                                                      "0",
+                                                                      "--hang-at-step",
+                                                                      "12"}));
   }
   auto results = WaitAll(agents, std::chrono::seconds(120));
   int hung_lines = 0;
@@ -389,12 +419,29 @@ TEST(MultiNode, StatusAndTheMetricsEndpointShowARunningTwoNodeJob) {
   ASSERT_TRUE(coord.ready()) << coord.child().err();
   std::vector<std::unique_ptr<Child>> agents;
   for (int i = 0; i < 2; ++i) {
-    agents.push_back(std::make_unique<Child>(
-        std::vector<std::string>{kLaunch, "--rdzv-endpoint", coord.endpoint(), "--rdzv-id", "live", "--nnodes=2",
-                                 "--nproc-per-node=1", "--monitor-interval", "1", TRAIN_MLP_BIN, "--dims", "16,32,4",
-                                 "--steps", "100000", "--warmup", "0", "--print-every", "0", "--slow-rank", "0",
-                                 "--slow-ms", "20"},
-        env));
+    agents.push_back(std::make_unique<Child>(std::vector<std::string>{kLaunch,
+                                                                      "--rdzv-endpoint",
+                                                                      coord.endpoint(),
+                                                                      "--rdzv-id",
+                                                                      "live",
+                                                                      "--nnodes=2",
+                                                                      "--nproc-per-node=1",
+                                                                      "--monitor-interval",
+                                                                      "1",
+                                                                      TRAIN_MLP_BIN,
+                                                                      "--dims",
+                                                                      "16,32,4",
+                                                                      "--steps",
+                                                                      "100000",
+                                                                      "--warmup",
+                                                                      "0",
+                                                                      "--print-every",
+                                                                      "0",
+                                                                      "--slow-rank",
+                                                                      "0",
+                                                                      "--slow-ms",
+                                                                      "20"},
+                                             env));
   }
   const std::vector<std::string> status = {kLaunch, "status", "--rdzv-endpoint", coord.endpoint(), "--rdzv-id", "live"};
   RunResult shown;
@@ -409,7 +456,7 @@ TEST(MultiNode, StatusAndTheMetricsEndpointShowARunningTwoNodeJob) {
   EXPECT_TRUE(both) << shown.out << shown.err;
   EXPECT_THAT(shown.out, HasSubstr("run live  round 1  running  restarts 0/0"));
   EXPECT_EQ(Lines(shown.out).size(), 7u) << shown.out;  // the job; nodes (header, 2); ranks (header, 2)
-  EXPECT_EQ(RunCmd(status).exit_code, 1);  // no token: refused, one line
+  EXPECT_EQ(RunCmd(status).exit_code, 1);               // no token: refused, one line
   auto json = RunCmd({kLaunch, "status", "--rdzv-endpoint", coord.endpoint(), "--rdzv-id", "live", "--json"}, env);
   EXPECT_THAT(json.out, HasSubstr("\"run_id\":\"live\""));
 
@@ -422,9 +469,9 @@ TEST(MultiNode, StatusAndTheMetricsEndpointShowARunningTwoNodeJob) {
   EXPECT_EQ(page->status, 200);
   EXPECT_THAT(page->get_header_value("Content-Type"), HasSubstr("text/plain; version=0.0.4"));
   for (int rank : {0, 1}) {
-    EXPECT_TRUE(std::regex_search(
-        page->body, std::regex(absl::StrCat("\nlaunch_rank_steps_per_second\\{run=\"live\",rank=\"", rank,
-                                            "\",node=\"[^\"]+\"\\} [0-9.e+]+\n"))))
+    EXPECT_TRUE(
+        std::regex_search(page->body, std::regex(absl::StrCat("\nlaunch_rank_steps_per_second\\{run=\"live\",rank=\"",
+                                                              rank, "\",node=\"[^\"]+\"\\} [0-9.e+]+\n"))))
         << page->body;
   }
   EXPECT_THAT(page->body, HasSubstr("launch_run_info{run=\"live\",state=\"running\"} 1\n"));
@@ -442,9 +489,10 @@ TEST(MultiNode, CoordinatorKilledAndRestartedMidJobTheJobCompletesWithoutARestar
   TempDir dir;
   std::vector<std::unique_ptr<Child>> agents;
   for (int i = 0; i < 2; ++i) {
-    agents.push_back(std::make_unique<Child>(
-        Agent(coord->endpoint(), {"--nnodes=2", "--nproc-per-node=1", "--max-restarts=3"},
-              {"--pid-file", dir / "pids", "--wait-lines", dir / "go", "1", "--print-env", "TORCHELASTIC_RESTART_COUNT"})));
+    agents.push_back(
+        std::make_unique<Child>(Agent(coord->endpoint(), {"--nnodes=2", "--nproc-per-node=1", "--max-restarts=3"},
+                                      {"--pid-file", dir / "pids", "--wait-lines", dir / "go", "1", "--print-env",
+                                       "TORCHELASTIC_RESTART_COUNT"})));
   }
   ASSERT_TRUE(WaitUntil([&] {
     for (auto& a : agents) a->Pump(1);
@@ -460,7 +508,8 @@ TEST(MultiNode, CoordinatorKilledAndRestartedMidJobTheJobCompletesWithoutARestar
     again.child().Pump(1);
     const std::string& err = again.child().err();
     int n = 0;
-    for (size_t pos = err.find("re-registered"); pos != std::string::npos; pos = err.find("re-registered", pos + 1)) ++n;
+    for (size_t pos = err.find("re-registered"); pos != std::string::npos; pos = err.find("re-registered", pos + 1))
+      ++n;
     return n == 2;
   }));
   WriteFile(dir / "go", "go\n");
@@ -476,11 +525,10 @@ TEST(MultiNode, AgentHostedCoordinatorLostWithItsNodeFailsTheJobCleanly) {
   TempDir dir;
   std::vector<std::unique_ptr<Child>> agents;
   for (int i = 0; i < 2; ++i) {
-    agents.push_back(std::make_unique<Child>(
-        Agent(endpoint,
-              {"--nnodes=2", "--nproc-per-node=1", "--rdzv-conf",
-               "close_timeout=2,heartbeat_timeout=1,heartbeat_interval=0.2"},
-              {"--pid-file", dir / "pids", "--sleep", "0"})));
+    agents.push_back(std::make_unique<Child>(Agent(endpoint,
+                                                   {"--nnodes=2", "--nproc-per-node=1", "--rdzv-conf",
+                                                    "close_timeout=2,heartbeat_timeout=1,heartbeat_interval=0.2"},
+                                                   {"--pid-file", dir / "pids", "--sleep", "0"})));
   }
   int host = -1;
   ASSERT_TRUE(WaitUntil([&] {
@@ -579,9 +627,12 @@ TEST(MultiNode, JoinBeyondMaxWaitsAsASpareAndMismatchedSettingsAreRejected) {
     return ReadPids(dir / "pids").size() == 1;
   }));
   // A node beyond --nnodes max waits as a spare for a place, up to its join timeout.
-  auto extra = RunCmd(Agent(coord.endpoint(), {"--nnodes=1", "--nproc-per-node=1", "--rdzv-conf", "join_timeout=1"}, {}));
+  auto extra = RunCmd(
+      Agent(coord.endpoint(), {"--nnodes=1", "--nproc-per-node=1", "--rdzv-conf", "join_timeout=1"}, {}));
   EXPECT_EQ(extra.exit_code, 1);
-  EXPECT_THAT(extra.err, HasSubstr("kept its 1 node(s) (--nnodes max) for all of join_timeout 1 s while this node waited as a spare"));
+  EXPECT_THAT(extra.err,
+              HasSubstr(
+                  "kept its 1 node(s) (--nnodes max) for all of join_timeout 1 s while this node waited as a spare"));
   auto mismatch = RunCmd(Agent(coord.endpoint(), {"--nnodes=1:2", "--nproc-per-node=1"}, {}));
   EXPECT_EQ(mismatch.exit_code, 1);
   EXPECT_THAT(mismatch.err, HasSubstr("this node asks for --nnodes 1:2"));
@@ -636,11 +687,14 @@ struct TestCerts {
       head.insert(head.end(), rest.begin(), rest.end());
       return head;
     };
-    run(req({"/usr/bin/openssl", "req", "-x509"}, {"-keyout", dir / "ca.key", "-out", dir / "ca.pem", "-days", "2", "-subj", "/CN=launch-test-ca"}));
+    run(req({"/usr/bin/openssl", "req", "-x509"},
+            {"-keyout", dir / "ca.key", "-out", dir / "ca.pem", "-days", "2", "-subj", "/CN=launch-test-ca"}));
     for (std::string who : {"server", "client"}) {
-      run(req({"/usr/bin/openssl", "req"}, {"-keyout", dir / (who + ".key"), "-out", dir / (who + ".csr"), "-subj", "/CN=" + who}));
-      run({"/usr/bin/openssl", "x509", "-req", "-in", dir / (who + ".csr"), "-CA", dir / "ca.pem", "-CAkey", dir / "ca.key",
-           "-CAcreateserial", "-out", dir / (who + ".pem"), "-days", "2", "-extfile", dir / (who + ".ext")});
+      run(req({"/usr/bin/openssl", "req"},
+              {"-keyout", dir / (who + ".key"), "-out", dir / (who + ".csr"), "-subj", "/CN=" + who}));
+      run({"/usr/bin/openssl", "x509", "-req", "-in", dir / (who + ".csr"), "-CA", dir / "ca.pem", "-CAkey",
+           dir / "ca.key", "-CAcreateserial", "-out", dir / (who + ".pem"), "-days", "2", "-extfile",
+           dir / (who + ".ext")});
     }
     ca = dir / "ca.pem";
     server_cert = dir / "server.pem";
@@ -657,7 +711,8 @@ std::vector<RunResult> RunTwoAgents(const std::string& endpoint, const std::vect
   std::vector<std::string> f = {"--nnodes=2", "--nproc-per-node=1"};
   f.insert(f.end(), flags.begin(), flags.end());
   std::vector<std::unique_ptr<Child>> agents;
-  for (int i = 0; i < 2; ++i) agents.push_back(std::make_unique<Child>(Agent(endpoint, f, {"--print-env", kEnvKeys}), env));
+  for (int i = 0; i < 2; ++i)
+    agents.push_back(std::make_unique<Child>(Agent(endpoint, f, {"--print-env", kEnvKeys}), env));
   return WaitAll(agents);
 }
 
@@ -683,9 +738,11 @@ TEST(MultiNodeSecurity, AJoinNeedsTheRightTokenFromTheFileOrTheEnvironment) {
   // The right token from the file on one node and from LAUNCH_RDZV_TOKEN on the other.
   std::vector<std::unique_ptr<Child>> agents;
   agents.push_back(std::make_unique<Child>(
-      Agent(coord.endpoint(), {"--nnodes=2", "--nproc-per-node=1", "--rdzv-token-file", dir / "token"}, {"--print-env", kEnvKeys})));
-  agents.push_back(std::make_unique<Child>(Agent(coord.endpoint(), {"--nnodes=2", "--nproc-per-node=1"}, {"--print-env", kEnvKeys}),
-                                           std::vector<std::string>{"LAUNCH_RDZV_TOKEN=s3cret-token-for-test"}));
+      Agent(coord.endpoint(), {"--nnodes=2", "--nproc-per-node=1", "--rdzv-token-file", dir / "token"},
+            {"--print-env", kEnvKeys})));
+  agents.push_back(
+      std::make_unique<Child>(Agent(coord.endpoint(), {"--nnodes=2", "--nproc-per-node=1"}, {"--print-env", kEnvKeys}),
+                              std::vector<std::string>{"LAUNCH_RDZV_TOKEN=s3cret-token-for-test"}));
   ExpectOneJob(WaitAll(agents), 2, 2);
 }
 
@@ -706,6 +763,49 @@ TEST(MultiNodeSecurity, ReachableListenerNeedsTokenOrTlsUnlessInsecure) {
   EXPECT_THAT(bad.err, HasSubstr("expected HOST:PORT"));
 }
 
+// `launch coordinator --listen 127.0.0.1:P` without a token served every local user: another one
+// could list its nodes and forge a ReportExit that failed the job. It is its user's only now: it
+// takes a random token and publishes it in a file only that user can read, where that user's
+// clients of a loopback endpoint find it (no flag); another user is refused and cannot read it.
+TEST(MultiNodeSecurity, ALoopbackCoordinatorWithoutATokenServesItsUserOnly) {
+  Coordinator coord;
+  ASSERT_TRUE(coord.ready()) << coord.child().err();
+  const std::string out = coord.child().out();
+  const std::string marker = "this user's only: token in ";
+  auto at = out.find(marker);
+  ASSERT_NE(at, std::string::npos) << out;
+  const std::string file = out.substr(at + marker.size(), out.find(')', at) - at - marker.size());
+  struct stat st {};
+  ASSERT_EQ(::stat(file.c_str(), &st), 0) << file;
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  ASSERT_EQ(::stat(std::filesystem::path(file).parent_path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  // Its user: no flag needed.
+  auto mine = RunCmd({kLaunch, "status", "--rdzv-endpoint", coord.endpoint(), "--rdzv-id", "nosuch"});
+  EXPECT_THAT(mine.err, HasSubstr("no run 'nosuch'"));
+  ExpectOneJob(RunTwoAgents(coord.endpoint(), {}), 2, 2);
+  // Another local user (nobody, uid 65534).
+  if (::geteuid() != 0) GTEST_SKIP() << "running a command as another user needs root";
+  const std::vector<std::string> as_nobody = {"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"};
+  auto probe = RunCmd({as_nobody[0], as_nobody[1], as_nobody[2], as_nobody[3], kLaunch, "--version"});
+  if (probe.exit_code != 0) GTEST_SKIP() << "uid 65534 cannot run " << kLaunch << ": " << probe.err;
+  std::vector<std::string> status = as_nobody;
+  for (std::string a : {std::string(kLaunch), std::string("status"), std::string("--rdzv-endpoint"), coord.endpoint(),
+                        std::string("--rdzv-id"), std::string("none")})
+    status.push_back(a);
+  auto other = RunCmd(status);
+  EXPECT_EQ(other.exit_code, 1) << other.err;
+  EXPECT_THAT(other.err, HasSubstr("serves only the user who started it"));
+  std::vector<std::string> read = as_nobody;
+  read.push_back("/bin/cat");
+  read.push_back(file);
+  EXPECT_NE(RunCmd(read).exit_code, 0);
+  // Gone with its coordinator.
+  coord.Kill(SIGTERM);
+  coord.child().Wait();
+  EXPECT_NE(::stat(file.c_str(), &st), 0) << file;
+}
+
 TEST(MultiNodeSecurity, TlsAndMutualTls) {
   TempDir dir;
   TestCerts certs(dir);
@@ -722,14 +822,13 @@ TEST(MultiNodeSecurity, TlsAndMutualTls) {
   auto anon = RunCmd(Agent(mtls.endpoint(), {"--nnodes=2", "--tls-ca", certs.ca, "--rdzv-conf", "join_timeout=1"}, {}));
   EXPECT_EQ(anon.exit_code, 1) << anon.err;
   EXPECT_THAT(anon.err, HasSubstr("no answer within the join timeout"));
-  ExpectOneJob(RunTwoAgents(mtls.endpoint(), {"--tls-ca", certs.ca, "--tls-cert", certs.client_cert, "--tls-key",
-                                              certs.client_key}),
+  ExpectOneJob(RunTwoAgents(mtls.endpoint(),
+                            {"--tls-ca", certs.ca, "--tls-cert", certs.client_cert, "--tls-key", certs.client_key}),
                2, 2);
   auto bad = RunCmd(Agent(mtls.endpoint(), {"--nnodes=2", "--tls-ca", dir / "server.ext"}, {}));
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_THAT(bad.err, HasSubstr("expected a PEM file"));
 }
-
 
 // ---- network namespaces ----
 
@@ -837,11 +936,12 @@ TEST(MultiNodeNetns, CutNodeIsLostTheOthersGoOnAndItRejoinsWhenItsLinkComesBack)
   // Workers of rounds 1 (3 nodes) and 2 (the 2 left) run until stopped; round 3 ends the job.
   std::vector<std::unique_ptr<Child>> agents;
   for (int i = 0; i < 3; ++i) {
-    agents.push_back(lab.StartAgent(
-        i, coord, dir,
-        {"--nnodes=2:3", "--nproc-per-node=1", "--rdzv-conf", "last_call_timeout=10,heartbeat_timeout=1,heartbeat_interval=0.2"},
-        {"--pid-file", dir / "pids", "--print-env", "LAUNCH_ROUND,WORLD_SIZE,RANK,MASTER_ADDR", "--sleep-unless-env",
-         "LAUNCH_ROUND", "3", "0"}));
+    agents.push_back(
+        lab.StartAgent(i, coord, dir,
+                       {"--nnodes=2:3", "--nproc-per-node=1", "--rdzv-conf",
+                        "last_call_timeout=10,heartbeat_timeout=1,heartbeat_interval=0.2"},
+                       {"--pid-file", dir / "pids", "--print-env", "LAUNCH_ROUND,WORLD_SIZE,RANK,MASTER_ADDR",
+                        "--sleep-unless-env", "LAUNCH_ROUND", "3", "0"}));
   }
   auto pump = [&] {
     for (auto& a : agents) a->Pump(1);
@@ -850,8 +950,9 @@ TEST(MultiNodeNetns, CutNodeIsLostTheOthersGoOnAndItRejoinsWhenItsLinkComesBack)
   // Every worker runs and its round-1 lines have reached its agent's output.
   ASSERT_TRUE(WaitUntil([&] {
     pump();
-    return ReadPids(dir / "pids").size() == 3 &&
-           std::all_of(agents.begin(), agents.end(), [](const auto& a) { return !Values(a->out(), "MASTER_ADDR").empty(); });
+    return ReadPids(dir / "pids").size() == 3 && std::all_of(agents.begin(), agents.end(), [](const auto& a) {
+             return !Values(a->out(), "MASTER_ADDR").empty();
+           });
   })) << coord.child().err();
   const pid_t cut_worker = ReadPids(dir / "pids").back();
   for (auto& a : agents) {
@@ -902,7 +1003,6 @@ TEST(MultiNodeNetns, CutNodeIsLostTheOthersGoOnAndItRejoinsWhenItsLinkComesBack)
   for (pid_t p : ReadPids(dir / "pids")) EXPECT_FALSE(ProcessAlive(p)) << "worker " << p << " survived";
 }
 
-
 TEST(MultiNodeNetns, NodeWhoseLeaseDatagramsAreBlockedHeartbeatsOnItsStream) {
   NetnsLab lab(2);
   if (!lab.ok()) GTEST_SKIP() << "network namespaces unavailable: " << lab.why();
@@ -914,7 +1014,8 @@ TEST(MultiNodeNetns, NodeWhoseLeaseDatagramsAreBlockedHeartbeatsOnItsStream) {
   std::vector<std::unique_ptr<Child>> agents;
   for (int i = 0; i < 2; ++i) {
     agents.push_back(lab.StartAgent(i, coord, dir,
-                                    {"--nnodes=2", "--nproc-per-node=1", "--rdzv-conf", "heartbeat_timeout=1,heartbeat_interval=0.2"},
+                                    {"--nnodes=2", "--nproc-per-node=1", "--rdzv-conf",
+                                     "heartbeat_timeout=1,heartbeat_interval=0.2"},
                                     {"--print-env", "LAUNCH_ROUND", "--wait-lines", dir / "go", "1"}));
   }
   auto pump = [&] {
@@ -927,15 +1028,18 @@ TEST(MultiNodeNetns, NodeWhoseLeaseDatagramsAreBlockedHeartbeatsOnItsStream) {
     pump();
     return absl::StrContains(agents[1]->err(), "do not arrive; heartbeating on the stream") &&
            absl::StrContains(coord.child().err(), "no lease datagram from node");
-  })) << agents[1]->err() << coord.child().err();
+  })) << agents[1]->err()
+      << coord.child().err();
   EXPECT_THAT(coord.child().err(), HasSubstr("no lease datagram from node"));
   EXPECT_THAT(agents[0]->err(), Not(HasSubstr("heartbeating on the stream")));
   // Three lease timeouts later both nodes are still in round 1: neither lease ran out.
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
-  WaitUntil([&] {
-    pump();
-    return std::chrono::steady_clock::now() >= until;
-  }, std::chrono::seconds(10));
+  WaitUntil(
+      [&] {
+        pump();
+        return std::chrono::steady_clock::now() >= until;
+      },
+      std::chrono::seconds(10));
   WriteFile(dir / "go", "go\n");
   for (const auto& r : WaitAll(agents)) {
     EXPECT_EQ(r.exit_code, 0) << r.err;
@@ -956,13 +1060,14 @@ TEST(MultiNodeNetns, TheWorkersStoreTakesTheJobsNodesOnly) {
   std::vector<std::unique_ptr<Child>> agents;
   for (int i = 0; i < 2; ++i) {
     agents.push_back(lab.StartAgent(i, coord, dir, {"--nnodes=2", "--nproc-per-node=1"},
-                                    {"--print-env", "MASTER_ADDR,MASTER_PORT,TORCHELASTIC_USE_AGENT_STORE", "--wait-lines",
-                                     dir / "go", "1"}));
+                                    {"--print-env", "MASTER_ADDR,MASTER_PORT,TORCHELASTIC_USE_AGENT_STORE",
+                                     "--wait-lines", dir / "go", "1"}));
   }
   ASSERT_TRUE(WaitUntil([&] {
     for (auto& a : agents) a->Pump(1);
     coord.child().Pump(1);
-    return std::all_of(agents.begin(), agents.end(), [](const auto& a) { return !Values(a->out(), "MASTER_PORT").empty(); });
+    return std::all_of(agents.begin(), agents.end(),
+                       [](const auto& a) { return !Values(a->out(), "MASTER_PORT").empty(); });
   })) << coord.child().err();
   const std::string addr = Values(agents[0]->out(), "MASTER_ADDR")[0];
   const std::string port = Values(agents[0]->out(), "MASTER_PORT")[0];
@@ -991,7 +1096,8 @@ TEST(MultiNodeNetns, TheWorkersStoreTakesTheJobsNodesOnly) {
   WriteFile(dir / "go", "go\n");
   for (const auto& r : WaitAll(agents)) EXPECT_EQ(r.exit_code, 0) << r.err;
   bool told = false;
-  for (auto& a : agents) told = told || absl::StrContains(a->err(), "refused a connection from " + NetnsLab::HubAddress());
+  for (auto& a : agents)
+    told = told || absl::StrContains(a->err(), "refused a connection from " + NetnsLab::HubAddress());
   EXPECT_TRUE(told) << "the host agent logs the refusal";
 }
 
@@ -1049,7 +1155,8 @@ TEST(MultiNodeChaos, TrainingSurvivesRandomWorkerAndAgentKillsWithExactSteps) {
   Coordinator coord;
   ASSERT_TRUE(coord.ready()) << coord.child().err();
   const int kills = EnvCount("LAUNCH_SOAK_KILLS", 6, 1, 1000);
-  const unsigned seed = static_cast<unsigned>(EnvCount("LAUNCH_SOAK_SEED", static_cast<int>(std::random_device{}() >> 1), 0, INT32_MAX));
+  const unsigned seed = static_cast<unsigned>(
+      EnvCount("LAUNCH_SOAK_SEED", static_cast<int>(std::random_device{}() >> 1), 0, INT32_MAX));
   std::printf("chaos: %d disruptions, seed %u (LAUNCH_SOAK_SEED=%u replays it)\n", kills, seed, seed);
   std::fflush(stdout);
   SCOPED_TRACE("LAUNCH_SOAK_SEED=" + std::to_string(seed));
@@ -1071,13 +1178,42 @@ TEST(MultiNodeChaos, TrainingSurvivesRandomWorkerAndAgentKillsWithExactSteps) {
     EXPECT_EQ(::rename((budget_file + ".new").c_str(), budget_file.c_str()), 0) << budget_file;
   };
   auto agent_argv = [&](const std::string& run, const std::string& out) {
-    std::vector<std::string> argv = {kLaunch, "--rdzv-endpoint", coord.endpoint(), "--rdzv-id", run, "--nnodes=2",
-                                     "--nproc-per-node=2", "--max-restarts=" + kMaxRestarts, "--stop-timeout=5", "--rdzv-conf",
-                                     "heartbeat_timeout=1,heartbeat_interval=0.2", TRAIN_MLP_BIN, "--dims",
-                                     "32,64,64,10", "--batch", "16", "--steps", kSteps, "--dataset-size", "512",
-                                     "--warmup", "0", "--checkpoint-every", "5", "--keep", "3", "--print-every", "0",
-                                     "--slow-rank", "0", "--slow-ms", "10",
-                                     "--checkpoint-dir", dir / (out + "-ckpt"), "--save-params", dir / (out + ".bin")};
+    std::vector<std::string> argv = {kLaunch,
+                                     "--rdzv-endpoint",
+                                     coord.endpoint(),
+                                     "--rdzv-id",
+                                     run,
+                                     "--nnodes=2",
+                                     "--nproc-per-node=2",
+                                     "--max-restarts=" + kMaxRestarts,
+                                     "--stop-timeout=5",
+                                     "--rdzv-conf",
+                                     "heartbeat_timeout=1,heartbeat_interval=0.2",
+                                     TRAIN_MLP_BIN,
+                                     "--dims",
+                                     "32,64,64,10",
+                                     "--batch",
+                                     "16",
+                                     "--steps",
+                                     kSteps,
+                                     "--dataset-size",
+                                     "512",
+                                     "--warmup",
+                                     "0",
+                                     "--checkpoint-every",
+                                     "5",
+                                     "--keep",
+                                     "3",
+                                     "--print-every",
+                                     "0",
+                                     "--slow-rank",
+                                     "0",
+                                     "--slow-ms",
+                                     "10",
+                                     "--checkpoint-dir",
+                                     dir / (out + "-ckpt"),
+                                     "--save-params",
+                                     dir / (out + ".bin")};
     if (run == "chaos") argv.insert(argv.end(), {"--step-budget-file", budget_file});
     return argv;
   };
@@ -1088,7 +1224,7 @@ TEST(MultiNodeChaos, TrainingSurvivesRandomWorkerAndAgentKillsWithExactSteps) {
     for (const auto& r : WaitAll(agents, std::chrono::seconds(180))) ASSERT_EQ(r.exit_code, 0) << r.err;
   }
 
-  raise_budget(kBudgetAhead);  // the first disruption comes after the first checkpoint too
+  raise_budget(kBudgetAhead);                  // the first disruption comes after the first checkpoint too
   std::vector<std::unique_ptr<Child>> agents;  // every agent ever started, the killed one too
   for (int i = 0; i < 2; ++i) agents.push_back(std::make_unique<Child>(agent_argv("chaos", "chaos")));
   auto live_agents = [&] {
@@ -1127,8 +1263,8 @@ TEST(MultiNodeChaos, TrainingSurvivesRandomWorkerAndAgentKillsWithExactSteps) {
           return fresh && NewestCheckpoint(dir / "chaos-ckpt") > last_kill_step && resumes() >= disruption;
         },
         std::chrono::seconds(60)))
-        << "disruption " << disruption << ": no new round made progress; coordinator:\n" << coord.child().err()
-        << [&] {
+        << "disruption " << disruption << ": no new round made progress; coordinator:\n"
+        << coord.child().err() << [&] {
              // Which condition held, and what the workers printed: enough to tell a round that
              // never started from one that did not resume or wrote no checkpoint.
              std::string tails = absl::StrCat("\nworkers found ", workers.size(), ", newest checkpoint ",
@@ -1182,7 +1318,8 @@ TEST(MultiNodeChaos, TrainingSurvivesRandomWorkerAndAgentKillsWithExactSteps) {
   EXPECT_THAT(out, HasSubstr("done: steps=" + kSteps));
   EXPECT_EQ(NewestCheckpoint(dir / "chaos-ckpt"), std::stol(kSteps));
   int resumed = 0;
-  for (size_t pos = out.find("resumed from step"); pos != std::string::npos; pos = out.find("resumed from step", pos + 1))
+  for (size_t pos = out.find("resumed from step"); pos != std::string::npos;
+       pos = out.find("resumed from step", pos + 1))
     ++resumed;
   EXPECT_GE(resumed, kills) << out;
   auto a = ReadFloats(dir / "straight.bin");

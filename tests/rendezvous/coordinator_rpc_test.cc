@@ -43,7 +43,10 @@ class CoordinatorRpc : public ::testing::Test {
   std::unique_ptr<grpc::ClientContext> Ctx(const std::string& token = "") {
     auto ctx = std::make_unique<grpc::ClientContext>();
     ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    if (!token.empty()) ctx->AddMetadata(kTokenMetadataKey, token);
+    // Without one, the token an owner-only coordinator (loopback, no token) published, as its
+    // user's clients send it.
+    const std::string t = token.empty() && server_ ? ReadLocalToken(server_->port()) : token;
+    if (!t.empty()) ctx->AddMetadata(kTokenMetadataKey, t);
     if (!node_key_.empty()) ctx->AddMetadata(kNodeKeyMetadataKey, node_key_);
     return ctx;
   }
@@ -254,8 +257,10 @@ TEST_F(CoordinatorRpc, WatchStreamAnswersOnceWhenTheNodeMustStop) {
 }
 
 // Seconds since the lease of `node` in run "job" was last renewed (-1: not known).
-double SecondsSinceLease(v1::Rendezvous::Stub* stub, const std::string& node) {
+// (`port`: an owner-only coordinator's, whose token its user reads.)
+double SecondsSinceLease(v1::Rendezvous::Stub* stub, const std::string& node, int port) {
   grpc::ClientContext ctx;
+  ctx.AddMetadata(kTokenMetadataKey, ReadLocalToken(port));
   v1::StatusRequest req;
   req.set_run_id("job");
   v1::StatusResponse resp;
@@ -302,8 +307,8 @@ TEST_F(CoordinatorRpc, LeaseDatagramsRenewTheLeaseAndForgeriesAndReplaysDoNot) {
   // is not.
   fake_.Advance(std::chrono::milliseconds(300));
   send("a", 1, a.lease_key());
-  ASSERT_TRUE(Eventually([&] { return SecondsSinceLease(stub_.get(), "a") == 0; }));
-  EXPECT_DOUBLE_EQ(SecondsSinceLease(stub_.get(), "b"), 0.3);
+  ASSERT_TRUE(Eventually([&] { return SecondsSinceLease(stub_.get(), "a", server_->port()) == 0; }));
+  EXPECT_DOUBLE_EQ(SecondsSinceLease(stub_.get(), "b", server_->port()), 0.3);
   // A forged datagram (another key), a replayed one, and one signed with b's key, all for a; then
   // a genuine one for b: once b is renewed, the three before it have been read, and a's lease
   // must not have moved.
@@ -312,11 +317,11 @@ TEST_F(CoordinatorRpc, LeaseDatagramsRenewTheLeaseAndForgeriesAndReplaysDoNot) {
   send("a", 1, a.lease_key());
   send("a", 99, rb.assignment().lease_key());  // b's key signs nothing for a
   send("b", 1, rb.assignment().lease_key());
-  ASSERT_TRUE(Eventually([&] { return SecondsSinceLease(stub_.get(), "b") == 0; }));
-  EXPECT_DOUBLE_EQ(SecondsSinceLease(stub_.get(), "a"), 0.3);
+  ASSERT_TRUE(Eventually([&] { return SecondsSinceLease(stub_.get(), "b", server_->port()) == 0; }));
+  EXPECT_DOUBLE_EQ(SecondsSinceLease(stub_.get(), "a", server_->port()), 0.3);
   // The next genuine one for a renews it.
   send("a", 2, a.lease_key());
-  ASSERT_TRUE(Eventually([&] { return SecondsSinceLease(stub_.get(), "a") == 0; }));
+  ASSERT_TRUE(Eventually([&] { return SecondsSinceLease(stub_.get(), "a", server_->port()) == 0; }));
 }
 
 TEST_F(CoordinatorRpc, NoDatagramsByTheThirdHeartbeatMeansHeartbeatOnTheStream) {
