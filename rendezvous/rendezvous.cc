@@ -130,12 +130,13 @@ absl::Status Rendezvous::Join(const v1::JoinRequest& req) {
     v1::RunSpec mine = config_.ToSpec();
     if (req.spec().min_nodes() != mine.min_nodes() || req.spec().max_nodes() != mine.max_nodes() ||
         req.spec().max_restarts() != mine.max_restarts()) {
-      return absl::FailedPreconditionError(absl::StrCat("run '", run_id_, "' has ", DescribeSpec(mine),
+      return absl::FailedPreconditionError(absl::StrCat("run '", Shown(run_id_), "' has ", DescribeSpec(mine),
                                                         "; this node asks for ", DescribeSpec(req.spec())));
     }
   }
   if (ended()) {
-    return absl::FailedPreconditionError(absl::StrCat("run '", run_id_, "' has ended (", PhaseName(phase_), ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("run '", Shown(run_id_), "' has ended (", PhaseName(phase_), ")"));
   }
   RETURN_IF_ERROR(RoomToKnow(id));
   const bool member = FindMember(id) != nullptr;
@@ -579,7 +580,13 @@ v1::HeartbeatResponse Rendezvous::HeartbeatAnswer(const v1::HeartbeatRequest& re
 
 v1::HeartbeatResponse Rendezvous::Heartbeat(const v1::HeartbeatRequest& req) {
   if (!Knows(req.node_id()) && req.has_assignment() && req.has_node() && RoomToKnow(req.node_id()).ok()) {
-    if (!Reattach(req)) identities_[req.node_id()] = req.node();  // known now; told to stop below
+    if (!Reattach(req)) {
+      // Known now, told to stop below; a stranger's addresses are nobody's business.
+      // (Copied, not moved: a cleared repeated field keeps its elements' memory.)
+      v1::NodeIdentity known = req.node();
+      known.clear_addresses();
+      identities_[req.node_id()].CopyFrom(known);
+    }
   }
   if (Member* m = FindMember(req.node_id()); m && req.round() == round_) m->last_seen = clock_->Now();
   return HeartbeatAnswer(req);

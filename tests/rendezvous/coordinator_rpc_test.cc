@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "rendezvous/lease.h"
@@ -504,6 +505,54 @@ TEST_F(CoordinatorRpc, ANodesKeyDoesNotSpeakForAnotherNode) {
   EXPECT_TRUE(stub_->Heartbeat(Ctx("the-token").get(), hb, &hresp).ok());
   v1::SampleResponse sresp;
   EXPECT_TRUE(stub_->Sample(Ctx("the-token").get(), sample, &sresp).ok());
+}
+
+}  // namespace
+}  // namespace launch
+
+namespace launch {
+namespace {
+
+// Runs per coordinator are bounded (each re-registration of a new run id made one), and what one
+// request writes to the log is bounded whatever its strings: every wire string cut to 64 bytes.
+TEST_F(CoordinatorRpc, RunsAreBoundedAndARequestsLogLinesAreShort) {
+  Start();
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  spdlog::default_logger()->sinks().push_back(sink);
+  v1::HeartbeatRequest hb;
+  hb.set_round(1);
+  *hb.mutable_node() = Join("job", std::string(kMaxNodeIdLength, 'n')).node();
+  hb.mutable_node()->set_hostname(std::string(kMaxHostLength, 'h'));
+  hb.mutable_node()->set_host_address(std::string(kMaxHostLength, 'i'));
+  *hb.mutable_spec() = Join("job", "a").spec();
+  hb.mutable_spec()->set_max_nodes(kMaxNodes);
+  hb.mutable_assignment()->set_round(1);
+  hb.mutable_assignment()->set_group_world_size(kMaxNodes);
+  hb.mutable_assignment()->set_group_rank(kMaxNodes - 1);
+  hb.mutable_assignment()->set_world_size(kMaxNodes);
+  hb.mutable_assignment()->set_lease_key(std::string(kLeaseKeyBytes, 'k'));
+  node_key_ = hb.assignment().lease_key();
+  for (int i = 0; i <= kMaxRunsPerCoordinator; ++i) {
+    hb.set_run_id(absl::StrCat(std::string(100, 'r'), i));
+    hb.set_node_id(absl::StrCat(std::string(kMaxNodeIdLength - 8, 'n'), i));
+    hb.mutable_node()->set_node_id(hb.node_id());
+    const size_t logged = log.str().size();
+    v1::HeartbeatResponse resp;
+    grpc::Status st = stub_->Heartbeat(Ctx().get(), hb, &resp);
+    spdlog::default_logger()->flush();
+    EXPECT_LT(log.str().size() - logged, 700u) << log.str().substr(logged);
+    if (i < kMaxRunsPerCoordinator) {
+      ASSERT_TRUE(st.ok()) << i << ": " << st.error_message();
+      continue;
+    }
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_THAT(st.error_message(), HasSubstr(absl::StrCat("holds ", kMaxRunsPerCoordinator, " runs, its limit")));
+  }
+  spdlog::default_logger()->sinks().pop_back();
+  EXPECT_EQ(server_->service()->runs_for_test(), kMaxRunsPerCoordinator);
+  EXPECT_EQ(log.str().find(std::string(65, 'n')), std::string::npos);
+  EXPECT_EQ(log.str().find(std::string(65, 'h')), std::string::npos);
 }
 
 }  // namespace
