@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 
 namespace launch {
 
@@ -33,9 +34,6 @@ inline constexpr size_t kMaxWarmImports = 64;
 inline constexpr int kMaxWorkersPerNode = 4096;
 // Nodes in one run (--nnodes MAX, and every node count on the wire).
 inline constexpr int kMaxNodes = 16384;
-// A round number as the wire, a lease datagram or etcd carries it: rounds are counted from 1 and
-// a round takes at least a worker's start, so no run gets near this; anything above is hostile.
-inline constexpr long kMaxRound = 1L << 40;
 // A node id (the agent makes "<host>:<pid>:<hex>", its host part cut to fit) and a host name or
 // address (a DNS name is at most 253 bytes), as they travel in RPCs and lease datagrams.
 inline constexpr size_t kMaxNodeIdLength = 255;
@@ -43,6 +41,26 @@ inline constexpr size_t kMaxHostLength = 255;
 // The interface addresses one node reports (NodeIdentity.addresses), each a numeric address.
 inline constexpr int kMaxNodeAddresses = 64;
 inline constexpr size_t kMaxAddressLength = 64;
+// Runs one coordinator holds at once (a Join or re-registration of one more is refused).
+inline constexpr int kMaxRunsPerCoordinator = 1024;
+// Spare nodes one run keeps waiting for a place (torchrun's redundancy list).
+inline constexpr int kMaxSparesPerRun = 1024;
+// Node ids one run remembers: its members, the round being formed, its spares, and as many again
+// of nodes gone (so that a node cut off is told to stop, not taken for a stranger).
+constexpr int KnownNodesLimit(int max_nodes) { return 2 * (2 * max_nodes + kMaxSparesPerRun); }
+// A rendezvous round as it travels in RPCs: far more rounds than any job makes, far from
+// overflowing the counter that each new round increments.
+inline constexpr int64_t kMaxRound = int64_t{1} << 40;
+// The rendezvous messages (every RPC and its answer): small, anything bigger is an attack or a bug.
+inline constexpr int kMaxRendezvousMessageBytes = 1 << 20;
+// The addresses a round's group-rank-0 agent lets into its store (Assignment.member_addresses),
+// distinct, as bytes on the wire: a join whose new addresses would go over it is refused, so the
+// answer to the largest allowed round stays under the message limit with room for the rest.
+inline constexpr size_t kMaxMemberAddressBytes = 768 * 1024;
+// One address on the wire: its bytes, a tag and a length of at most two bytes.
+constexpr size_t WireAddressBytes(size_t length) { return length + (length < 128 ? 2 : 3); }
+static_assert(kMaxMemberAddressBytes + 16 * 1024 < static_cast<size_t>(kMaxRendezvousMessageBytes),
+              "an assignment's other fields (ids, hosts, a lease key: under 16 KiB) fit beside its addresses");
 // A worker's error-file message as an agent reports it to the coordinator.
 inline constexpr size_t kMaxWireErrorMessage = 16 * 1024;
 

@@ -84,6 +84,10 @@ namespace launch {
     "A connection that does not finish its HTTP/2 (and TLS) handshake is closed after this")                   \
   X(std::chrono::milliseconds, MaxConnectionIdle, std::chrono::seconds(600),                                   \
     "A connection with no call for this long is closed (one holding a Watch or a Join never is)")              \
+  X(int, MetricsMaxConnections, 16,                                                                            \
+    "Connections the metrics port holds at once; one more closes the oldest still being read")                 \
+  X(std::chrono::milliseconds, MetricsConnectionDeadline, kHandshakeTimeout,                                   \
+    "A metrics connection that has not been read and answered within this is closed (a slow client)")          \
   X(std::chrono::milliseconds, ServerShutdownGrace, std::chrono::seconds(1),                                   \
     "How long answers already given have to reach the agents when the coordinator stops")                      \
   X(std::chrono::milliseconds, RelistenShutdownGrace, std::chrono::milliseconds(500),                          \

@@ -16,6 +16,10 @@ struct MetricsHttpOptions {
   std::string token;
   std::string tls_cert_file, tls_key_file;  // both set: HTTPS
   std::function<std::string()> render;
+  // Connections served at once (one more closes the oldest), and how long one may take from its
+  // accept to its answer written: a slow or idle client holds a slot only that long.
+  int max_connections = 16;
+  int connection_deadline_ms = 10000;
 };
 
 // Serving on its own threads from the start; stops serving and joins them when destroyed.

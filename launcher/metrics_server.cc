@@ -43,6 +43,8 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(Options opts
   ho.tls_cert_file = opts.tls_cert_file;
   ho.tls_key_file = opts.tls_key_file;
   ho.render = opts.render;
+  ho.max_connections = opts.max_connections;
+  ho.connection_deadline_ms = static_cast<int>(opts.connection_deadline.count());
   std::string error;
   bool invalid = false;
   std::unique_ptr<MetricsHttp> http((*start)(ho, &error, &invalid));

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/tunables.h"
 #include "launcher/metrics_http.h"
 
 namespace launch {
@@ -22,6 +23,8 @@ class MetricsServer {
     std::string token;                        // required: scrapers send "Authorization: Bearer <token>"
     std::string tls_cert_file, tls_key_file;  // both set: HTTPS
     std::function<std::string()> render;      // the page
+    int max_connections = kMetricsMaxConnections;
+    std::chrono::milliseconds connection_deadline = kMetricsConnectionDeadline;
   };
   // Listening when it returns; the port in use is port().
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(Options opts);

@@ -36,6 +36,7 @@
 #endif
 #include "doctor/doctor.h"
 #include "rendezvous/local_coordinator.h"
+#include "rendezvous/local_token.h"
 #include "launcher/plan.h"
 #include "rendezvous/security.h"
 #include "launcher/metrics_server.h"
@@ -162,7 +163,12 @@ absl::StatusOr<std::unique_ptr<GrpcCoordinatorClient>> MakeClient(const std::str
   // connection (a cut link), so the agent says so and reconnects when it comes back.
   ApplyKeepalive(&args);
   auto channel = grpc::CreateCustomChannel(target, creds, args);
-  return std::make_unique<GrpcCoordinatorClient>(channel, target, security.token, rcfg.join_timeout);
+  auto client = std::make_unique<GrpcCoordinatorClient>(channel, target, security.token, rcfg.join_timeout);
+  if (auto hp = ParseHostPort(target, "--rdzv-endpoint");
+      hp.ok() && TakesLocalToken(hp->host, security.token, security.tls(), security.insecure)) {
+    client->UseLocalToken(hp->port.value_or(kDefaultRendezvousPort));
+  }
+  return client;
 }
 
 // A single node's coordinator serves its own agent only: on loopback any local user could reach
@@ -350,8 +356,12 @@ int RunCoordinator(const CoordinatorConfig& c, SignalFd* signals) {
     if (!served.ok()) return UsageError(std::string(served.status().message()));
     metrics = std::move(*served);
   }
+  const std::string owner_only = (*server)->local_token_path();
   std::printf("launch coordinator: listening on %s%s%s%s\n", (*server)->address().c_str(),
-              security.tls() ? " (TLS)" : "", security.token.empty() ? "" : " (token required)",
+              security.tls() ? " (TLS)" : "",
+              !security.token.empty() ? " (token required)"
+              : owner_only.empty()    ? ""
+                                      : absl::StrCat(" (this user's only: token in ", owner_only, ")").c_str(),
               c.state.empty() ? "" : " (a replica; state in etcd)");
   std::fflush(stdout);
   for (;;) {
@@ -382,7 +392,11 @@ int RunStatus(const StatusConfig& c, SignalFd* signals) {
   for (;;) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + kStatusDeadline);
-    if (!loaded->token.empty()) ctx.AddMetadata(kTokenMetadataKey, loaded->token);
+    const std::string token = TakesLocalToken(hp->host, loaded->token, loaded->tls(), loaded->insecure)
+                                  ? ReadLocalToken(
+                                        hp->port.value_or(kDefaultRendezvousPort))  // an owner-only coordinator's
+                                  : loaded->token;
+    if (!token.empty()) ctx.AddMetadata(kTokenMetadataKey, token);
     v1::StatusRequest req;
     req.set_run_id(c.rdzv_id);
     v1::StatusResponse resp;

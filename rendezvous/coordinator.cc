@@ -5,12 +5,15 @@
 
 #include <algorithm>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "rendezvous/grpc_wire.h"
 #include "common/limits.h"
 #include "common/launch_env.h"
 #include "common/net.h"
+#include "common/status_macros.h"
+#include "common/strings.h"
 #include "common/tunables.h"
 #include "rendezvous/grpc_log.h"
 #include "spdlog/spdlog.h"
@@ -23,11 +26,6 @@ namespace {
 grpc::Status ToGrpc(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
-
-// A string from the wire as a log line shows it: at most 64 bytes (an id may be the attack).
-std::string Shown(const std::string& s) {
-  return s.size() <= 64 ? s : absl::StrCat(s.substr(0, 64), "...(", s.size(), " bytes)");
 }
 
 bool ValidId(const std::string& s, size_t max) {
@@ -50,20 +48,21 @@ absl::Status ValidateIds(const std::string& run_id, const std::string& node_id) 
 absl::Status ValidateNode(const std::string& run_id, const v1::NodeIdentity& n) {
   if (absl::Status st = ValidateIds(run_id, n.node_id()); !st.ok()) return st;
   if (n.local_world_size() < 1 || n.local_world_size() > kMaxWorkersPerNode) {
-    return absl::InvalidArgumentError(absl::StrCat("node ", n.node_id(), ": local_world_size ", n.local_world_size(),
-                                                   " is not 1-", kMaxWorkersPerNode));
+    return absl::InvalidArgumentError(absl::StrCat("node ", Shown(n.node_id()), ": local_world_size ",
+                                                   n.local_world_size(), " is not 1-", kMaxWorkersPerNode));
   }
   if (n.host_address().size() > kMaxHostLength || n.hostname().size() > kMaxHostLength) {
     return absl::InvalidArgumentError(absl::StrCat("host name or address over ", kMaxHostLength, " bytes"));
   }
   if (n.addresses_size() > kMaxNodeAddresses) {
-    return absl::InvalidArgumentError(absl::StrCat("node ", n.node_id(), ": ", n.addresses_size(),
+    return absl::InvalidArgumentError(absl::StrCat("node ", Shown(n.node_id()), ": ", n.addresses_size(),
                                                    " interface addresses (expected at most ", kMaxNodeAddresses, ")"));
   }
   for (const auto& a : n.addresses()) {
     if (!ValidId(a, kMaxAddressLength)) {
-      return absl::InvalidArgumentError(absl::StrCat("node ", n.node_id(), ": an interface address missing, over ",
-                                                     kMaxAddressLength, " bytes or not printable"));
+      return absl::InvalidArgumentError(absl::StrCat("node ", Shown(n.node_id()),
+                                                     ": an interface address missing, over ", kMaxAddressLength,
+                                                     " bytes or not printable"));
     }
   }
   return absl::OkStatus();
@@ -96,6 +95,24 @@ grpc::Status CheckSize(const std::string& peer, const google::protobuf::Message&
                                    kMaxRendezvousMessageBytes, " bytes"));
 }
 
+// The node key a caller presented (empty: none).
+std::string PresentedNodeKey(const grpc::CallbackServerContext* ctx) {
+  const auto& md = ctx->client_metadata();
+  auto it = md.find(kNodeKeyMetadataKey);
+  return it == md.end() ? std::string() : std::string(it->second.data(), it->second.size());
+}
+
+// A key a node presents against the one it must have (a lease key: kLeaseKeyBytes bytes).
+bool KeyMatches(const std::string& presented, const std::string& expected) {
+  return expected.size() == kLeaseKeyBytes && ConstantTimeEquals(presented, expected);
+}
+
+absl::Status WrongNodeKey(const std::string& node_id, bool presented) {
+  return absl::PermissionDeniedError(absl::StrCat(presented ? "wrong" : "no", " node key (", kNodeKeyMetadataKey,
+                                                  ") for node ", Shown(node_id),
+                                                  ": a node speaks only for itself, with the key of its join"));
+}
+
 }  // namespace
 
 // A Join whose answer comes when its round forms; it owns nothing but its place in the run.
@@ -120,7 +137,8 @@ class CoordinatorService::HeldCall final : public grpc::ServerUnaryReactor {
 class CoordinatorService::WatchReactor final
     : public grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse> {
  public:
-  WatchReactor(CoordinatorService* svc, grpc::CallbackServerContext* ctx) : svc_(svc), peer_(ctx->peer()) {
+  WatchReactor(CoordinatorService* svc, grpc::CallbackServerContext* ctx)
+      : svc_(svc), peer_(ctx->peer()), node_key_(PresentedNodeKey(ctx)) {
     grpc::Status st = svc_->CheckToken(ctx, "Watch");
     if (st.ok()) {
       std::lock_guard<std::mutex> lock(svc_->mu_);
@@ -201,7 +219,7 @@ class CoordinatorService::WatchReactor final
     }
     last_ = in_;
     v1::HeartbeatResponse ans;
-    auto run = svc_->HeartbeatLocked(peer_, last_, &ans, f);
+    auto run = svc_->HeartbeatLocked(peer_, node_key_, last_, &ans, f);
     if (finished_) return;  // answered already: the change this heartbeat made was this node's business
     if (!run.ok()) return FinishLocked(ToGrpc(run.status()), f);
     if (*run == nullptr || Rendezvous::Urgent(ans)) return AnswerLocked(ans, f);
@@ -211,8 +229,8 @@ class CoordinatorService::WatchReactor final
     }
     if (last_.lease_by_udp() && ++messages_ >= 3 && !run_->udp_seen.count(last_.node_id())) {
       // Its datagrams do not get here (a firewall, another port): the stream must do.
-      f->Warn(absl::StrCat("run '", run_id_, "': no lease datagram from node ", last_.node_id(), " (", peer_,
-                           ") has arrived; it heartbeats on its stream"));
+      f->Warn(absl::StrCat("run '", Shown(run_id_), "': no lease datagram from node ", Shown(last_.node_id()), " (",
+                           peer_, ") has arrived; it heartbeats on its stream"));
       ans.set_lease_by_stream(true);
       return AnswerLocked(ans, f);
     }
@@ -236,6 +254,7 @@ class CoordinatorService::WatchReactor final
 
   CoordinatorService* svc_;
   const std::string peer_;
+  const std::string node_key_;
   std::string run_id_;
   Run* run_ = nullptr;     // set once the node is known; a run with watchers is never removed
   bool finished_ = false;  // under svc_->mu_
@@ -445,10 +464,30 @@ grpc::Status CoordinatorService::CheckToken(grpc::CallbackServerContext* ctx, co
   std::string got = it == md.end() ? "" : std::string(it->second.data(), it->second.size());
   if (it != md.end() && ConstantTimeEquals(got, opts_.token)) return grpc::Status::OK;
   spdlog::warn("rejected {} from {}: {} rendezvous token", rpc, ctx->peer(), it == md.end() ? "no" : "wrong");
-  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                      it == md.end() ? absl::StrCat("this coordinator needs a rendezvous token (--rdzv-token-file or ",
-                                                    kRdzvTokenEnv, ")")
-                                     : "wrong rendezvous token");
+  return grpc::Status(
+      grpc::StatusCode::UNAUTHENTICATED,
+      opts_.owner_only
+          ? "this coordinator serves only the user who started it (on loopback without a token): run as that user, "
+            "or give it and its clients --rdzv-token-file"
+      : it == md.end()
+          ? absl::StrCat("this coordinator needs a rendezvous token (--rdzv-token-file or ", kRdzvTokenEnv, ")")
+          : "wrong rendezvous token");
+}
+
+absl::Status CoordinatorService::CheckNodeKey(const Run& run, const std::string& node_id, const std::string& presented,
+                                              const std::string& peer, const char* rpc, Finishes* f) const {
+  std::string derived;
+  if (KeyMatches(presented, NodeKey(run, node_id, &derived))) return absl::OkStatus();
+  absl::Status st = WrongNodeKey(node_id, !presented.empty());
+  f->Warn(absl::StrCat("rejected ", rpc, " from ", peer, ": ", st.message()));
+  return st;
+}
+
+absl::Status CoordinatorService::RoomForRun(const std::string& run_id) const {
+  if (runs_.size() < static_cast<size_t>(kMaxRunsPerCoordinator)) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat("this coordinator holds ", runs_.size(), " runs, its limit (",
+                                                   kMaxRunsPerCoordinator, "): run '", Shown(run_id),
+                                                   "' is not taken until one ends"));
 }
 
 CoordinatorService::Run CoordinatorService::NewRun(const std::string& run_id, const RendezvousConfig& cfg) {
@@ -498,14 +537,14 @@ bool CoordinatorService::AnswerIfReady(Run& run, HeldCall* c, Finishes* out) {
     return true;
   }
   if (auto refused = r.TakeJoinRefusal(id)) {
-    out->Warn(
-        absl::StrCat("run '", c->run_id, "': gave up on spare node ", id, " from ", c->peer, ": ", refused->message()));
+    out->Warn(absl::StrCat("run '", Shown(c->run_id), "': gave up on spare node ", Shown(id), " from ", c->peer, ": ",
+                           refused->message()));
     out->emplace_back(c, ToGrpc(*refused));
     return true;
   }
   if (r.ended()) {
     out->emplace_back(c, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                                      absl::StrCat("run '", c->run_id, "' ", PhaseName(r.phase()),
+                                      absl::StrCat("run '", Shown(c->run_id), "' ", PhaseName(r.phase()),
                                                    r.reason().empty() ? "" : ": ", r.reason())));
     return true;
   }
@@ -572,9 +611,13 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
         }
         cfg = *c;
       }
+      if (absl::Status room = RoomForRun(req->run_id()); !room.ok()) {
+        lock.unlock();
+        return reject(room);
+      }
       it = runs_.emplace(req->run_id(), NewRun(req->run_id(), cfg)).first;
-      f.Info(absl::StrCat("run '", req->run_id(), "': first node ", req->node().hostname(), " (", req->node().node_id(),
-                          ") from ", ctx->peer()));
+      f.Info(absl::StrCat("run '", Shown(req->run_id()), "': first node ", Shown(req->node().hostname()), " (",
+                          Shown(req->node().node_id()), ") from ", ctx->peer()));
     }
     Run& run = it->second;
     const uint64_t version = run.rdzv->version();
@@ -586,9 +629,10 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
     }
     TickNow(run);
     if (run.rdzv->IsSpare(req->node().node_id())) {
-      f.Info(absl::StrCat("run '", req->run_id(), "': node ", req->node().hostname(), " (", req->node().node_id(),
-                          ") from ", ctx->peer(), " waits as a spare: the round runs with its ",
-                          run.rdzv->config().max_nodes, " node(s) (--nnodes max)"));
+      f.Info(absl::StrCat("run '", Shown(req->run_id()), "': node ", Shown(req->node().hostname()), " (",
+                          Shown(req->node().node_id()), ") from ", ctx->peer(),
+                          " waits as a spare: the round runs with its ", run.rdzv->config().max_nodes,
+                          " node(s) (--nnodes max)"));
     }
     if (run.rdzv->version() != version) {  // a round formed or opened: every held call may be ready
       run.held.insert(call);
@@ -603,6 +647,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
 }
 
 absl::StatusOr<CoordinatorService::Run*> CoordinatorService::HeartbeatLocked(const std::string& peer,
+                                                                             const std::string& node_key,
                                                                              const v1::HeartbeatRequest& req,
                                                                              v1::HeartbeatResponse* ans, Finishes* f) {
   if (absl::Status st = ValidateIds(req.run_id(), req.node_id()); !st.ok()) {
@@ -610,6 +655,11 @@ absl::StatusOr<CoordinatorService::Run*> CoordinatorService::HeartbeatLocked(con
     return st;
   }
   auto it = runs_.find(req.run_id());
+  auto reject = [&](const absl::Status& st) {
+    f->Warn(
+        absl::StrCat("rejected re-registration of node ", Shown(req.node_id()), " from ", peer, ": ", st.message()));
+    return st;
+  };
   if (it == runs_.end()) {
     if (!req.has_assignment()) {
       ans->set_unknown_node(true);
@@ -617,11 +667,24 @@ absl::StatusOr<CoordinatorService::Run*> CoordinatorService::HeartbeatLocked(con
     }
     auto cfg = Rendezvous::ConfigForReattach(req);
     absl::Status valid = cfg.ok() ? ValidateNode(req.run_id(), req.node()) : cfg.status();
-    if (!valid.ok()) {
-      f->Warn(absl::StrCat("rejected re-registration of node ", req.node_id(), " from ", peer, ": ", valid.message()));
-      return valid;
+    if (valid.ok()) valid = RoomForRun(req.run_id());
+    // A restarted coordinator trusts the key a re-registering node brings (its datagrams' key).
+    if (valid.ok() && !KeyMatches(node_key, req.assignment().lease_key())) {
+      valid = WrongNodeKey(req.node_id(), !node_key.empty());
     }
+    if (!valid.ok()) return reject(valid);
     it = runs_.emplace(req.run_id(), NewRun(req.run_id(), *cfg)).first;
+  } else if (!it->second.rdzv->Knows(req.node_id())) {
+    if (req.has_assignment() && req.has_node()) {
+      // What a re-registration brings is kept: it is checked first, however the run was made.
+      absl::Status valid = ValidateNode(req.run_id(), req.node());
+      if (valid.ok() && !KeyMatches(node_key, req.assignment().lease_key())) {
+        valid = WrongNodeKey(req.node_id(), !node_key.empty());
+      }
+      if (!valid.ok()) return reject(valid);
+    }
+  } else {
+    RETURN_IF_ERROR(CheckNodeKey(it->second, req.node_id(), node_key, peer, "heartbeat", f));
   }
   Run& run = it->second;
   const bool known_before = run.rdzv->Knows(req.node_id());
@@ -632,8 +695,8 @@ absl::StatusOr<CoordinatorService::Run*> CoordinatorService::HeartbeatLocked(con
     run.node_keys[req.node_id()] = req.assignment().lease_key();
   }
   if (!known_before && req.has_assignment() && !ans->unknown_node()) {
-    f->Info(absl::StrCat("run '", req.run_id(), "': node ", req.node().hostname(), " (", req.node_id(),
-                         ") re-registered in round ", req.round(), " from ", peer));
+    f->Info(absl::StrCat("run '", Shown(req.run_id()), "': node ", Shown(req.node().hostname()), " (",
+                         Shown(req.node_id()), ") re-registered in round ", req.round(), " from ", peer));
   }
   if (run.rdzv->version() != v || !known_before) {
     TickNow(run);  // a re-registration rebuilds the run: its timers start now
@@ -653,7 +716,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerCont
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) {
       status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down");
-    } else if (auto run = HeartbeatLocked(ctx->peer(), *req, resp, &f); !run.ok()) {
+    } else if (auto run = HeartbeatLocked(ctx->peer(), PresentedNodeKey(ctx), *req, resp, &f); !run.ok()) {
       status = ToGrpc(run.status());
     }
   }
@@ -689,10 +752,14 @@ grpc::ServerUnaryReactor* CoordinatorService::ReportExit(grpc::CallbackServerCon
     std::lock_guard<std::mutex> lock(mu_);
     auto it = runs_.find(req->run_id());
     if (it == runs_.end()) {
-      f.Warn(absl::StrCat("rejected exit report of node ", req->node_id(), " from ", ctx->peer(), ": no run '",
-                          req->run_id(), "'"));
-      status = grpc::Status(grpc::StatusCode::NOT_FOUND,
-                            absl::StrCat("no run '", req->run_id(), "' on this coordinator (unknown, or closed)"));
+      f.Warn(absl::StrCat("rejected exit report of node ", Shown(req->node_id()), " from ", ctx->peer(), ": no run '",
+                          Shown(req->run_id()), "'"));
+      status = grpc::Status(grpc::StatusCode::NOT_FOUND, absl::StrCat("no run '", Shown(req->run_id()),
+                                                                      "' on this coordinator (unknown, or closed)"));
+    } else if (absl::Status key = CheckNodeKey(it->second, req->node_id(), PresentedNodeKey(ctx), ctx->peer(),
+                                               "exit report", &f);
+               !key.ok()) {
+      status = ToGrpc(key);
     } else {
       Run& run = it->second;
       uint64_t v = run.rdzv->version();
@@ -702,7 +769,7 @@ grpc::ServerUnaryReactor* CoordinatorService::ReportExit(grpc::CallbackServerCon
       if (resp->job_succeeded() || resp->job_failed()) run.rdzv->NoteToldEnd(req->node_id());
       TickNow(run);
       if (run.rdzv->version() != v) {
-        if (!run.rdzv->reason().empty()) f.Info(absl::StrCat("run '", req->run_id(), "': ", run.rdzv->reason()));
+        if (!run.rdzv->reason().empty()) f.Info(absl::StrCat("run '", Shown(req->run_id()), "': ", run.rdzv->reason()));
         Pump(run, &f);
       }
       wake_.notify_one();
@@ -738,7 +805,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Status(grpc::CallbackServerContext
     std::lock_guard<std::mutex> lock(mu_);
     auto it = runs_.find(req->run_id());
     if (it == runs_.end()) {
-      status = grpc::Status(grpc::StatusCode::NOT_FOUND, absl::StrCat("no run '", req->run_id(), "'"));
+      status = grpc::Status(grpc::StatusCode::NOT_FOUND, absl::StrCat("no run '", Shown(req->run_id()), "'"));
     } else {
       *resp = StatusLocked(it->second);
     }
@@ -766,6 +833,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Sample(grpc::CallbackServerContext
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   grpc::Status status = Admit(ctx, *req, "Sample");
   absl::Status valid = absl::OkStatus();
+  Finishes f;
   if (status.ok()) {
     valid = ValidateIds(req->run_id(), req->node_id());
     if (valid.ok()) valid = ValidateSample(*req);
@@ -778,18 +846,23 @@ grpc::ServerUnaryReactor* CoordinatorService::Sample(grpc::CallbackServerContext
     std::lock_guard<std::mutex> lock(mu_);
     auto it = runs_.find(req->run_id());
     if (it == runs_.end()) {
-      status = grpc::Status(grpc::StatusCode::NOT_FOUND, absl::StrCat("no run '", req->run_id(), "'"));
+      status = grpc::Status(grpc::StatusCode::NOT_FOUND, absl::StrCat("no run '", Shown(req->run_id()), "'"));
     } else if (!it->second.rdzv->IsMember(req->node_id()) || req->round() > it->second.rdzv->round()) {
       // Only the nodes of the run's round speak for its ranks.
       status = grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                             absl::StrCat("node ", Shown(req->node_id()), " is not in round ", req->round(), " of run '",
-                                         req->run_id(), "'"));
+                                         Shown(req->run_id()), "'"));
+    } else if (absl::Status key = CheckNodeKey(it->second, req->node_id(), PresentedNodeKey(ctx), ctx->peer(), "sample",
+                                               &f);
+               !key.ok()) {
+      status = ToGrpc(key);
     } else {
       Run& run = it->second;
       run.view->Update(*req, clock_->Now());
       for (v1::StragglerEvent& e : run.view->EventsAfter(req->events_seen())) *resp->add_events() = std::move(e);
     }
   }
+  FinishAll(f);
   reactor->Finish(status);
   return reactor;
 }
@@ -818,7 +891,7 @@ void CoordinatorService::TimerLoop() {
         uint64_t v = r.version();
         TickNow(it->second);
         if (r.version() != v) {
-          if (!r.reason().empty()) f.Warn(absl::StrCat("run '", it->first, "': ", r.reason()));
+          if (!r.reason().empty()) f.Warn(absl::StrCat("run '", Shown(it->first), "': ", r.reason()));
           Pump(it->second, &f);
         }
       }
@@ -826,7 +899,7 @@ void CoordinatorService::TimerLoop() {
       if (r.ended()) {
         auto close = r.ended_at() + r.config().close_timeout;
         if (now >= close && it->second.held.empty() && it->second.watchers.empty()) {
-          f.Info(absl::StrCat("run '", it->first, "' closed (", PhaseName(r.phase()), ")"));
+          f.Info(absl::StrCat("run '", Shown(it->first), "' closed (", PhaseName(r.phase()), ")"));
           if (store_ != nullptr) f.removed.push_back(it->first);
           it = runs_.erase(it);
           continue;
@@ -879,7 +952,11 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
   auto creds = MakeServerCredentials(security);
   if (!creds.ok()) return creds.status();
   std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
-  opts.token = security.token;
+  // Without a token on loopback every local user could call it: it is its own user's alone.
+  const bool owner_only = TakesLocalToken(hp->host, security.token, security.tls(), security.insecure);
+  opts.token = owner_only ? absl::BytesToHexString(NewLeaseKey()) : security.token;
+  opts.owner_only = owner_only;
+  const std::string token = opts.token;
   s->creds_ = *creds;
   s->service_ = std::make_unique<CoordinatorService>(std::move(opts), clock);
   s->server_ = s->BuildServer(JoinHostPort(hp->host, hp->port.value_or(kDefaultRendezvousPort)), &s->port_);
@@ -889,6 +966,11 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
       if (in_use.ok() && *in_use) return absl::AlreadyExistsError(absl::StrCat(listen, " is already in use"));
     }
     return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));
+  }
+  if (owner_only) {
+    auto published = LocalTokenFile::Publish(s->port_, token);
+    if (!published.ok()) return published.status();
+    s->local_token_ = std::move(*published);
   }
   s->service_->Start();
   s->address_ = JoinHostPort(hp->host, s->port_);

@@ -18,10 +18,12 @@
 
 #include "absl/status/statusor.h"
 #include "common/clock.h"
+#include "common/limits.h"
 #include "rendezvous/lease.h"
 #include "common/unique_fd.h"
 #include "launch.grpc.pb.h"
 #include "rendezvous/job_view.h"
+#include "rendezvous/local_token.h"
 #include "rendezvous/rendezvous.h"
 #include "rendezvous/run_store.h"
 #include "rendezvous/security.h"
@@ -31,7 +33,8 @@ namespace launch {
 struct CoordinatorOptions {
   // For joins that carry no run spec (older agents, tests): the run's settings.
   RendezvousConfig defaults;
-  std::string token;  // required on every RPC when not empty
+  std::string token;        // required on every RPC when not empty
+  bool owner_only = false;  // the token is one it took and published for its user (local_token.h)
 };
 
 class CoordinatorService final : public v1::Rendezvous::CallbackService {
@@ -103,6 +106,8 @@ class CoordinatorService final : public v1::Rendezvous::CallbackService {
   // The run's record, with the keys its nodes' lease datagrams are checked with; mu_ held.
   static v1::RunRecord RecordOf(const Run& run);
   Run NewRun(const std::string& run_id, const RendezvousConfig& cfg);
+  // OK when one more run fits under kMaxRunsPerCoordinator; mu_ held.
+  absl::Status RoomForRun(const std::string& run_id) const;
   // The key of `node_id`'s lease datagrams; `scratch` holds a derived one.
   static const std::string& NodeKey(const Run& run, const std::string& node_id, std::string* scratch);
   // What a section under mu_ decided, done once mu_ is released: the one locking rule is decide
@@ -124,6 +129,10 @@ class CoordinatorService final : public v1::Rendezvous::CallbackService {
   };
 
   grpc::Status CheckToken(grpc::CallbackServerContext* ctx, const char* rpc);
+  // Whether `presented` is the key of `node_id` in `run` (derived from the run's key, or the one
+  // it re-registered with); PERMISSION_DENIED, logged with the peer, otherwise. mu_ held.
+  absl::Status CheckNodeKey(const Run& run, const std::string& node_id, const std::string& presented,
+                            const std::string& peer, const char* rpc, Finishes* f) const;
   // The token, then the message size: the first refusal, logged with the peer.
   grpc::Status Admit(grpc::CallbackServerContext* ctx, const google::protobuf::Message& req, const char* rpc);
   // Answers the run's held calls whose answer is ready; mu_ held. Finish happens after unlock.
@@ -134,8 +143,9 @@ class CoordinatorService final : public v1::Rendezvous::CallbackService {
   // coordinator does not know, answers held joins and streams the change concerns; mu_ held.
   // nullptr: the run is unknown and the node sent nothing to rebuild it from (ans says
   // unknown_node).
-  absl::StatusOr<Run*> HeartbeatLocked(const std::string& peer, const v1::HeartbeatRequest& req,
-                                       v1::HeartbeatResponse* ans, Finishes* f);
+  // `node_key`: the key the caller presented (kNodeKeyMetadataKey).
+  absl::StatusOr<Run*> HeartbeatLocked(const std::string& peer, const std::string& node_key,
+                                       const v1::HeartbeatRequest& req, v1::HeartbeatResponse* ans, Finishes* f);
   void Cancelled(HeldCall* call);
   // The run's status with its nodes' latest samples; mu_ held.
   v1::StatusResponse StatusLocked(const Run& run) const;
@@ -174,6 +184,8 @@ class CoordinatorServer {
   ~CoordinatorServer();
   int port() const { return port_; }
   std::string address() const { return address_; }
+  // Where an owner-only coordinator (loopback, no token) published its token; empty otherwise.
+  std::string local_token_path() const { return local_token_ ? local_token_->path() : ""; }
   CoordinatorService* service() { return service_.get(); }
   // A channel to this server inside the process (no socket): for fuzzing the RPC handlers.
   std::shared_ptr<grpc::Channel> InProcessChannel();
@@ -189,6 +201,7 @@ class CoordinatorServer {
   std::unique_ptr<CoordinatorService> service_;
   std::unique_ptr<grpc::Server> server_;  // replaced by the keeper thread; keeper_mu_
   std::unique_ptr<LeaseListener> leases_;
+  std::unique_ptr<LocalTokenFile> local_token_;
   int port_ = 0;
   std::string address_;
   std::mutex keeper_mu_;
@@ -202,9 +215,6 @@ class CoordinatorServer {
   std::thread keeper_;
 };
 
-// Message size limit for every rendezvous RPC (the messages are small; anything big is an attack
-// or a bug).
-constexpr int kMaxRendezvousMessageBytes = 1 << 20;
 // What gRPC itself accepts: messages between the two limits are refused by the service, with a
 // log line naming the peer; larger ones by gRPC before they are parsed.
 constexpr int kGrpcReceiveLimitBytes = 4 * kMaxRendezvousMessageBytes;

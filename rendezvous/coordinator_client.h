@@ -80,6 +80,9 @@ class CoordinatorClient {
   }
   // "host:port" for messages.
   virtual std::string target() const = 0;
+  // The node's own key, from its assignment: sent with every later call that names the node
+  // (a coordinator in this process needs none).
+  virtual void SetNodeKey(const std::string& /*key*/) {}
 };
 
 // Whether a failed call is worth retrying: the coordinator is unreachable or restarting.

@@ -6,8 +6,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/net.h"
 #include "common/status_macros.h"
 #include "common/thread_name.h"
+#include "rendezvous/local_token.h"
 #include "spdlog/spdlog.h"
 
 namespace launch {
@@ -361,7 +363,12 @@ void CoordinatorReplica::ForwardStatus(const v1::StatusRequest& req, v1::StatusR
   call->req = req;
   call->done = std::move(done);
   call->ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  if (!opts_.security.token.empty()) call->ctx.AddMetadata(kTokenMetadataKey, opts_.security.token);
+  std::string token = opts_.security.token;
+  if (auto hp = ParseHostPort(leader, "leader");
+      hp.ok() && hp->port && TakesLocalToken(hp->host, token, opts_.security.tls(), opts_.security.insecure)) {
+    token = ReadLocalToken(*hp->port);  // a leader on loopback without a token published its own
+  }
+  if (!token.empty()) call->ctx.AddMetadata(kTokenMetadataKey, token);
   stub->async()->Status(&call->ctx, &call->req, resp, [call, leader](grpc::Status s) {
     call->done(s.ok() ? absl::OkStatus()
                       : absl::Status(static_cast<absl::StatusCode>(s.error_code()),

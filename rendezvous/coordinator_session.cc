@@ -24,7 +24,7 @@ absl::Status ValidateAssignment(const v1::Assignment& a, int local_world_size) {
     return absl::FailedPreconditionError(
         absl::StrCat("the coordinator's assignment has ", field, " ", value, "; expected ", expected));
   };
-  if (a.round() < 1) return bad("round", a.round(), "a round >= 1");
+  if (a.round() < 1 || a.round() > kMaxRound) return bad("round", a.round(), absl::StrCat("1..", kMaxRound));
   if (a.group_world_size() < 1 || a.group_world_size() > kMaxNodes) {
     return bad("group_world_size", a.group_world_size(), absl::StrCat("1..", kMaxNodes, " nodes"));
   }
@@ -54,7 +54,8 @@ absl::Status ValidateAssignment(const v1::Assignment& a, int local_world_size) {
   if (a.coordinator_host().size() > kMaxHostLength + kMaxAddressLength + 3) {
     return bad("a coordinator_host of", a.coordinator_host().size(), "a host name and address");
   }
-  const int64_t max_addresses = static_cast<int64_t>(a.group_world_size()) * kMaxNodeAddresses;
+  // Each node's interface addresses and its host address.
+  const int64_t max_addresses = static_cast<int64_t>(a.group_world_size()) * (kMaxNodeAddresses + 1);
   if (a.member_addresses_size() > max_addresses) {
     return bad("member_addresses:", a.member_addresses_size(), absl::StrCat("at most ", max_addresses));
   }
@@ -122,6 +123,7 @@ absl::StatusOr<v1::Assignment> CoordinatorSession::Join(
       if (absl::Status valid = ValidateAssignment(*result, opts_.node.local_world_size()); !valid.ok()) {
         return absl::FailedPreconditionError(absl::StrCat(client_->target(), ": ", valid.message()));
       }
+      client_->SetNodeKey(result->lease_key());
       return result;
     }
     if (!CoordinatorUnreachable(result.status()) || clock_->Now() >= deadline) return result;

@@ -18,6 +18,10 @@ std::string FailoverCoordinatorClient::targets() const {
   return out;
 }
 
+void FailoverCoordinatorClient::SetNodeKey(const std::string& key) {
+  for (auto& r : replicas_) r->SetNodeKey(key);
+}
+
 void FailoverCoordinatorClient::Next(size_t from) {
   std::lock_guard<std::mutex> lock(mu_);
   if (current_ == from) current_ = (from + 1) % replicas_.size();

@@ -23,6 +23,8 @@ class FailoverCoordinatorClient final : public CoordinatorClient {
   absl::StatusOr<v1::ReportExitResponse> ReportExit(const v1::ReportExitRequest& req,
                                                     std::chrono::milliseconds timeout) override;
   absl::StatusOr<v1::SampleResponse> Sample(const v1::SampleRequest& req, std::chrono::milliseconds timeout) override;
+  // Every replica gets the node's key: whichever leads checks it.
+  void SetNodeKey(const std::string& key) override;
   // The replica in use now.
   std::string target() const override;
   // Every replica's target, "h1:p,h2:p".

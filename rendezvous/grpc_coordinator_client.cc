@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/tunables.h"
 #include "rendezvous/grpc_wire.h"
+#include "rendezvous/local_token.h"
 
 namespace launch {
 
@@ -18,22 +19,57 @@ GrpcCoordinatorClient::GrpcCoordinatorClient(std::shared_ptr<grpc::Channel> chan
       token_(std::move(token)),
       join_timeout_(join_timeout) {}
 
-void GrpcCoordinatorClient::Prepare(grpc::ClientContext* ctx, std::chrono::milliseconds timeout) const {
-  ctx->set_deadline(std::chrono::system_clock::now() + timeout);
-  if (!token_.empty()) ctx->AddMetadata(kTokenMetadataKey, token_);
+void GrpcCoordinatorClient::SetNodeKey(const std::string& key) {
+  std::lock_guard<std::mutex> lock(key_mu_);
+  node_key_ = key;
+}
+
+namespace {
+void AddCredentials(grpc::ClientContext* ctx, const std::string& token, const std::string& node_key) {
+  if (!token.empty()) ctx->AddMetadata(kTokenMetadataKey, token);
+  if (!node_key.empty()) ctx->AddMetadata(kNodeKeyMetadataKey, node_key);
+}
+}  // namespace
+
+std::string GrpcCoordinatorClient::CurrentToken() const {
+  return token_.empty() && local_port_ > 0 ? ReadLocalToken(local_port_) : token_;
+}
+
+grpc::Status GrpcCoordinatorClient::Authed(std::chrono::milliseconds timeout,
+                                           const std::function<grpc::Status(grpc::ClientContext*)>& call) const {
+  for (int attempt = 0;; ++attempt) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+    const std::string token = CurrentToken();
+    {
+      std::lock_guard<std::mutex> lock(key_mu_);
+      AddCredentials(&ctx, token, node_key_);
+    }
+    grpc::Status s = call(&ctx);
+    if (s.error_code() != grpc::StatusCode::UNAUTHENTICATED || local_port_ == 0 || attempt >= 2 ||
+        CurrentToken() == token) {
+      return s;
+    }
+  }
 }
 
 absl::StatusOr<v1::Assignment> GrpcCoordinatorClient::Join(const v1::JoinRequest& req, CallCanceller* cancel) {
-  grpc::ClientContext ctx;
+  v1::JoinResponse resp;
+  bool cancelled = false;
   // The coordinator answers at its join timeout with the reason; this deadline is for one that
   // is never reached.
-  Prepare(&ctx, join_timeout_ + kJoinDeadlineMargin);
-  // A coordinator that is not up yet (another node is starting it) is waited for, not an error.
-  ctx.set_wait_for_ready(wait_for_ready_);
-  if (cancel && !cancel->Attach([&ctx] { ctx.TryCancel(); })) return absl::CancelledError("join cancelled");
-  v1::JoinResponse resp;
-  grpc::Status s = stub_->Join(&ctx, req, &resp);
-  if (cancel) cancel->Detach();
+  grpc::Status s = Authed(join_timeout_ + kJoinDeadlineMargin, [&](grpc::ClientContext* ctx) {
+    // A coordinator that is not up yet (another node is starting it) is waited for, not an error.
+    ctx->set_wait_for_ready(wait_for_ready_);
+    if (cancel && !cancel->Attach([ctx] { ctx->TryCancel(); })) {
+      cancelled = true;
+      return grpc::Status(grpc::StatusCode::CANCELLED, "join cancelled");
+    }
+    grpc::Status st = stub_->Join(ctx, req, &resp);
+    if (cancel) cancel->Detach();
+    return st;
+  });
+  if (cancelled) return absl::CancelledError("join cancelled");
   if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
     return absl::DeadlineExceededError(
         absl::StrCat("rendezvous join at ", target_, ": no answer within the join timeout (",
@@ -45,10 +81,9 @@ absl::StatusOr<v1::Assignment> GrpcCoordinatorClient::Join(const v1::JoinRequest
 }
 
 absl::StatusOr<v1::HeartbeatResponse> GrpcCoordinatorClient::Heartbeat(const v1::HeartbeatRequest& req) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx, kHeartbeatDeadline);
   v1::HeartbeatResponse resp;
-  grpc::Status s = stub_->Heartbeat(&ctx, req, &resp);
+  grpc::Status s = Authed(kHeartbeatDeadline,
+                          [&](grpc::ClientContext* ctx) { return stub_->Heartbeat(ctx, req, &resp); });
   if (!s.ok()) return FromGrpc(s, absl::StrCat("heartbeat to ", target_));
   return resp;
 }
@@ -57,9 +92,9 @@ namespace {
 
 class GrpcWatchStream final : public WatchStream {
  public:
-  GrpcWatchStream(v1::Rendezvous::Stub* stub, const std::string& token, std::string target)
+  GrpcWatchStream(v1::Rendezvous::Stub* stub, const std::string& token, const std::string& node_key, std::string target)
       : target_(std::move(target)) {
-    if (!token.empty()) ctx_.AddMetadata(kTokenMetadataKey, token);
+    AddCredentials(&ctx_, token, node_key);
     stream_ = stub->Watch(&ctx_);
   }
   ~GrpcWatchStream() override {
@@ -89,25 +124,23 @@ class GrpcWatchStream final : public WatchStream {
 }  // namespace
 
 std::unique_ptr<WatchStream> GrpcCoordinatorClient::Watch() {
-  return std::make_unique<GrpcWatchStream>(stub_.get(), token_, target_);
+  const std::string token = CurrentToken();
+  std::lock_guard<std::mutex> lock(key_mu_);
+  return std::make_unique<GrpcWatchStream>(stub_.get(), token, node_key_, target_);
 }
 
 absl::StatusOr<v1::ReportExitResponse> GrpcCoordinatorClient::ReportExit(const v1::ReportExitRequest& req,
                                                                          std::chrono::milliseconds timeout) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx, timeout);
   v1::ReportExitResponse resp;
-  grpc::Status s = stub_->ReportExit(&ctx, req, &resp);
+  grpc::Status s = Authed(timeout, [&](grpc::ClientContext* ctx) { return stub_->ReportExit(ctx, req, &resp); });
   if (!s.ok()) return FromGrpc(s, absl::StrCat("exit report to ", target_));
   return resp;
 }
 
 absl::StatusOr<v1::SampleResponse> GrpcCoordinatorClient::Sample(const v1::SampleRequest& req,
                                                                  std::chrono::milliseconds timeout) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx, timeout);
   v1::SampleResponse resp;
-  grpc::Status s = stub_->Sample(&ctx, req, &resp);
+  grpc::Status s = Authed(timeout, [&](grpc::ClientContext* ctx) { return stub_->Sample(ctx, req, &resp); });
   if (!s.ok()) return FromGrpc(s, absl::StrCat("sample to ", target_));
   return resp;
 }

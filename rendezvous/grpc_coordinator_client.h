@@ -7,6 +7,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <mutex>
+
 #include "launch.grpc.pb.h"
 #include "rendezvous/coordinator_client.h"
 
@@ -28,13 +30,25 @@ class GrpcCoordinatorClient : public CoordinatorClient {
   // Whether a Join waits for a coordinator that is not up yet (the default: another node may be
   // starting it) or fails at once (one of several replicas: the next one is tried instead).
   void set_wait_for_ready(bool wait) { wait_for_ready_ = wait; }
+  void SetNodeKey(const std::string& key) override;
+  // Without a token of its own, the client of a coordinator on loopback sends the token that
+  // coordinator published for its user (rendezvous/local_token.h), read at each call.
+  void UseLocalToken(int port) { local_port_ = port; }
 
  private:
-  void Prepare(grpc::ClientContext* ctx, std::chrono::milliseconds timeout) const;
+  std::string CurrentToken() const;
+  // One call with a fresh context carrying the credentials; a call refused with a local token
+  // that has changed since is made again (the coordinator published it after the call was
+  // prepared: it was starting, or restarted).
+  grpc::Status Authed(std::chrono::milliseconds timeout,
+                      const std::function<grpc::Status(grpc::ClientContext*)>& call) const;
   std::unique_ptr<v1::Rendezvous::Stub> stub_;
   std::string target_, token_;
   std::chrono::milliseconds join_timeout_;
   bool wait_for_ready_ = true;
+  mutable std::mutex key_mu_;  // calls come from the agent's threads
+  std::string node_key_;       // key_mu_
+  int local_port_ = 0;
 };
 
 // grpc::Status → absl::Status, keeping the code and the message.

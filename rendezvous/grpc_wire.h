@@ -15,6 +15,9 @@ namespace launch {
 
 // Metadata key that carries the rendezvous token on every RPC.
 inline constexpr char kTokenMetadataKey[] = "x-launch-token";
+// Metadata key that carries a node's own key (Assignment.lease_key, binary: hence "-bin") on every
+// RPC that names the node after its join: within the token's trust, a node speaks only for itself.
+inline constexpr char kNodeKeyMetadataKey[] = "x-launch-node-key-bin";
 
 // The gRPC channel arguments of keepalive (common/tunables.h's values) for one end: a client pings
 // to find a coordinator that vanished without closing the connection (a cut link); a server pings

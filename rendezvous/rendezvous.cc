@@ -10,6 +10,7 @@
 #include "common/check.h"
 #include "common/limits.h"
 #include "common/status_macros.h"
+#include "common/strings.h"
 
 namespace launch {
 
@@ -103,8 +104,8 @@ Rendezvous::Rendezvous(std::string run_id, RendezvousConfig config, const Clock*
 
 std::string Rendezvous::NodeName(const std::string& id) const {
   auto it = identities_.find(id);
-  if (it == identities_.end() || it->second.hostname().empty()) return id;
-  return absl::StrCat(it->second.hostname(), " (", it->second.host_address(), ", node ", id, ")");
+  if (it == identities_.end() || it->second.hostname().empty()) return Shown(id);
+  return absl::StrCat(Shown(it->second.hostname()), " (", Shown(it->second.host_address()), ", node ", Shown(id), ")");
 }
 
 Rendezvous::Member* Rendezvous::FindMember(const std::string& id) {
@@ -123,55 +124,99 @@ absl::Status Rendezvous::Join(const v1::JoinRequest& req) {
   if (id.empty()) return absl::InvalidArgumentError("join without a node id");
   if (req.node().local_world_size() < 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("node ", id, " joined with local_world_size ", req.node().local_world_size()));
+        absl::StrCat("node ", Shown(id), " joined with local_world_size ", req.node().local_world_size()));
   }
   if (req.has_spec()) {
     v1::RunSpec mine = config_.ToSpec();
     if (req.spec().min_nodes() != mine.min_nodes() || req.spec().max_nodes() != mine.max_nodes() ||
         req.spec().max_restarts() != mine.max_restarts()) {
-      return absl::FailedPreconditionError(absl::StrCat("run '", run_id_, "' has ", DescribeSpec(mine),
+      return absl::FailedPreconditionError(absl::StrCat("run '", Shown(run_id_), "' has ", DescribeSpec(mine),
                                                         "; this node asks for ", DescribeSpec(req.spec())));
     }
   }
   if (ended()) {
-    return absl::FailedPreconditionError(absl::StrCat("run '", run_id_, "' has ended (", PhaseName(phase_), ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("run '", Shown(run_id_), "' has ended (", PhaseName(phase_), ")"));
+  }
+  RETURN_IF_ERROR(RoomToKnow(id));
+  const bool member = FindMember(id) != nullptr;
+  if (phase_ == Phase::kRunning && !member && static_cast<int>(members_.size()) >= config_.max_nodes) {
+    identities_[id] = req.node();
+    refused_.erase(id);
+    return AddSpare(req);
   }
   identities_[id] = req.node();
   refused_.erase(id);
-  const bool member = FindMember(id) != nullptr;
   if (phase_ == Phase::kRunning) {
-    if (!member && static_cast<int>(members_.size()) >= config_.max_nodes) {
-      AddSpare(req);
-      return absl::OkStatus();
-    }
     // A node (new, or back after being cut off) asks in while a round runs: the next round takes
     // it; the running nodes learn of it at once. No restart budget is spent.
     OpenNextRound(absl::StrCat("node ", NodeName(id), " joined"));
   }
   if (waiting_ids_.contains(id)) {  // a retry: refresh what it offers
-    for (auto& w : waiting_)
-      if (w.join.node().node_id() == id) w.join = req;
+    for (auto& w : waiting_) {
+      if (w.join.node().node_id() != id) continue;
+      CountAddresses(w.join.node(), -1);
+      absl::Status fits = AddressesFit(req.node());
+      CountAddresses(fits.ok() ? req.node() : w.join.node(), +1);
+      if (!fits.ok()) return fits;
+      w.join = req;
+    }
     return absl::OkStatus();
   }
   // Every place of the round being formed is taken (a spare took the place of a node that left or
   // was lost, and that node is back): it waits as a spare, a member of the last round too. (The
   // fuzzer found a member exempt here: the round formed with more than MAX nodes.)
-  if (static_cast<int>(waiting_.size()) >= config_.max_nodes) {
-    AddSpare(req);
-    return absl::OkStatus();
-  }
+  if (static_cast<int>(waiting_.size()) >= config_.max_nodes) return AddSpare(req);
   // A newcomer does not take the place of a live node of the last round that has yet to re-join.
   if (!member && static_cast<int>(waiting_.size()) + LiveMembersNotWaiting() >= config_.max_nodes) {
-    AddSpare(req);
-    return absl::OkStatus();
+    return AddSpare(req);
   }
+  RETURN_IF_ERROR(AddressesFit(req.node()));
   RemoveSpare(id);
   AddWaiting(req);
   if (ReadyToForm()) FormRound();
   return absl::OkStatus();
 }
 
+void Rendezvous::CountAddresses(const v1::NodeIdentity& n, int delta) {
+  auto count = [&](const std::string& a) {
+    if (a.empty()) return;
+    int& refs = address_refs_[a];
+    if (refs == 0) address_bytes_ += WireAddressBytes(a.size());
+    refs += delta;
+    if (refs == 0) {
+      address_bytes_ -= WireAddressBytes(a.size());
+      address_refs_.erase(a);
+    }
+  };
+  absl::flat_hash_set<std::string> mine(n.addresses().begin(), n.addresses().end());
+  mine.insert(n.host_address());
+  for (const auto& a : mine) count(a);
+}
+
+absl::Status Rendezvous::AddressesFit(const v1::NodeIdentity& n) const {
+  absl::flat_hash_set<std::string> mine(n.addresses().begin(), n.addresses().end());
+  if (!n.host_address().empty()) mine.insert(n.host_address());
+  size_t more = 0;
+  for (const auto& a : mine) {
+    if (!address_refs_.contains(a)) more += WireAddressBytes(a.size());
+  }
+  if (address_bytes_ + more <= kMaxMemberAddressBytes) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "node %s brings %d address(es) that would make the %d-node round's address list %d bytes, over its limit of %d "
+      "(the answer must fit in a rendezvous message): give it fewer interface addresses",
+      Shown(n.node_id()), mine.size(), waiting_.size() + 1, address_bytes_ + more, kMaxMemberAddressBytes));
+}
+
+void Rendezvous::ClearWaiting() {
+  waiting_.clear();
+  waiting_ids_.clear();
+  address_refs_.clear();
+  address_bytes_ = 0;
+}
+
 void Rendezvous::AddWaiting(const v1::JoinRequest& req) {
+  CountAddresses(req.node(), +1);
   waiting_.push_back({req, clock_->Now()});
   waiting_ids_.insert(req.node().node_id());
   if (static_cast<int>(waiting_.size()) >= config_.min_nodes && !last_call_deadline_) {
@@ -179,25 +224,51 @@ void Rendezvous::AddWaiting(const v1::JoinRequest& req) {
   }
 }
 
-void Rendezvous::AddSpare(const v1::JoinRequest& req) {
-  for (auto& w : spares_) {
-    if (w.join.node().node_id() == req.node().node_id()) {  // a retry keeps its place in line
-      w.join = req;
-      return;
-    }
+absl::Status Rendezvous::AddSpare(const v1::JoinRequest& req) {
+  const std::string& id = req.node().node_id();
+  if (auto it = spare_index_.find(id); it != spare_index_.end()) {  // a retry keeps its place in line
+    it->second->join = req;
+    return absl::OkStatus();
   }
-  spares_.push_back({req, clock_->Now()});
+  if (static_cast<int>(spares_.size()) >= kMaxSparesPerRun) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "run '%s' runs with its %d node(s) (--nnodes max) and has %d spare node(s) waiting, the limit: node %s is "
+        "not taken",
+        Shown(run_id_), config_.max_nodes, spares_.size(), Shown(id)));
+  }
+  spare_index_[id] = spares_.insert(spares_.end(), Waiting{req, clock_->Now()});
+  return absl::OkStatus();
 }
 
 void Rendezvous::RemoveSpare(const std::string& node_id) {
-  spares_.erase(std::remove_if(spares_.begin(), spares_.end(),
-                               [&](const Waiting& w) { return w.join.node().node_id() == node_id; }),
-                spares_.end());
+  auto it = spare_index_.find(node_id);
+  if (it == spare_index_.end()) return;
+  spares_.erase(it->second);
+  spare_index_.erase(it);
 }
 
-bool Rendezvous::IsSpare(const std::string& node_id) const {
-  return std::any_of(spares_.begin(), spares_.end(),
-                     [&](const Waiting& w) { return w.join.node().node_id() == node_id; });
+bool Rendezvous::IsSpare(const std::string& node_id) const { return spare_index_.contains(node_id); }
+
+absl::Status Rendezvous::RoomToKnow(const std::string& id) {
+  const size_t limit = static_cast<size_t>(KnownNodesLimit(config_.max_nodes));
+  if (identities_.contains(id) || identities_.size() < limit) return absl::OkStatus();
+  // Forget the nodes that hold no place: at most 2 * max_nodes + kMaxSparesPerRun do, half the
+  // limit, so this frees at least half of it and runs at most once per that many new nodes.
+  for (auto it = identities_.begin(); it != identities_.end();) {
+    const std::string& known = it->first;
+    if (FindMember(known) || waiting_ids_.contains(known) || spare_index_.contains(known)) {
+      ++it;
+      continue;
+    }
+    told_end_.erase(known);
+    refused_.erase(known);
+    identities_.erase(it++);
+  }
+  if (identities_.size() < limit) return absl::OkStatus();
+  return absl::ResourceExhaustedError(
+      absl::StrFormat("run '%s' holds %d node ids (the limit for --nnodes max %d): "
+                      "node %s is not taken",
+                      Shown(run_id_), identities_.size(), config_.max_nodes, Shown(id)));
 }
 
 std::optional<absl::Status> Rendezvous::TakeJoinRefusal(const std::string& node_id) {
@@ -211,8 +282,14 @@ std::optional<absl::Status> Rendezvous::TakeJoinRefusal(const std::string& node_
 void Rendezvous::PromoteSpares() {
   if (phase_ != Phase::kWaiting) return;
   while (!spares_.empty() && static_cast<int>(waiting_.size()) + LiveMembersNotWaiting() < config_.max_nodes) {
-    AddWaiting(spares_.front().join);
-    spares_.erase(spares_.begin());
+    if (absl::Status fits = AddressesFit(spares_.front().join.node()); !fits.ok()) {
+      refused_[spares_.front().join.node().node_id()] = fits;
+      ++version_;
+    } else {
+      AddWaiting(spares_.front().join);
+    }
+    spare_index_.erase(spares_.front().join.node().node_id());
+    spares_.pop_front();
   }
 }
 
@@ -234,7 +311,8 @@ std::optional<Clock::TimePoint> Rendezvous::ExpireSpares() {
     refused_[it->join.node().node_id()] = absl::ResourceExhaustedError(absl::StrFormat(
         "run '%s' kept its %d node(s) (--nnodes max) for all of join_timeout %g s while this node waited as a "
         "spare",
-        run_id_, config_.max_nodes, Secs(timeout)));
+        Shown(run_id_), config_.max_nodes, Secs(timeout)));
+    spare_index_.erase(it->join.node().node_id());
     it = spares_.erase(it);
     ++version_;
   }
@@ -250,7 +328,7 @@ int Rendezvous::LiveMembersNotWaiting() const {
   const auto now = clock_->Now();
   int n = 0;
   for (const auto& m : members_) {
-    if (m.id.empty() || now - m.last_seen > config_.heartbeat_timeout) continue;
+    if (now - m.last_seen > config_.heartbeat_timeout) continue;
     n += waiting_ids_.contains(m.id) ? 0 : 1;
   }
   return n;
@@ -262,6 +340,7 @@ void Rendezvous::CancelJoin(const std::string& node_id) {
   auto it = std::find_if(waiting_.begin(), waiting_.end(),
                          [&](const Waiting& w) { return w.join.node().node_id() == node_id; });
   if (it == waiting_.end()) return;
+  CountAddresses(it->join.node(), -1);
   waiting_.erase(it);
   waiting_ids_.erase(node_id);
   if (static_cast<int>(waiting_.size()) < config_.min_nodes) last_call_deadline_.reset();
@@ -272,8 +351,7 @@ void Rendezvous::CancelJoin(const std::string& node_id) {
 void Rendezvous::OpenNextRound(std::string why) {
   if (phase_ == Phase::kWaiting) return;
   phase_ = Phase::kWaiting;
-  waiting_.clear();
-  waiting_ids_.clear();
+  ClearWaiting();
   waiting_since_ = clock_->Now();
   last_call_deadline_.reset();
   reason_ = std::move(why);
@@ -282,7 +360,8 @@ void Rendezvous::OpenNextRound(std::string why) {
 }
 
 void Rendezvous::End(Phase phase, std::string reason) {
-  spares_.clear();  // their joins are answered with the run's end
+  spares_.clear();
+  spare_index_.clear();  // their joins are answered with the run's end
   phase_ = phase;
   reason_ = std::move(reason);
   ended_at_ = clock_->Now();
@@ -294,8 +373,11 @@ void Rendezvous::FormRound() {
   std::vector<const Waiting*> order;
   absl::flat_hash_map<std::string, const Waiting*> by_id;
   for (const auto& w : waiting_) by_id[w.join.node().node_id()] = &w;
-  for (const auto& m : members_) {
-    auto it = by_id.find(m.id);
+  std::vector<const Member*> last;  // by group rank (a rebuilt run holds its members as they came back)
+  for (const auto& m : members_) last.push_back(&m);
+  std::sort(last.begin(), last.end(), [](const Member* a, const Member* b) { return a->group_rank < b->group_rank; });
+  for (const Member* m : last) {
+    auto it = by_id.find(m->id);
     if (it == by_id.end()) continue;
     order.push_back(it->second);
     by_id.erase(it);
@@ -317,8 +399,8 @@ void Rendezvous::FormRound() {
   ++round_;
   ++version_;
   std::vector<Member> members;
-  assignments_.clear();
   member_index_.clear();
+  ranks_taken_.clear();
   int world = 0;
   for (const auto* w : order) world += w->join.node().local_world_size();
   const v1::JoinRequest& host = order.front()->join;
@@ -351,13 +433,13 @@ void Rendezvous::FormRound() {
     a.set_agent_store(host.agent_store());
     if (r == 0 && host.agent_store()) *a.mutable_member_addresses() = {addresses.begin(), addresses.end()};
     offset += j.node().local_world_size();
-    members.push_back({j.node().node_id(), now, false});
+    members.push_back(Member{j.node().node_id(), static_cast<int>(r), now, false, 0, std::move(a)});
     member_index_[j.node().node_id()] = r;
-    assignments_.push_back(a);
+    ranks_taken_.insert(static_cast<int>(r));
   }
   members_ = std::move(members);
-  waiting_.clear();
-  waiting_ids_.clear();
+  group_world_size_ = static_cast<int>(members_.size());
+  ClearWaiting();
   last_call_deadline_.reset();
   phase_ = Phase::kRunning;
   stopped_for_hang_ = false;
@@ -365,9 +447,9 @@ void Rendezvous::FormRound() {
 
 std::optional<v1::Assignment> Rendezvous::AssignmentFor(const std::string& node_id, long last_round) const {
   if (phase_ != Phase::kRunning || round_ <= last_round) return std::nullopt;
-  auto it = member_index_.find(node_id);
-  if (it == member_index_.end()) return std::nullopt;
-  return assignments_[it->second];
+  const Member* m = FindMember(node_id);
+  if (m == nullptr) return std::nullopt;
+  return m->assignment;
 }
 
 std::optional<Clock::TimePoint> Rendezvous::Tick() {
@@ -381,22 +463,37 @@ std::optional<Clock::TimePoint> Rendezvous::Tick() {
   if (phase_ == Phase::kRunning) {
     std::optional<Clock::TimePoint> next;
     std::vector<std::string> lost;
-    for (size_t r = 0; r < members_.size(); ++r) {
-      const Member& m = members_[r];
+    for (const Member& m : members_) {
       if (m.succeeded) continue;  // done; it waits for the others without a lease to keep
       auto expiry = m.last_seen + config_.heartbeat_timeout;
       if (now > expiry) {
         lost.push_back(
-            m.id.empty()
-                ? absl::StrCat("group rank ", r, " (never re-registered after a coordinator restart)")
-                : absl::StrFormat("%s (no heartbeat for %.1f s)", NodeName(m.id), SecondsBetween(m.last_seen, now)));
+            absl::StrFormat("%s (no heartbeat for %.1f s)", NodeName(m.id), SecondsBetween(m.last_seen, now)));
+      } else if (!next || expiry < *next) {
+        next = expiry;
+      }
+    }
+    if (const int missing = group_world_size_ - static_cast<int>(members_.size()); missing > 0) {
+      const auto expiry = reattached_at_ + config_.heartbeat_timeout;
+      if (now > expiry) {
+        // The first few by rank (a scan bounded by the run's spec, once per lost round).
+        std::vector<std::string> ranks;
+        for (int r = 0; r < group_world_size_ && ranks.size() < kMaxListedItems; ++r) {
+          if (!ranks_taken_.contains(r)) ranks.push_back(absl::StrCat(r));
+        }
+        lost.push_back(absl::StrCat(missing == 1 ? "group rank " : "group ranks ", absl::StrJoin(ranks, ", "),
+                                    missing > static_cast<int>(ranks.size())
+                                        ? absl::StrCat(" and ", missing - static_cast<int>(ranks.size()), " more")
+                                        : "",
+                                    " (never re-registered after a coordinator restart)"));
       } else if (!next || expiry < *next) {
         next = expiry;
       }
     }
     if (lost.empty()) return earliest(next ? std::optional<Clock::TimePoint>(*next + Ms(1)) : std::nullopt);
-    for (const auto& l : lost) lost_.push_back(l);
-    OpenNextRound(absl::StrCat("lost node ", absl::StrJoin(lost, ", ")));
+    for (const auto& l : lost) NoteLost(l);
+    // The reason names a bounded number of nodes, however many were lost.
+    OpenNextRound(absl::StrCat("lost node ", JoinSome(lost)));
   }
   if (phase_ != Phase::kWaiting) return earliest(std::nullopt);
   PromoteSpares();
@@ -414,7 +511,10 @@ std::optional<Clock::TimePoint> Rendezvous::Tick() {
     std::string why =
         absl::StrFormat("round %d did not form within join_timeout %.0f s: %d of at least %d node(s) joined",
                         round_ + 1, Secs(config_.join_timeout), n, config_.min_nodes);
-    if (!lost_.empty()) absl::StrAppend(&why, "; lost: ", absl::StrJoin(lost_, ", "));
+    if (!lost_.empty()) {
+      absl::StrAppend(&why, "; lost: ", absl::StrJoin(lost_, ", "));
+      if (lost_count_ > lost_.size()) absl::StrAppend(&why, " and ", lost_count_ - lost_.size(), " more");
+    }
     End(Phase::kFailed, why);
     return earliest(std::nullopt);
   }
@@ -428,31 +528,33 @@ std::optional<Clock::TimePoint> Rendezvous::Tick() {
 }
 
 bool Rendezvous::Reattach(const v1::HeartbeatRequest& req) {
+  // ConfigForReattach's checks, against this run's spec: nothing from the wire sizes anything.
+  if (!CheckReattach(req, config_).ok()) return false;
   const v1::Assignment& a = req.assignment();
-  if (a.round() < 1 || a.group_rank() < 0 || a.group_rank() >= a.group_world_size()) return false;
   if (round_ == 0 && phase_ == Phase::kWaiting && waiting_.empty()) {
-    // A fresh run made from the first node that re-registers: its round, its restart count.
+    // A fresh run made from the first node that re-registers: its round, its restart count, its
+    // size. Its members are added as they come back: a claim of a large round costs nothing.
     round_ = a.round();
     restart_count_ = a.restart_count();
-    members_.assign(a.group_world_size(), Member{"", clock_->Now(), false});
+    group_world_size_ = a.group_world_size();
+    members_.clear();
     member_index_.clear();
-    assignments_.assign(a.group_world_size(), v1::Assignment());
+    ranks_taken_.clear();
+    reattached_at_ = clock_->Now();
     phase_ = Phase::kRunning;
     reattached_ = true;
   }
-  if (phase_ != Phase::kRunning || a.round() != round_ || static_cast<int>(members_.size()) != a.group_world_size()) {
+  if (phase_ != Phase::kRunning || a.round() != round_ || a.group_world_size() != group_world_size_ ||
+      ranks_taken_.contains(a.group_rank())) {
     return false;
   }
-  // The checks above bound the rank by the round's size.
-  LAUNCH_CHECK(static_cast<size_t>(a.group_rank()) < members_.size() && assignments_.size() == members_.size())
-      << "group rank " << a.group_rank() << " of " << members_.size() << " members, " << assignments_.size()
-      << " assignments";
-  Member& slot = members_[a.group_rank()];
-  if (!slot.id.empty() && slot.id != req.node_id()) return false;
-  slot.id = req.node_id();
-  member_index_[slot.id] = a.group_rank();
-  slot.last_seen = clock_->Now();
-  assignments_[a.group_rank()] = a;
+  Member m{req.node_id(), a.group_rank(), clock_->Now(), false, 0, a};
+  // Only group rank 0 uses the round's addresses; nobody's copy needs its key kept here.
+  if (a.group_rank() != 0) m.assignment.clear_member_addresses();
+  m.assignment.clear_lease_key();
+  member_index_[m.id] = members_.size();
+  ranks_taken_.insert(a.group_rank());
+  members_.push_back(std::move(m));
   identities_[req.node_id()] = req.node();
   return true;
 }
@@ -477,8 +579,14 @@ v1::HeartbeatResponse Rendezvous::HeartbeatAnswer(const v1::HeartbeatRequest& re
 }
 
 v1::HeartbeatResponse Rendezvous::Heartbeat(const v1::HeartbeatRequest& req) {
-  if (!Knows(req.node_id()) && req.has_assignment() && req.has_node()) {
-    if (!Reattach(req)) identities_[req.node_id()] = req.node();  // known now; told to stop below
+  if (!Knows(req.node_id()) && req.has_assignment() && req.has_node() && RoomToKnow(req.node_id()).ok()) {
+    if (!Reattach(req)) {
+      // Known now, told to stop below; a stranger's addresses are nobody's business.
+      // (Copied, not moved: a cleared repeated field keeps its elements' memory.)
+      v1::NodeIdentity known = req.node();
+      known.clear_addresses();
+      identities_[req.node_id()].CopyFrom(known);
+    }
   }
   if (Member* m = FindMember(req.node_id()); m && req.round() == round_) m->last_seen = clock_->Now();
   return HeartbeatAnswer(req);
@@ -526,12 +634,13 @@ v1::ReportExitResponse Rendezvous::ReportExit(const v1::ReportExitRequest& req) 
     if (req.leaving()) {
       // Its agent was stopped: a membership change, like a lost node; no budget is spent.
       m->last_seen = clock_->Now() - config_.heartbeat_timeout - Ms(1);
-      lost_.push_back(absl::StrCat(NodeName(req.node_id()), " (its agent was stopped)"));
+      NoteLost(absl::StrCat(NodeName(req.node_id()), " (its agent was stopped)"));
       OpenNextRound(absl::StrCat("node ", NodeName(req.node_id()), " left"));
     } else if (req.group_succeeded()) {
       m->succeeded = true;
       ++version_;  // kept by a replicated coordinator: a new leader must not wait for this node again
-      if (std::all_of(members_.begin(), members_.end(), [](const Member& x) { return x.succeeded; })) {
+      if (static_cast<int>(members_.size()) == group_world_size_ &&
+          std::all_of(members_.begin(), members_.end(), [](const Member& x) { return x.succeeded; })) {
         End(Phase::kSucceeded, "");
       }
     } else if (req.exits_size() > 0) {  // no exits: the node only asks for the verdict
@@ -579,12 +688,16 @@ v1::StatusResponse Rendezvous::Status() const {
   s.set_state(PhaseName(phase_));
   s.set_restart_count(restart_count_);
   s.set_max_restarts(config_.max_restarts);
-  for (size_t r = 0; r < members_.size(); ++r) {
+  std::vector<const Member*> by_rank;
+  for (const Member& m : members_) by_rank.push_back(&m);
+  std::sort(by_rank.begin(), by_rank.end(),
+            [](const Member* a, const Member* b) { return a->group_rank < b->group_rank; });
+  for (const Member* m : by_rank) {
     auto* n = s.add_nodes();
-    auto id = identities_.find(members_[r].id);
+    auto id = identities_.find(m->id);
     if (id != identities_.end()) *n->mutable_node() = id->second;
-    n->set_group_rank(static_cast<int>(r));
-    n->set_seconds_since_heartbeat(SecondsBetween(members_[r].last_seen, clock_->Now()));
+    n->set_group_rank(m->group_rank);
+    n->set_seconds_since_heartbeat(SecondsBetween(m->last_seen, clock_->Now()));
   }
   if (first_failure_) *s.mutable_first_failure() = *first_failure_;
   s.set_reason(reason_);
@@ -595,7 +708,7 @@ bool Rendezvous::EveryoneToldEnd() const {
   if (!ended()) return false;
   const auto now = clock_->Now();
   for (const auto& m : members_) {
-    if (m.id.empty() || told_end_.contains(m.id)) continue;
+    if (told_end_.contains(m.id)) continue;
     if (now - m.last_seen > config_.heartbeat_timeout) continue;  // gone; it will not ask
     return false;
   }
@@ -607,18 +720,40 @@ absl::StatusOr<RendezvousConfig> Rendezvous::ConfigForReattach(const v1::Heartbe
     return absl::InvalidArgumentError("re-registration without node, assignment and run spec");
   }
   ASSIGN_OR_RETURN(RendezvousConfig c, RendezvousConfig::FromSpec(req.spec()));
+  RETURN_IF_ERROR(CheckReattach(req, c));
+  return c;
+}
+
+absl::Status CheckReattach(const v1::HeartbeatRequest& req, const RendezvousConfig& c) {
   // Everything that sizes the rebuilt run is bounded by the run's own spec.
   const v1::Assignment& a = req.assignment();
   if (a.group_world_size() < 1 || a.group_world_size() > c.max_nodes || a.group_rank() < 0 ||
-      a.group_rank() >= a.group_world_size() || a.round() < 1 || a.restart_count() < 0 ||
+      a.group_rank() >= a.group_world_size() || a.round() < 1 || a.round() > kMaxRound || a.restart_count() < 0 ||
       a.restart_count() > c.max_restarts || a.world_size() < a.group_world_size() ||
       a.world_size() > static_cast<int64_t>(c.max_nodes) * kMaxWorkersPerNode) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("re-registration with round ", a.round(), ", node ", a.group_rank(), " of ", a.group_world_size(),
-                     ", world size ", a.world_size(), ", restart ", a.restart_count(), ": expected a round >= 1 of 1-",
-                     c.max_nodes, " nodes (the run's --nnodes max), a restart count of 0-", c.max_restarts));
+    return absl::InvalidArgumentError(absl::StrCat("re-registration with round ", a.round(), ", node ", a.group_rank(),
+                                                   " of ", a.group_world_size(), ", world size ", a.world_size(),
+                                                   ", restart ", a.restart_count(), ": expected a round >= 1 of 1-",
+                                                   c.max_nodes, " nodes (the run's --nnodes max), rounds up to ",
+                                                   kMaxRound, ", a restart count of 0-", c.max_restarts));
   }
-  return c;
+  // The strings it keeps: as long as those a coordinator hands out.
+  size_t address_bytes = 0;
+  for (const auto& addr : a.member_addresses()) address_bytes += WireAddressBytes(addr.size());
+  if (a.master_addr().size() > kMaxHostLength || a.coordinator_host().size() > 2 * kMaxHostLength + 4 ||
+      address_bytes > kMaxMemberAddressBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("re-registration with a master address of ", a.master_addr().size(),
+                                                   " bytes, a coordinator host of ", a.coordinator_host().size(),
+                                                   " bytes and member addresses of ", address_bytes,
+                                                   " bytes: expected at most ", kMaxHostLength, ", ",
+                                                   2 * kMaxHostLength + 4, " and ", kMaxMemberAddressBytes));
+  }
+  return absl::OkStatus();
+}
+
+void Rendezvous::NoteLost(std::string why) {
+  if (lost_.size() < kMaxListedItems) lost_.push_back(std::move(why));
+  ++lost_count_;
 }
 
 }  // namespace launch

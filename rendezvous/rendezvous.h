@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -93,6 +94,8 @@ class Rendezvous {
   long round() const { return round_; }
   int waiting_nodes() const { return static_cast<int>(waiting_.size()); }
   int spare_nodes() const { return static_cast<int>(spares_.size()); }
+  // The node ids the run remembers (members, waiting nodes, spares, and nodes seen before).
+  int known_nodes() const { return static_cast<int>(identities_.size()); }
   const RendezvousConfig& config() const { return config_; }
   const std::string& reason() const { return reason_; }
   // Changes whenever an agent may have something new to learn (a round opened or formed, the run
@@ -121,15 +124,28 @@ class Rendezvous {
     v1::JoinRequest join;
     Clock::TimePoint since;  // for spares: when it asked in
   };
+  // A node of the last formed round. Only nodes that are there have one: a run rebuilt after a
+  // coordinator restart holds the nodes that re-registered, not a slot per rank they claim.
   struct Member {
-    std::string id;  // empty: a slot not yet re-registered after a coordinator restart
+    std::string id;
+    int group_rank = 0;
     Clock::TimePoint last_seen;
     bool succeeded = false;
     uint64_t lease_seq = 0;  // the newest lease datagram's sequence number
+    v1::Assignment assignment;
   };
   void OpenNextRound(std::string why);
   void AddWaiting(const v1::JoinRequest& req);
-  void AddSpare(const v1::JoinRequest& req);
+  void ClearWaiting();
+  // The distinct addresses of the round being formed, which its group-rank-0 agent is handed:
+  // OK when the node's would keep them under kMaxMemberAddressBytes (else RESOURCE_EXHAUSTED).
+  absl::Status AddressesFit(const v1::NodeIdentity& n) const;
+  void CountAddresses(const v1::NodeIdentity& n, int delta);
+  // RESOURCE_EXHAUSTED when the run holds kMaxSparesPerRun spares already.
+  absl::Status AddSpare(const v1::JoinRequest& req);
+  // Makes room to remember `id` (forgetting nodes that are neither members, waiting nor spares);
+  // RESOURCE_EXHAUSTED when the run remembers KnownNodesLimit(max_nodes) nodes that all are.
+  absl::Status RoomToKnow(const std::string& id);
   void RemoveSpare(const std::string& node_id);
   // Moves spares into the waiting round while live members and waiting nodes leave places free.
   void PromoteSpares();
@@ -141,6 +157,8 @@ class Rendezvous {
   Member* FindMember(const std::string& id);
   const Member* FindMember(const std::string& id) const;
   bool Reattach(const v1::HeartbeatRequest& req);
+  // Keeps the first few reasons for the join-timeout message, counts the rest.
+  void NoteLost(std::string why);
   std::string NodeName(const std::string& id) const;
   // Nodes of the last formed round whose lease is still live and who have not re-joined.
   int LiveMembersNotWaiting() const;
@@ -155,15 +173,21 @@ class Rendezvous {
   bool reattached_ = false;
   std::vector<Waiting> waiting_;  // join order
   absl::flat_hash_set<std::string> waiting_ids_;
-  std::vector<Waiting> spares_;                             // join order
+  absl::flat_hash_map<std::string, int> address_refs_;  // the waiting nodes' addresses, and how many bring each
+  size_t address_bytes_ = 0;                            // their bytes on the wire
+  std::list<Waiting> spares_;                           // join order
+  absl::flat_hash_map<std::string, std::list<Waiting>::iterator> spare_index_;
   absl::flat_hash_map<std::string, absl::Status> refused_;  // spares given up, until told
   Clock::TimePoint waiting_since_;
   std::optional<Clock::TimePoint> last_call_deadline_;
-  std::vector<Member> members_;                                    // the last formed round, by group rank
-  absl::flat_hash_map<std::string, size_t> member_index_;          // node id -> group rank
-  std::vector<v1::Assignment> assignments_;                        // by group rank
+  std::vector<Member> members_;  // the last formed round (by group rank, unless rebuilt by re-registration)
+  absl::flat_hash_map<std::string, size_t> member_index_;  // node id -> index in members_
+  absl::flat_hash_set<int> ranks_taken_;                   // the group ranks of members_
+  int group_world_size_ = 0;                               // the last formed round's size
+  Clock::TimePoint reattached_at_;  // when the run was rebuilt: ranks not back by then + heartbeat_timeout are lost
   absl::flat_hash_map<std::string, v1::NodeIdentity> identities_;  // every node ever seen
-  std::vector<std::string> lost_;                                  // why nodes were lost, for the join-timeout message
+  std::vector<std::string> lost_;  // why nodes were lost, for the join-timeout message (the first few)
+  size_t lost_count_ = 0;          // how many were
   std::optional<v1::Failure> first_failure_;
   absl::flat_hash_set<std::string> told_end_;
   std::string reason_;             // why the run failed or why the last round was reopened
@@ -172,5 +196,9 @@ class Rendezvous {
 };
 
 const char* PhaseName(Rendezvous::Phase p);
+
+// Whether a re-registering node's assignment fits the run's spec `c`: every number and string
+// that the rebuilt run would keep is bounded by it (InvalidArgument naming them otherwise).
+absl::Status CheckReattach(const v1::HeartbeatRequest& req, const RendezvousConfig& c);
 
 }  // namespace launch

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/limits.h"
 #include "common/status_macros.h"
+#include "common/strings.h"
 #include "rendezvous/coordinator_session.h"
 #include "rendezvous/lease.h"
 #include "rendezvous/rendezvous.h"
@@ -95,6 +96,9 @@ absl::StatusOr<RendezvousConfig> CheckRecord(const v1::RunRecord& r) {
 
 v1::RunRecord Rendezvous::ToRecord() const {
   v1::RunRecord r;
+  // A run rebuilt from re-registrations is kept once every rank is back (a partial round could
+  // not be carried on).
+  if (static_cast<int>(members_.size()) != group_world_size_) return r;
   r.set_run_id(run_id_);
   *r.mutable_spec() = config_.ToSpec();
   r.set_phase(static_cast<int>(phase_));
@@ -104,19 +108,20 @@ v1::RunRecord Rendezvous::ToRecord() const {
   r.set_reason(reason_.substr(0, kMaxRecordText));
   if (first_failure_) *r.mutable_first_failure() = *first_failure_;
   r.set_stopped_for_hang(stopped_for_hang_);
-  for (size_t i = 0; i < members_.size(); ++i) {
-    const Member& m = members_[i];
-    if (m.id.empty()) return v1::RunRecord();  // rebuilt from re-registrations and not whole yet: nothing to keep
+  std::vector<const Member*> by_rank(members_.size(), nullptr);
+  for (const Member& m : members_) {
+    if (m.group_rank < 0 || m.group_rank >= group_world_size_ || by_rank[m.group_rank] != nullptr)
+      return v1::RunRecord();
+    by_rank[m.group_rank] = &m;
+  }
+  for (const Member* m : by_rank) {
     v1::MemberRecord* mr = r.add_members();
-    auto id = identities_.find(m.id);
+    auto id = identities_.find(m->id);
     if (id != identities_.end()) *mr->mutable_node() = id->second;
-    *mr->mutable_assignment() = assignments_[i];
-    mr->set_succeeded(m.succeeded);
+    *mr->mutable_assignment() = m->assignment;
+    mr->set_succeeded(m->succeeded);
   }
-  for (const std::string& l : lost_) {
-    if (r.lost_size() >= config_.max_nodes) break;
-    r.add_lost(l.substr(0, kMaxRecordText));
-  }
+  for (const std::string& l : lost_) r.add_lost(l.substr(0, kMaxRecordText));
   return r;
 }
 
@@ -136,12 +141,17 @@ absl::StatusOr<std::unique_ptr<Rendezvous>> Rendezvous::FromRecord(const v1::Run
   for (int i = 0; i < record.members_size(); ++i) {
     const v1::MemberRecord& m = record.members(i);
     const std::string& id = m.node().node_id();
-    r->members_.push_back(Member{id, now, m.succeeded()});
+    r->members_.push_back(Member{id, i, now, m.succeeded(), 0, m.assignment()});
     r->member_index_[id] = static_cast<size_t>(i);
-    r->assignments_.push_back(m.assignment());
+    r->ranks_taken_.insert(i);
     r->identities_[id] = m.node();
   }
-  r->lost_.assign(record.lost().begin(), record.lost().end());
+  r->group_world_size_ = record.members_size();
+  r->lost_count_ = static_cast<size_t>(record.lost_size());
+  for (const std::string& l : record.lost()) {
+    if (r->lost_.size() == kMaxListedItems) break;
+    r->lost_.push_back(l);
+  }
   return r;
 }
 

@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -761,6 +762,49 @@ TEST(MultiNodeSecurity, ReachableListenerNeedsTokenOrTlsUnlessInsecure) {
   auto bad = RunCmd({kLaunch, "coordinator", "--listen", "127.0.0.1"});
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_THAT(bad.err, HasSubstr("expected HOST:PORT"));
+}
+
+// `launch coordinator --listen 127.0.0.1:P` without a token served every local user: another one
+// could list its nodes and forge a ReportExit that failed the job. It is its user's only now: it
+// takes a random token and publishes it in a file only that user can read, where that user's
+// clients of a loopback endpoint find it (no flag); another user is refused and cannot read it.
+TEST(MultiNodeSecurity, ALoopbackCoordinatorWithoutATokenServesItsUserOnly) {
+  Coordinator coord;
+  ASSERT_TRUE(coord.ready()) << coord.child().err();
+  const std::string out = coord.child().out();
+  const std::string marker = "this user's only: token in ";
+  auto at = out.find(marker);
+  ASSERT_NE(at, std::string::npos) << out;
+  const std::string file = out.substr(at + marker.size(), out.find(')', at) - at - marker.size());
+  struct stat st {};
+  ASSERT_EQ(::stat(file.c_str(), &st), 0) << file;
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  ASSERT_EQ(::stat(std::filesystem::path(file).parent_path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  // Its user: no flag needed.
+  auto mine = RunCmd({kLaunch, "status", "--rdzv-endpoint", coord.endpoint(), "--rdzv-id", "nosuch"});
+  EXPECT_THAT(mine.err, HasSubstr("no run 'nosuch'"));
+  ExpectOneJob(RunTwoAgents(coord.endpoint(), {}), 2, 2);
+  // Another local user (nobody, uid 65534).
+  if (::geteuid() != 0) GTEST_SKIP() << "running a command as another user needs root";
+  const std::vector<std::string> as_nobody = {"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"};
+  auto probe = RunCmd({as_nobody[0], as_nobody[1], as_nobody[2], as_nobody[3], kLaunch, "--version"});
+  if (probe.exit_code != 0) GTEST_SKIP() << "uid 65534 cannot run " << kLaunch << ": " << probe.err;
+  std::vector<std::string> status = as_nobody;
+  for (std::string a : {std::string(kLaunch), std::string("status"), std::string("--rdzv-endpoint"), coord.endpoint(),
+                        std::string("--rdzv-id"), std::string("none")})
+    status.push_back(a);
+  auto other = RunCmd(status);
+  EXPECT_EQ(other.exit_code, 1) << other.err;
+  EXPECT_THAT(other.err, HasSubstr("serves only the user who started it"));
+  std::vector<std::string> read = as_nobody;
+  read.push_back("/bin/cat");
+  read.push_back(file);
+  EXPECT_NE(RunCmd(read).exit_code, 0);
+  // Gone with its coordinator.
+  coord.Kill(SIGTERM);
+  coord.child().Wait();
+  EXPECT_NE(::stat(file.c_str(), &st), 0) << file;
 }
 
 TEST(MultiNodeSecurity, TlsAndMutualTls) {

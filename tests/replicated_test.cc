@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <regex>
 #include <string>
@@ -656,5 +657,11 @@ int main(int argc, char** argv) {
   } else if (!launch::testing::LoopbackUp()) {
     launch::testing::g_no_netns = "cannot bring its loopback interface up";
   }
-  return RUN_ALL_TESTS();
+  // Coordinators on loopback without a token publish one per port (rendezvous/local_token.h):
+  // ports are this namespace's own, so the files must be too.
+  char runtime[] = "/tmp/launch-replicated-XXXXXX";
+  if (::mkdtemp(runtime) != nullptr) ::setenv("XDG_RUNTIME_DIR", runtime, 1);
+  const int rc = RUN_ALL_TESTS();
+  std::filesystem::remove_all(runtime);
+  return rc;
 }

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "rendezvous/lease.h"
@@ -42,12 +43,19 @@ class CoordinatorRpc : public ::testing::Test {
     stub_ = v1::Rendezvous::NewStub(
         grpc::CreateCustomChannel(server_->address(), grpc::InsecureChannelCredentials(), args));
   }
+  // With the token, and the node key of the last node a test called `As` (none before).
   std::unique_ptr<grpc::ClientContext> Ctx(const std::string& token = "") {
     auto ctx = std::make_unique<grpc::ClientContext>();
     ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    if (!token.empty()) ctx->AddMetadata(kTokenMetadataKey, token);
+    // Without one, the token an owner-only coordinator (loopback, no token) published, as its
+    // user's clients send it.
+    const std::string t = token.empty() && server_ ? ReadLocalToken(server_->port()) : token;
+    if (!t.empty()) ctx->AddMetadata(kTokenMetadataKey, t);
+    if (!node_key_.empty()) ctx->AddMetadata(kNodeKeyMetadataKey, node_key_);
     return ctx;
   }
+  // Later calls speak as the node this join answered.
+  void As(const v1::JoinResponse& joined) { node_key_ = joined.assignment().lease_key(); }
   static v1::JoinRequest Join(const std::string& run, const std::string& node) {
     v1::JoinRequest j;
     j.set_run_id(run);
@@ -68,6 +76,7 @@ class CoordinatorRpc : public ::testing::Test {
   FakeClock fake_;  // for timing tests: moved only by the test
   std::unique_ptr<CoordinatorServer> server_;
   std::unique_ptr<v1::Rendezvous::Stub> stub_;
+  std::string node_key_;
 };
 
 TEST_F(CoordinatorRpc, MalformedJoinsAreInvalidArgument) {
@@ -135,8 +144,13 @@ TEST_F(CoordinatorRpc, ReRegistrationIsBoundedByTheRunsSpec) {
   st = stub_->Heartbeat(Ctx().get(), hb, &resp);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(st.error_message(), HasSubstr("node id missing, over 255 bytes"));
-  // Within the spec, a restarted coordinator takes the node back.
+  // Within the spec, a restarted coordinator takes the node back, with the key it brings.
   hb.set_node_id("a");
+  hb.mutable_assignment()->set_lease_key(std::string(kLeaseKeyBytes, 'k'));
+  st = stub_->Heartbeat(Ctx().get(), hb, &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(st.error_message(), HasSubstr("no node key (x-launch-node-key-bin) for node a"));
+  node_key_ = hb.assignment().lease_key();
   st = stub_->Heartbeat(Ctx().get(), hb, &resp);
   EXPECT_TRUE(st.ok()) << st.error_message();
   EXPECT_FALSE(resp.unknown_node());
@@ -177,6 +191,7 @@ TEST_F(CoordinatorRpc, UnknownAndEndedRunsAreRefused) {
   // A one-node run: joined, then succeeded; a later join to the same id is told it has ended.
   v1::JoinResponse resp;
   ASSERT_TRUE(stub_->Join(Ctx().get(), Join("job", "a"), &resp).ok());
+  As(resp);
   report.set_run_id("job");
   report.set_round(resp.assignment().round());
   report.set_group_succeeded(true);
@@ -219,6 +234,7 @@ TEST_F(CoordinatorRpc, WatchStreamAnswersOnceWhenTheNodeMustStop) {
   v1::JoinRequest j = Join("job", "a");
   j.mutable_spec()->set_max_restarts(1);
   ASSERT_TRUE(stub_->Join(Ctx().get(), j, &resp).ok());
+  As(resp);
   auto ctx = Ctx();
   auto watch = stub_->Watch(ctx.get());
   v1::HeartbeatRequest hb;
@@ -245,8 +261,10 @@ TEST_F(CoordinatorRpc, WatchStreamAnswersOnceWhenTheNodeMustStop) {
 }
 
 // Seconds since the lease of `node` in run "job" was last renewed (-1: not known).
-double SecondsSinceLease(v1::Rendezvous::Stub* stub, const std::string& node) {
+// (`port`: an owner-only coordinator's, whose token its user reads.)
+double SecondsSinceLease(v1::Rendezvous::Stub* stub, const std::string& node, int port) {
   grpc::ClientContext ctx;
+  ctx.AddMetadata(kTokenMetadataKey, ReadLocalToken(port));
   v1::StatusRequest req;
   req.set_run_id("job");
   v1::StatusResponse resp;
@@ -293,8 +311,8 @@ TEST_F(CoordinatorRpc, LeaseDatagramsRenewTheLeaseAndForgeriesAndReplaysDoNot) {
   // is not.
   fake_.Advance(std::chrono::milliseconds(300));
   send("a", 1, a.lease_key());
-  ASSERT_TRUE(Eventually([&] { return SecondsSinceLease(stub_.get(), "a") == 0; }));
-  EXPECT_DOUBLE_EQ(SecondsSinceLease(stub_.get(), "b"), 0.3);
+  ASSERT_TRUE(Eventually([&] { return SecondsSinceLease(stub_.get(), "a", server_->port()) == 0; }));
+  EXPECT_DOUBLE_EQ(SecondsSinceLease(stub_.get(), "b", server_->port()), 0.3);
   // A forged datagram (another key), a replayed one, and one signed with b's key, all for a; then
   // a genuine one for b: once b is renewed, the three before it have been read, and a's lease
   // must not have moved.
@@ -303,17 +321,18 @@ TEST_F(CoordinatorRpc, LeaseDatagramsRenewTheLeaseAndForgeriesAndReplaysDoNot) {
   send("a", 1, a.lease_key());
   send("a", 99, rb.assignment().lease_key());  // b's key signs nothing for a
   send("b", 1, rb.assignment().lease_key());
-  ASSERT_TRUE(Eventually([&] { return SecondsSinceLease(stub_.get(), "b") == 0; }));
-  EXPECT_DOUBLE_EQ(SecondsSinceLease(stub_.get(), "a"), 0.3);
+  ASSERT_TRUE(Eventually([&] { return SecondsSinceLease(stub_.get(), "b", server_->port()) == 0; }));
+  EXPECT_DOUBLE_EQ(SecondsSinceLease(stub_.get(), "a", server_->port()), 0.3);
   // The next genuine one for a renews it.
   send("a", 2, a.lease_key());
-  ASSERT_TRUE(Eventually([&] { return SecondsSinceLease(stub_.get(), "a") == 0; }));
+  ASSERT_TRUE(Eventually([&] { return SecondsSinceLease(stub_.get(), "a", server_->port()) == 0; }));
 }
 
 TEST_F(CoordinatorRpc, NoDatagramsByTheThirdHeartbeatMeansHeartbeatOnTheStream) {
   Start();
   v1::JoinResponse resp;
   ASSERT_TRUE(stub_->Join(Ctx().get(), Join("job", "a"), &resp).ok());
+  As(resp);
   auto ctx = Ctx();
   auto watch = stub_->Watch(ctx.get());
   v1::HeartbeatRequest hb;
@@ -384,6 +403,7 @@ TEST_F(CoordinatorRpc, SamplesComeOnlyFromTheRunsNodesAndAnswerWithStragglerEven
   v1::JoinRequest j = Join("job", "a");
   j.mutable_spec()->set_straggler_factor(1.5);
   ASSERT_TRUE(stub_->Join(Ctx("the-token").get(), j, &joined).ok());
+  As(joined);
   EXPECT_EQ(stub_->Sample(Ctx("the-token").get(), SampleFrom("stranger", 1, 0.1, 0.3), &resp).error_code(),
             grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_EQ(stub_->Sample(Ctx("the-token").get(), SampleFrom("a", 2, 0.1, 0.3), &resp).error_code(),
@@ -464,6 +484,7 @@ TEST_F(CoordinatorRpc, AReplicaStandsByLeadsWithWhatWasKeptAndAnswersNothingItCo
   // Leading: a round that forms is kept before its join is answered.
   server_->service()->Lead({});
   ASSERT_TRUE(stub_->Join(Ctx().get(), Join("job", "a"), &resp).ok());
+  As(resp);
   auto kept = store.Kept();
   ASSERT_EQ(kept.count("job"), 1u);
   EXPECT_EQ(kept["job"].round(), 1);
@@ -477,7 +498,8 @@ TEST_F(CoordinatorRpc, AReplicaStandsByLeadsWithWhatWasKeptAndAnswersNothingItCo
   EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_THAT(st.error_message(), HasSubstr("could not keep the run's state"));
 
-  // A replica that leads again carries on what was kept, and its members' heartbeats are answered.
+  // A replica that leads again carries on what was kept (the run's key with it: the node's key
+  // still speaks for it), and its members' heartbeats are answered.
   server_->service()->StandBy("");
   server_->service()->Lead({kept["job"]});
   v1::HeartbeatRequest hb;
@@ -499,6 +521,118 @@ TEST_F(CoordinatorRpc, AStragglerFactorOutOfRangeIsRefusedAtTheJoin) {
   auto st = stub_->Join(Ctx().get(), j, &resp);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(st.error_message(), HasSubstr("straggler factor 0.5: expected 0 (off) or 1-1000"));
+}
+
+}  // namespace
+}  // namespace launch
+
+namespace launch {
+namespace {
+
+// Within the token's trust, one node must not act as another: every call that names a node after
+// its join needs that node's key (its assignment's lease key), which only its join was answered with.
+TEST_F(CoordinatorRpc, ANodesKeyDoesNotSpeakForAnotherNode) {
+  Start("the-token");
+  v1::JoinRequest ja = Join("job", "a"), jb = Join("job", "b");
+  for (v1::JoinRequest* j : {&ja, &jb}) {
+    j->mutable_spec()->set_min_nodes(2);
+    j->mutable_spec()->set_max_nodes(2);
+  }
+  v1::JoinResponse ra, rb;
+  std::thread join_a([&] { ASSERT_TRUE(stub_->Join(Ctx("the-token").get(), ja, &ra).ok()); });
+  ASSERT_TRUE(stub_->Join(Ctx("the-token").get(), jb, &rb).ok());
+  join_a.join();
+  ASSERT_NE(ra.assignment().lease_key(), rb.assignment().lease_key());
+  const long round = ra.assignment().round();
+  v1::ReportExitRequest forged;
+  forged.set_run_id("job");
+  forged.set_node_id("a");
+  forged.set_round(round);
+  forged.add_exits()->set_exit_code(9);
+  v1::HeartbeatRequest hb;
+  hb.set_run_id("job");
+  hb.set_node_id("a");
+  hb.set_round(round);
+  v1::SampleRequest sample = SampleFrom("a", round, 0.1, 0.1);
+  for (const std::string& key : {std::string(), rb.assignment().lease_key()}) {
+    node_key_ = key;  // none, then b's
+    v1::ReportExitResponse rresp;
+    grpc::Status st = stub_->ReportExit(Ctx("the-token").get(), forged, &rresp);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED) << st.error_message();
+    EXPECT_THAT(st.error_message(), HasSubstr("node key (x-launch-node-key-bin) for node a"));
+    v1::HeartbeatResponse hresp;
+    EXPECT_EQ(stub_->Heartbeat(Ctx("the-token").get(), hb, &hresp).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    v1::SampleResponse sresp;
+    EXPECT_EQ(stub_->Sample(Ctx("the-token").get(), sample, &sresp).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    auto ctx = Ctx("the-token");
+    auto watch = stub_->Watch(ctx.get());
+    ASSERT_TRUE(watch->Write(hb));
+    v1::HeartbeatResponse ignored;
+    EXPECT_FALSE(watch->Read(&ignored));
+    EXPECT_EQ(watch->Finish().error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  }
+  // The forged failure did nothing: the run is in its first round, its restart count 0.
+  v1::StatusRequest sreq;
+  sreq.set_run_id("job");
+  v1::StatusResponse status;
+  ASSERT_TRUE(stub_->Status(Ctx("the-token").get(), sreq, &status).ok());
+  EXPECT_EQ(status.state(), "running");
+  EXPECT_EQ(status.restart_count(), 0);
+  EXPECT_FALSE(status.has_first_failure());
+  // a's own key speaks for a.
+  As(ra);
+  v1::HeartbeatResponse hresp;
+  EXPECT_TRUE(stub_->Heartbeat(Ctx("the-token").get(), hb, &hresp).ok());
+  v1::SampleResponse sresp;
+  EXPECT_TRUE(stub_->Sample(Ctx("the-token").get(), sample, &sresp).ok());
+}
+
+}  // namespace
+}  // namespace launch
+
+namespace launch {
+namespace {
+
+// Runs per coordinator are bounded (each re-registration of a new run id made one), and what one
+// request writes to the log is bounded whatever its strings: every wire string cut to 64 bytes.
+TEST_F(CoordinatorRpc, RunsAreBoundedAndARequestsLogLinesAreShort) {
+  Start();
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  spdlog::default_logger()->sinks().push_back(sink);
+  v1::HeartbeatRequest hb;
+  hb.set_round(1);
+  *hb.mutable_node() = Join("job", std::string(kMaxNodeIdLength, 'n')).node();
+  hb.mutable_node()->set_hostname(std::string(kMaxHostLength, 'h'));
+  hb.mutable_node()->set_host_address(std::string(kMaxHostLength, 'i'));
+  *hb.mutable_spec() = Join("job", "a").spec();
+  hb.mutable_spec()->set_max_nodes(kMaxNodes);
+  hb.mutable_assignment()->set_round(1);
+  hb.mutable_assignment()->set_group_world_size(kMaxNodes);
+  hb.mutable_assignment()->set_group_rank(kMaxNodes - 1);
+  hb.mutable_assignment()->set_world_size(kMaxNodes);
+  hb.mutable_assignment()->set_lease_key(std::string(kLeaseKeyBytes, 'k'));
+  node_key_ = hb.assignment().lease_key();
+  for (int i = 0; i <= kMaxRunsPerCoordinator; ++i) {
+    hb.set_run_id(absl::StrCat(std::string(100, 'r'), i));
+    hb.set_node_id(absl::StrCat(std::string(kMaxNodeIdLength - 8, 'n'), i));
+    hb.mutable_node()->set_node_id(hb.node_id());
+    const size_t logged = log.str().size();
+    v1::HeartbeatResponse resp;
+    grpc::Status st = stub_->Heartbeat(Ctx().get(), hb, &resp);
+    spdlog::default_logger()->flush();
+    EXPECT_LT(log.str().size() - logged, 700u) << log.str().substr(logged);
+    if (i < kMaxRunsPerCoordinator) {
+      ASSERT_TRUE(st.ok()) << i << ": " << st.error_message();
+      continue;
+    }
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_THAT(st.error_message(), HasSubstr(absl::StrCat("holds ", kMaxRunsPerCoordinator, " runs, its limit")));
+  }
+  spdlog::default_logger()->sinks().pop_back();
+  EXPECT_EQ(server_->service()->runs_for_test(), kMaxRunsPerCoordinator);
+  EXPECT_EQ(log.str().find(std::string(65, 'n')), std::string::npos);
+  EXPECT_EQ(log.str().find(std::string(65, 'h')), std::string::npos);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include <deque>
 #include <functional>
+#include <limits>
 #include <vector>
 
 #include "common/clock.h"
@@ -97,7 +98,7 @@ TEST_F(SessionTest, AJoinRidesOutACoordinatorThatComesBack) {
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->round(), 3);
   EXPECT_EQ(waits_, (std::vector<milliseconds>{milliseconds(50), milliseconds(100), milliseconds(200),
-                                                milliseconds(400), milliseconds(800)}));
+                                               milliseconds(400), milliseconds(800)}));
 }
 
 TEST_F(SessionTest, AJoinEndsAtTheJoinTimeout) {
@@ -139,6 +140,7 @@ TEST(ValidateAssignment, EachFieldOutOfItsRangeIsNamed) {
   };
   const std::vector<Row> rows = {
       {"round 0", [](v1::Assignment* a) { a->set_round(0); }},
+      {"round 9223372036854775807", [](v1::Assignment* a) { a->set_round(std::numeric_limits<int64_t>::max()); }},
       {"group_world_size 0", [](v1::Assignment* a) { a->set_group_world_size(0); }},
       {"group_world_size 16385", [](v1::Assignment* a) { a->set_group_world_size(16385); }},
       {"group_rank 2", [](v1::Assignment* a) { a->set_group_rank(2); }},
@@ -157,8 +159,9 @@ TEST(ValidateAssignment, EachFieldOutOfItsRangeIsNamed) {
       {"restart_count -1", [](v1::Assignment* a) { a->set_restart_count(-1); }},
       {"lease_port 65536", [](v1::Assignment* a) { a->set_lease_port(65536); }},
       {"coordinator_host of 400", [](v1::Assignment* a) { a->set_coordinator_host(std::string(400, 'c')); }},
-      {"member_addresses: 129", [](v1::Assignment* a) {
-         for (int i = 0; i < 127; ++i) a->add_member_addresses("10.0.0.3");
+      {"member_addresses: 131",
+       [](v1::Assignment* a) {  // 2 nodes: 64 interfaces and a host address each
+         for (int i = 0; i < 129; ++i) a->add_member_addresses("10.0.0.3");
        }},
       {"member address of 65", [](v1::Assignment* a) { a->add_member_addresses(std::string(65, '1')); }},
   };

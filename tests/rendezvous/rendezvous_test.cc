@@ -1,7 +1,12 @@
 #include "rendezvous/rendezvous.h"
 
+#include <malloc.h>
+
+#include <limits>
 #include <optional>
 
+#include "absl/strings/str_cat.h"
+#include "common/limits.h"
 #include "gtest/gtest.h"
 
 namespace launch {
@@ -552,7 +557,6 @@ TEST(Rendezvous, CancelledJoinLeavesTheWaitingRound) {
   EXPECT_EQ(r.phase(), Rendezvous::Phase::kWaiting);  // no last call below min
 }
 
-
 TEST(Rendezvous, SpareTakesTheLostNodesPlaceWithoutSpendingTheBudget) {
   FakeClock clock;
   Rendezvous r("job", Elastic(2, 2, 1), &clock);
@@ -623,6 +627,149 @@ TEST(Rendezvous, SpareGivesUpAfterTheJoinTimeoutWithTheReason) {
   EXPECT_NE(refused->message().find("waited as a spare"), std::string::npos) << refused->message();
   EXPECT_FALSE(r.TakeJoinRefusal("b").has_value());
   EXPECT_EQ(r.phase(), Rendezvous::Phase::kRunning);
+}
+
+// Small blocks and the large ones malloc maps on their own.
+size_t HeapInUse() {
+  const struct mallinfo2 m = mallinfo2();
+  return m.uordblks + m.hblkhd;
+}
+
+// A re-registration claiming the largest allowed round cost 2.7 MB of coordinator memory (a slot
+// and an assignment per claimed rank): a rebuilt run holds the nodes that come back, nothing per
+// claimed rank, and its status lists those nodes.
+TEST(Rendezvous, AReRegistrationCostsWhatComesBackNotWhatItClaims) {
+  FakeClock clock;
+  v1::HeartbeatRequest hb = Reattach("a", 3, kMaxNodes - 1, kMaxNodes, 0);
+  *hb.mutable_spec() = Elastic(1, kMaxNodes).ToSpec();
+  auto cfg = Rendezvous::ConfigForReattach(hb);
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  const size_t before = HeapInUse();
+  Rendezvous r("job", *cfg, &clock);
+  EXPECT_FALSE(r.Heartbeat(hb).stop_workers());
+  EXPECT_LT(static_cast<long>(HeapInUse()) - static_cast<long>(before), 64L * 1024)
+      << "bytes kept for one re-registered node of " << kMaxNodes;
+  v1::StatusResponse s = r.Status();
+  ASSERT_EQ(s.nodes_size(), 1);
+  EXPECT_EQ(s.nodes(0).group_rank(), kMaxNodes - 1);
+  // The ranks that never come back are lost together, in a reason of bounded length.
+  clock.Advance(std::chrono::seconds(4));
+  r.Tick();
+  EXPECT_EQ(r.phase(), Rendezvous::Phase::kWaiting);
+  EXPECT_LT(r.reason().size(), 2048u) << r.reason().substr(0, 300);
+  EXPECT_NE(r.reason().find("group ranks 0, 1, 2, 3, 4, 5, 6, 7 and 16375 more (never re-registered"),
+            std::string::npos)
+      << r.reason();
+}
+
+// A round re-registered at INT64_MAX made the next round overflow: rounds from the wire are bounded.
+TEST(Rendezvous, ReRegisteredRoundsAreBounded) {
+  for (long round : {std::numeric_limits<long>::max(), static_cast<long>(kMaxRound) + 1, 0L, -1L}) {
+    auto cfg = Rendezvous::ConfigForReattach(Reattach("a", round, 0, 2, 0));
+    ASSERT_FALSE(cfg.ok()) << round;
+    EXPECT_EQ(cfg.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(cfg.status().message().find(absl::StrCat("round ", round)), std::string::npos) << cfg.status();
+  }
+  FakeClock clock;
+  Rendezvous r("job", *Rendezvous::ConfigForReattach(Reattach("a", kMaxRound, 0, 2, 0)), &clock);
+  r.Heartbeat(Reattach("a", kMaxRound, 0, 2, 0));
+  EXPECT_EQ(r.round(), kMaxRound);
+  // In a running run too: a claim past the bound is not taken.
+  r.Heartbeat(Reattach("b", std::numeric_limits<long>::max(), 1, 2, 0));
+  EXPECT_FALSE(r.IsMember("b"));
+  EXPECT_EQ(r.round(), kMaxRound);
+}
+
+// 20,000 spares took 26 s of CPU (a linear scan per join): spares are bounded and found by id.
+TEST(Rendezvous, SparesAreBoundedPerRun) {
+  FakeClock clock;
+  Rendezvous r("job", Elastic(1, 1), &clock);
+  ASSERT_TRUE(r.Join(JoinOf("a", 1, 1)).ok());
+  for (int i = 0; i < kMaxSparesPerRun; ++i) ASSERT_TRUE(r.Join(JoinOf(absl::StrCat("s", i), 1, 1)).ok()) << i;
+  EXPECT_EQ(r.spare_nodes(), kMaxSparesPerRun);
+  ASSERT_TRUE(r.Join(JoinOf("s7", 1, 1)).ok());  // a retry keeps its place
+  absl::Status st = r.Join(JoinOf("one-more", 1, 1));
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(st.message().find(absl::StrCat("has ", kMaxSparesPerRun, " spare node(s) waiting, the limit")),
+            std::string::npos)
+      << st;
+  EXPECT_NE(st.message().find("one-more"), std::string::npos) << st;
+  // A spare that gives up makes room, at once.
+  r.CancelJoin("s3");
+  EXPECT_FALSE(r.IsSpare("s3"));
+  EXPECT_TRUE(r.Join(JoinOf("one-more", 1, 1)).ok());
+  EXPECT_TRUE(r.IsSpare("one-more"));
+}
+
+// Node ids a run remembers are bounded: ones that hold no place are forgotten first.
+TEST(Rendezvous, NodeIdsPerRunAreBounded) {
+  FakeClock clock;
+  Rendezvous r("job", *Rendezvous::ConfigForReattach(Reattach("a", 2, 0, 2, 0)), &clock);
+  r.Heartbeat(Reattach("a", 2, 0, 2, 0));
+  const int limit = KnownNodesLimit(r.config().max_nodes);
+  for (int i = 0; i < 3 * limit; ++i) r.Heartbeat(Reattach(absl::StrCat("x", i), 2, 0, 2, 0));  // slot taken
+  EXPECT_LE(r.known_nodes(), limit);
+  EXPECT_TRUE(r.IsMember("a"));
+  // A stranger is remembered without the addresses it brings (16,000 with 64 each cost 145 MB).
+  const size_t before = HeapInUse();
+  for (int i = 0; i < 1000; ++i) {
+    v1::HeartbeatRequest hb = Reattach(absl::StrCat("y", i), 2, 0, 2, 0);
+    for (int k = 0; k < kMaxNodeAddresses; ++k) hb.mutable_node()->add_addresses(absl::StrCat(k, std::string(60, 'a')));
+    r.Heartbeat(hb);
+  }
+  EXPECT_LT(static_cast<long>(HeapInUse()) - static_cast<long>(before), 1000L * 1024);
+  EXPECT_FALSE(r.Heartbeat(Beat("a", 2)).stop_workers());
+}
+
+// Wire strings reach reasons (and so log lines) cut to 64 bytes.
+TEST(Rendezvous, WireStringsInReasonsAreCut) {
+  FakeClock clock;
+  Rendezvous r("job", Elastic(2, 2), &clock);
+  v1::JoinRequest a = JoinOf(std::string(250, 'a'), 1, 1);
+  a.mutable_node()->set_hostname(std::string(250, 'h'));
+  a.mutable_node()->set_host_address(std::string(250, 'i'));
+  ASSERT_TRUE(r.Join(a).ok());
+  ASSERT_TRUE(r.Join(JoinOf("b", 1, 1)).ok());
+  ASSERT_EQ(r.phase(), Rendezvous::Phase::kRunning);
+  r.ReportExit(Report(a.node().node_id(), 1, false));
+  EXPECT_LT(r.reason().size(), 400u) << r.reason();
+  EXPECT_NE(r.reason().find("(250 bytes)"), std::string::npos) << r.reason();
+}
+
+// 300 nodes with 64 addresses each made a Join answer over gRPC's send limit, and the round never
+// started. A join whose new addresses would take the round's address list over its budget is
+// refused; the largest answer then fits in a rendezvous message.
+TEST(Rendezvous, TheLargestJoinAnswerFitsInAMessage) {
+  FakeClock clock;
+  Rendezvous r("job", Elastic(1, 300), &clock);
+  int refused = 0;
+  std::string why;
+  for (int i = 0; i < 300; ++i) {
+    v1::JoinRequest j = JoinOf(absl::StrCat("n", i), 1, 1);
+    j.set_agent_store(true);
+    auto addr = [&](int k) {
+      std::string a = absl::StrCat(i, ".", k, ".");
+      return a + std::string(kMaxAddressLength - a.size(), 'f');
+    };
+    j.mutable_node()->set_host_address(addr(kMaxNodeAddresses));
+    for (int k = 0; k < kMaxNodeAddresses; ++k) j.mutable_node()->add_addresses(addr(k));
+    absl::Status st = r.Join(j);
+    if (!st.ok()) {
+      EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted);
+      why = std::string(st.message());
+      ++refused;
+    }
+  }
+  EXPECT_GT(refused, 0);
+  EXPECT_NE(why.find(absl::StrCat("over its limit of ", kMaxMemberAddressBytes)), std::string::npos) << why;
+  clock.Advance(r.config().last_call_timeout + std::chrono::seconds(1));
+  r.Tick();
+  ASSERT_EQ(r.phase(), Rendezvous::Phase::kRunning);
+  v1::JoinResponse answer;
+  *answer.mutable_assignment() = *r.AssignmentFor("n0", 0);
+  answer.mutable_assignment()->set_lease_key(std::string(64, 'k'));
+  EXPECT_GT(answer.assignment().member_addresses_size(), 10000);
+  EXPECT_LT(answer.ByteSizeLong(), static_cast<size_t>(kMaxRendezvousMessageBytes));
 }
 }  // namespace
 }  // namespace launch
