@@ -39,6 +39,7 @@
 #include <thread>
 #include <vector>
 
+#include "rendezvous/grpc_wire.h"
 #include "rendezvous/lease.h"
 #include "common/tunables.h"
 #include "launch.grpc.pb.h"
@@ -46,6 +47,15 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// The coordinator's rendezvous token (LAUNCH_RDZV_TOKEN), on every call.
+const std::string kToken = "rendezvous-bench-token";
+
+// A call's context with the token and, for calls that name a node, the node's key.
+void Authorize(grpc::ClientContext* ctx, const std::string& node_key = "") {
+  ctx->AddMetadata(launch::kTokenMetadataKey, kToken);
+  if (!node_key.empty()) ctx->AddMetadata(launch::kNodeKeyMetadataKey, node_key);
+}
 
 struct CoordinatorProcess {
   pid_t pid = -1;
@@ -61,6 +71,7 @@ CoordinatorProcess StartCoordinator(const std::string& bin, const std::string& s
     close(out[0]);
     int devnull = ::open("/dev/null", O_WRONLY);
     dup2(devnull, 2);  // its info lines (one per run) are not part of the measurement
+    setenv("LAUNCH_RDZV_TOKEN", kToken.c_str(), 1);
     if (state.empty()) execl(bin.c_str(), bin.c_str(), "coordinator", "--listen", "127.0.0.1:0", nullptr);
     else execl(bin.c_str(), bin.c_str(), "coordinator", "--listen", "127.0.0.1:0", "--state", state.c_str(), nullptr);
     _exit(127);
@@ -79,7 +90,13 @@ CoordinatorProcess StartCoordinator(const std::string& bin, const std::string& s
   close(out[0]);
   CoordinatorProcess c;
   c.pid = pid;
-  c.port = std::atoi(text.substr(text.rfind(':') + 1).c_str());
+  // "launch coordinator: listening on 127.0.0.1:PORT ..."
+  const size_t at = text.find("127.0.0.1:");
+  c.port = at == std::string::npos ? 0 : std::atoi(text.c_str() + at + 10);
+  if (c.port <= 0) {
+    std::fprintf(stderr, "rendezvous_bench: no port in the coordinator's line: %s", text.c_str());
+    std::exit(1);
+  }
   return c;
 }
 
@@ -111,6 +128,7 @@ class SimWatch final : public grpc::ClientBidiReactor<launch::v1::HeartbeatReque
            std::atomic<int>* open)
       : hb_(std::move(first)), beats_(beats), open_(open) {
     ++*open_;
+    Authorize(&ctx_, hb_.assignment().lease_key());
     stub->async()->Watch(&ctx_, this);
     StartRead(&resp_);
     writing_ = true;
@@ -205,6 +223,7 @@ double Failover(const CoordinatorProcess& leader, const CoordinatorProcess& stan
     Reattach& r = re[i];
     r.ctx = std::make_unique<grpc::ClientContext>();
     r.ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    Authorize(r.ctx.get(), r.hb.assignment().lease_key());
     stubs[i % stubs.size()]->async()->Heartbeat(r.ctx.get(), &r.hb, &r.resp, [&, i](grpc::Status s) {
       Reattach& me = re[i];
       if (s.ok() && !me.resp.unknown_node() && !me.resp.stop_workers()) {
@@ -245,6 +264,7 @@ void AwaitLeader(launch::v1::Rendezvous::Stub* stub) {
   for (int i = 0; i < 600; ++i) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    Authorize(&ctx);
     launch::v1::StatusRequest req;
     req.set_run_id("probe");
     launch::v1::StatusResponse resp;
@@ -266,6 +286,7 @@ std::unique_ptr<launch::v1::Rendezvous::Stub> StubTo(int port) {
 int StaleNodes(launch::v1::Rendezvous::Stub* stub, const std::string& run, int n, double max_age) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  Authorize(&ctx);
   launch::v1::StatusRequest req;
   req.set_run_id(run);
   launch::v1::StatusResponse resp;
@@ -342,6 +363,7 @@ Result RunOnce(const std::string& bin, int n, const Options& o) {
   for (auto& a : agents) {
     a.ctx = std::make_unique<grpc::ClientContext>();
     a.ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    Authorize(a.ctx.get());
     a.stub->async()->Join(a.ctx.get(), &a.join, &a.join_resp, [&, ap = &a](grpc::Status s) {
       std::lock_guard<std::mutex> lock(mu);
       if (s.ok()) ranks.insert(ap->join_resp.assignment().rank_offset());
