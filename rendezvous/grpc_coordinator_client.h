@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <grpcpp/grpcpp.h>
@@ -40,7 +41,8 @@ class GrpcCoordinatorClient : public CoordinatorClient {
   // One call with a fresh context carrying the credentials; a call refused with a local token
   // that has changed since is made again (the coordinator published it after the call was
   // prepared: it was starting, or restarted).
-  grpc::Status Authed(std::chrono::milliseconds timeout,
+  // `timeout`: the call's gRPC deadline (none: the caller bounds the wait itself).
+  grpc::Status Authed(std::optional<std::chrono::milliseconds> timeout,
                       const std::function<grpc::Status(grpc::ClientContext*)>& call) const;
   std::unique_ptr<v1::Rendezvous::Stub> stub_;
   std::string target_, token_;

@@ -61,8 +61,12 @@ absl::StatusOr<UniqueFd> OpenUdp(const std::string& host, int port, bool listen)
     UniqueFd fd(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol));
     if (!fd.valid()) continue;
     if (listen) {
-      int rcvbuf = 4 << 20;  // a burst of datagrams waits here while a batch is handled
-      ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
+      // A burst of datagrams waits here while a batch is handled: past net.core.rmem_max when
+      // launch may (root), else as much as it allows.
+      int rcvbuf = 4 << 20;
+      if (::setsockopt(fd.get(), SOL_SOCKET, SO_RCVBUFFORCE, &rcvbuf, sizeof rcvbuf) != 0) {
+        ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
+      }
     }
     if ((listen ? ::bind(fd.get(), ai->ai_addr, ai->ai_addrlen) : ::connect(fd.get(), ai->ai_addr, ai->ai_addrlen)) !=
         0) {
@@ -183,9 +187,12 @@ void LeaseListener::Loop() {
     }
     if (!batch.empty()) on_batch_(batch);
     // Thousands of agents' datagrams come evenly spread: woken for each, this thread would spend
-    // more on wake-ups than on leases. What arrives meanwhile waits in the socket's buffer.
-    pollfd stop = {stop_.get(), POLLIN, 0};
-    if (::poll(&stop, 1, static_cast<int>(kLeaseBatchPeriod.count())) > 0) return;
+    // more on wake-ups than on leases, so it waits a little before the next read and what arrives
+    // meanwhile waits in the socket's buffer; not after a large batch, which says the buffer fills.
+    if (batch.size() < kBatch) {
+      pollfd stop = {stop_.get(), POLLIN, 0};
+      if (::poll(&stop, 1, static_cast<int>(kLeaseBatchPeriod.count())) > 0) return;
+    }
   }
 }
 
