@@ -48,6 +48,15 @@ int EnvCount(const char* name, int dflt, int lo, int hi) {
 
 }  // namespace
 
+std::vector<std::string> TrainMlpArgv(const std::string& steps, const std::string& ckpt_dir,
+                                      const std::string& params) {
+  return {TRAIN_MLP_BIN, "--dims",         "32,64,64,10", "--batch",          "16",     "--steps",
+          steps,         "--dataset-size", "512",         "--warmup",         "0",      "--checkpoint-every",
+          "5",           "--keep",         "3",           "--print-every",    "0",      "--slow-rank",
+          "0",           "--slow-ms",      "10",          "--checkpoint-dir", ckpt_dir, "--save-params",
+          params};
+}
+
 void RunChaos(const ChaosPlane& plane) {
   TempDir dir;
   const int kills = EnvCount("LAUNCH_SOAK_KILLS", 6, 1, 1000);
@@ -84,32 +93,8 @@ void RunChaos(const ChaosPlane& plane) {
                                      "--max-restarts=" + kMaxRestarts,
                                      "--stop-timeout=5",
                                      "--rdzv-conf",
-                                     "heartbeat_timeout=1,heartbeat_interval=0.2",
-                                     TRAIN_MLP_BIN,
-                                     "--dims",
-                                     "32,64,64,10",
-                                     "--batch",
-                                     "16",
-                                     "--steps",
-                                     kSteps,
-                                     "--dataset-size",
-                                     "512",
-                                     "--warmup",
-                                     "0",
-                                     "--checkpoint-every",
-                                     "5",
-                                     "--keep",
-                                     "3",
-                                     "--print-every",
-                                     "0",
-                                     "--slow-rank",
-                                     "0",
-                                     "--slow-ms",
-                                     "10",
-                                     "--checkpoint-dir",
-                                     dir / (out + "-ckpt"),
-                                     "--save-params",
-                                     dir / (out + ".bin")};
+                                     "heartbeat_timeout=1,heartbeat_interval=0.2"};
+    for (std::string& a : TrainMlpArgv(kSteps, dir / (out + "-ckpt"), dir / (out + ".bin"))) argv.push_back(a);
     if (run == "chaos") argv.insert(argv.end(), {"--step-budget-file", budget_file});
     return argv;
   };

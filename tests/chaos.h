@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace launch::testing {
 
@@ -21,5 +22,9 @@ struct ChaosPlane {
 
 // The soak, in a test body (it uses gtest's assertions).
 void RunChaos(const ChaosPlane& plane);
+
+// train_mlp as the soak runs it: a small MLP, `steps` steps of at least 10 ms (rank 0 sleeps that
+// long in each), a checkpoint every 5 steps in `ckpt_dir`, its final parameters in `params`.
+std::vector<std::string> TrainMlpArgv(const std::string& steps, const std::string& ckpt_dir, const std::string& params);
 
 }  // namespace launch::testing

@@ -195,6 +195,23 @@ struct ControlPlane {
       if (replicas[i] && replicas[i]->endpoint() == l) return static_cast<int>(i);
     return -1;
   }
+  // Kills the leading replica (kill -9) and waits until another leads: its index.
+  int KillLeader() {
+    const int i = LeaderIndex();
+    EXPECT_GE(i, 0) << Logs();
+    if (i < 0) return -1;
+    const std::string old = Leader();
+    replicas[i]->Kill(SIGKILL);
+    const bool led = WaitUntil(
+        [&] {
+          Pump();
+          const std::string now = Leader();
+          return !now.empty() && now != old;
+        },
+        std::chrono::seconds(30));
+    EXPECT_TRUE(led) << Logs();
+    return led ? LeaderIndex() : -1;
+  }
   void Pump() {
     etcd.Pump();
     for (auto& r : replicas)
@@ -267,21 +284,11 @@ TEST(ReplicatedCoordinators, LeaderKilledTheJobGoesOnWithoutARestartAndAnyReplic
       << cp.Logs();
   const auto workers = ReadPids(cp.dir / "pids");
 
-  const std::string old_leader = cp.Leader();
   const auto killed_at = std::chrono::steady_clock::now();
-  cp.replicas[first]->Kill(SIGKILL);
-  ASSERT_TRUE(WaitUntil(
-      [&] {
-        cp.Pump();
-        const std::string l = cp.Leader();
-        return !l.empty() && l != old_leader;
-      },
-      std::chrono::seconds(30)))
-      << cp.Logs();
+  const int second = cp.KillLeader();
+  ASSERT_GE(second, 0);
   const double failover_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
   std::printf("a standby led %.2f s after the leader was killed (leader lease %d s)\n", failover_s, kLeaderLease);
-  const int second = cp.LeaderIndex();
-  ASSERT_GE(second, 0);
   EXPECT_TRUE(WaitUntil([&] {
     cp.Pump();
     return absl::StrContains(cp.replicas[second]->child().err(), "run 'job' carried on from etcd: round 1, 2 node(s)");
@@ -494,31 +501,7 @@ TEST(ReplicatedCoordinators, TrainingSurvivesALeaderKillWithoutARestartAndAWorke
   auto agent_argv = [&](const std::string& run) {
     std::vector<std::string> argv = {"--nnodes=2", "--nproc-per-node=2", "--max-restarts=3", "--rdzv-conf",
                                      "heartbeat_interval=0.2"};
-    std::vector<std::string> worker = {TRAIN_MLP_BIN,
-                                       "--dims",
-                                       "32,64,64,10",
-                                       "--batch",
-                                       "16",
-                                       "--steps",
-                                       "300",
-                                       "--dataset-size",
-                                       "512",
-                                       "--warmup",
-                                       "0",
-                                       "--checkpoint-every",
-                                       "5",
-                                       "--keep",
-                                       "3",
-                                       "--print-every",
-                                       "0",
-                                       "--slow-rank",
-                                       "0",
-                                       "--slow-ms",
-                                       "10",
-                                       "--checkpoint-dir",
-                                       cp.dir / (run + "-ckpt"),
-                                       "--save-params",
-                                       cp.dir / (run + ".bin")};
+    std::vector<std::string> worker = TrainMlpArgv("300", cp.dir / (run + "-ckpt"), cp.dir / (run + ".bin"));
     if (run == "disturbed") worker.insert(worker.end(), {"--step-budget-file", budget_file});
     return AgentArgv(cp.Endpoints(), run, argv, worker);
   };
@@ -546,18 +529,9 @@ TEST(ReplicatedCoordinators, TrainingSurvivesALeaderKillWithoutARestartAndAWorke
       << cp.Logs();
 
   // The leader goes; a standby leads, the agents follow it, the workers never stop.
-  const int first = cp.LeaderIndex();
-  ASSERT_GE(first, 0);
-  const std::string old_leader = cp.Leader();
-  cp.replicas[first]->Kill(SIGKILL);
-  ASSERT_TRUE(WaitUntil(
-      [&] {
-        pump();
-        return cp.LeaderIndex() >= 0 && cp.Leader() != old_leader;
-      },
-      std::chrono::seconds(30)))
-      << cp.Logs();
-  const int second = cp.LeaderIndex();
+  for (auto& a : agents) a->Pump(1);
+  const int second = cp.KillLeader();
+  ASSERT_GE(second, 0);
   ASSERT_TRUE(WaitUntil(
       [&] {
         pump();
@@ -616,17 +590,8 @@ TEST(ReplicatedChaos, TrainingSurvivesRandomWorkerAgentAndLeaderKillsWithExactSt
   plane.kill_leader = [&] {
     const int i = cp.LeaderIndex();
     ASSERT_GE(i, 0) << cp.Logs();
-    const std::string old = cp.Leader();
     const std::string endpoint = cp.replicas[i]->endpoint();
-    cp.replicas[i]->Kill(SIGKILL);
-    ASSERT_TRUE(WaitUntil(
-        [&] {
-          cp.Pump();
-          const std::string now = cp.Leader();
-          return !now.empty() && now != old;
-        },
-        std::chrono::seconds(30)))
-        << cp.Logs();
+    ASSERT_GE(cp.KillLeader(), 0);
     cp.replicas[i] = std::make_unique<Replica>(cp.etcd.Url(), endpoint);
     ASSERT_TRUE(cp.replicas[i]->ready()) << cp.replicas[i]->child().err();
   };
