@@ -142,7 +142,21 @@ void CoordinatorReplica::Campaign() {
   const auto asked = std::chrono::steady_clock::now();
   auto claim = etcd_->ClaimKey(LeaderKey(), opts_.advertise, lease);
   if (!claim.ok()) return;
-  if (!claim->won) return;  // taken meanwhile: the next campaign learns by whom
+  if (!claim->won) {  // taken meanwhile: by the holder
+    const std::string leader = claim->holder.value.substr(0, 256);
+    bool changed;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      changed = leader != leader_;
+      if (changed && !leader_.empty()) ++leaderships_seen_;
+      leader_ = leader;
+    }
+    if (changed) {
+      spdlog::info("coordinator replica {} stands by; the leader is at {}", opts_.advertise, leader);
+      service_->StandBy(leader);
+    }
+    return;
+  }
   auto runs = LoadRuns();
   if (!runs.ok()) {
     spdlog::warn("coordinator replica {} won the election but cannot read the runs from etcd ({}); giving it up",
@@ -332,6 +346,16 @@ void CoordinatorReplica::ForwardStatus(const v1::StatusRequest& req, v1::StatusR
   {
     std::lock_guard<std::mutex> lock(mu_);
     leader = leader_;
+  }
+  // Asked afresh: the leader may have changed since this standby last looked (it looks every
+  // kStandbyPoll).
+  if (auto held = etcd_->Range(LeaderKey(), false, 1); held.ok()) {
+    leader = held->empty() ? "" : held->front().value.substr(0, 256);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!leading_ && !leader.empty() && leader != leader_) {
+      if (!leader_.empty()) ++leaderships_seen_;
+      leader_ = leader;  // what Describe says with the answer
+    }
   }
   if (leader.empty() || leader == opts_.advertise) {
     done(absl::UnavailableError("no coordinator replica leads now (etcd unreachable or an election under way)"));
