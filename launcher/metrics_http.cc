@@ -12,6 +12,7 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 
 namespace launch {
@@ -177,7 +178,7 @@ class GuardedServer final : public Base {
     DeadlineStream stream(sock, ssl, deadline);
     if (!std::is_same_v<Base, httplib::SSLServer> || (ssl && stream.Accept())) {
       bool closed = false;
-      ok = this->process_request(stream, /*close_connection=*/true, closed, nullptr);
+      ok = Serve(stream, closed, 0);
     }
     if (ssl) {
       SSL_shutdown(ssl);
@@ -187,6 +188,25 @@ class GuardedServer final : public Base {
     ::shutdown(sock, SHUT_RDWR);
     ::close(sock);
     return ok;
+  }
+
+  // process_request as this cpp-httplib has it: 0.11 (Debian 12) takes the stream alone, 0.18
+  // (Debian 13) the peer's and its own address and port too. The int overload is tried first.
+  template <typename S = GuardedServer>
+  auto Serve(httplib::Stream& stream, bool& closed, int)
+      -> decltype(static_cast<S*>(this)->process_request(stream, true, closed, nullptr)) {
+    return this->process_request(stream, /*close_connection=*/true, closed, nullptr);
+  }
+  template <typename S = GuardedServer>
+  auto Serve(httplib::Stream& stream, bool& closed, long)
+      -> decltype(static_cast<S*>(this)->process_request(stream, std::string(), 0, std::string(), 0, true, closed,
+                                                         nullptr)) {
+    std::string remote, local;
+    int remote_port = 0, local_port = 0;
+    stream.get_remote_ip_and_port(remote, remote_port);
+    stream.get_local_ip_and_port(local, local_port);
+    return this->process_request(stream, remote, remote_port, local, local_port, /*close_connection=*/true, closed,
+                                 nullptr);
   }
 
   Connections connections_;
