@@ -1,7 +1,5 @@
 #include "rendezvous/grpc_coordinator_client.h"
 
-#include <condition_variable>
-#include <mutex>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -60,33 +58,16 @@ grpc::Status GrpcCoordinatorClient::Authed(std::optional<std::chrono::millisecon
 absl::StatusOr<v1::Assignment> GrpcCoordinatorClient::Join(const v1::JoinRequest& req, CallCanceller* cancel) {
   v1::JoinResponse resp;
   bool cancelled = false;
-  // The coordinator answers at its join timeout with the reason; this wait is for one that is
-  // never reached. It is the agent's own, not a gRPC deadline: a deadline costs the coordinator a
-  // timer for each held join, which at thousands of nodes was a third of a round's time.
-  grpc::Status s = Authed(std::nullopt, [&](grpc::ClientContext* ctx) {
+  // The coordinator answers at its join timeout with the reason; this deadline is for one that
+  // is never reached.
+  grpc::Status s = Authed(join_timeout_ + kJoinDeadlineMargin, [&](grpc::ClientContext* ctx) {
     // A coordinator that is not up yet (another node is starting it) is waited for, not an error.
     ctx->set_wait_for_ready(wait_for_ready_);
     if (cancel && !cancel->Attach([ctx] { ctx->TryCancel(); })) {
       cancelled = true;
       return grpc::Status(grpc::StatusCode::CANCELLED, "join cancelled");
     }
-    std::mutex mu;
-    std::condition_variable cv;
-    bool done = false;
-    grpc::Status st;
-    stub_->async()->Join(ctx, &req, &resp, [&](grpc::Status answer) {
-      std::lock_guard<std::mutex> lock(mu);
-      st = std::move(answer);
-      done = true;
-      cv.notify_all();
-    });
-    std::unique_lock<std::mutex> lock(mu);
-    if (!cv.wait_for(lock, join_timeout_ + kJoinDeadlineMargin, [&] { return done; })) {
-      ctx->TryCancel();
-      cv.wait(lock, [&] { return done; });  // the callback always comes
-      if (st.error_code() == grpc::StatusCode::CANCELLED) st = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "");
-    }
-    lock.unlock();
+    grpc::Status st = stub_->Join(ctx, req, &resp);
     if (cancel) cancel->Detach();
     return st;
   });
