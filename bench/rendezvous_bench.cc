@@ -39,6 +39,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "rendezvous/grpc_wire.h"
 #include "rendezvous/lease.h"
 #include "common/tunables.h"
@@ -62,6 +63,21 @@ struct CoordinatorProcess {
   int port = 0;
 };
 
+// Coordinators started and not yet waited for: a bench that gives up early leaves none behind.
+std::vector<pid_t> g_started;
+void KillStarted() {
+  for (pid_t pid : g_started) {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+  }
+}
+
+// Waits for a coordinator the bench stopped.
+void Reap(pid_t pid) {
+  waitpid(pid, nullptr, 0);
+  g_started.erase(std::remove(g_started.begin(), g_started.end(), pid), g_started.end());
+}
+
 CoordinatorProcess StartCoordinator(const std::string& bin, const std::string& state) {
   int out[2];
   if (pipe(out) != 0) std::exit(1);
@@ -77,6 +93,7 @@ CoordinatorProcess StartCoordinator(const std::string& bin, const std::string& s
     _exit(127);
   }
   close(out[1]);
+  g_started.push_back(pid);
   std::string text;
   char buf[256];
   while (text.find('\n') == std::string::npos) {
@@ -119,6 +136,13 @@ double CpuSeconds(int stat_fd) {
     if (i == 15) stime = std::atol(field.c_str());
   }
   return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// This process's CPU seconds (every thread's).
+double SelfCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
 }
 
 // One agent's Watch stream: heartbeats are written by the pacing thread, one at a time.
@@ -174,7 +198,8 @@ struct SimAgent {
 
 struct Result {
   double round_s = 0;
-  double round_cpu_s = 0;  // the coordinator's CPU seconds while the round formed
+  double round_cpu_s = 0;   // the coordinator's CPU seconds while the round formed
+  double agents_cpu_s = 0;  // this process's (the simulated agents') CPU seconds meanwhile
   bool ranks_ok = false;
   double cpu_percent = 0;
   long heartbeats = 0;
@@ -218,7 +243,7 @@ double Failover(const CoordinatorProcess& leader, const CoordinatorProcess& stan
   size_t back = 0;
   const auto t0 = Clock::now();
   kill(leader.pid, SIGKILL);
-  waitpid(leader.pid, nullptr, 0);
+  Reap(leader.pid);
   // Each agent finds its stream broken and tries the next replica after its first retry delay.
   std::function<void(size_t)> attempt = [&](size_t i) {
     Reattach& r = re[i];
@@ -365,6 +390,7 @@ Result RunOnce(const std::string& bin, int n, const Options& o) {
     *a.join.mutable_spec() = spec;
   }
   const double round_cpu0 = CpuSeconds(stat_fd);
+  const double agents_cpu0 = SelfCpuSeconds();
   const auto t0 = Clock::now();
   for (auto& a : agents) {
     a.ctx = std::make_unique<grpc::ClientContext>();
@@ -388,6 +414,7 @@ Result RunOnce(const std::string& bin, int n, const Options& o) {
   Result r;
   r.round_s = std::chrono::duration<double>(Clock::now() - t0).count();
   r.round_cpu_s = CpuSeconds(stat_fd) - round_cpu0;
+  r.agents_cpu_s = SelfCpuSeconds() - agents_cpu0;
   r.ranks_ok = failed == 0 && static_cast<int>(ranks.size()) == n && *ranks.begin() == 0 && *ranks.rbegin() == n - 1;
 
   // Leases: each agent opens its Watch stream, then a pacing thread sends every agent's
@@ -423,6 +450,10 @@ Result RunOnce(const std::string& bin, int n, const Options& o) {
     long tick = 0;
     for (size_t i = 0; !stop; i = (i + 1) % watches.size(), ++tick) {
       next += step;
+      // Behind (the simulated agents' own threads took the CPU): the backlog is dropped, not sent
+      // in a burst, so the window sees at most N heartbeats a second; a shortfall shows in the
+      // heartbeats/s column and as stale nodes.
+      if (const auto now = Clock::now(); now > next + std::chrono::milliseconds(20)) next = now;
       std::this_thread::sleep_until(next);
       if (!udp || tick < 2L * n) watches[i]->Beat();  // the first message went with the stream
       if (udp) {
@@ -455,10 +486,10 @@ Result RunOnce(const std::string& bin, int n, const Options& o) {
   }
   if (!o.failover) {
     kill(coord.pid, SIGTERM);  // ends every stream
-    waitpid(coord.pid, nullptr, 0);
+    Reap(coord.pid);
   } else {
     kill(standby.pid, SIGTERM);
-    waitpid(standby.pid, nullptr, 0);
+    Reap(standby.pid);
   }
   ::close(stat_fd);
   for (auto& w : watches) w->Cancel();
@@ -470,6 +501,10 @@ Result RunOnce(const std::string& bin, int n, const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // As launch does: Debian builds abseil with mutex deadlock detection on, a graph search in every
+  // gRPC lock that would make the simulated agents cost more than the coordinator they measure.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  std::atexit(KillStarted);
   if (argc < 2) {
     std::fprintf(
         stderr,
@@ -512,8 +547,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "rendezvous_bench: --failover needs --state etcd://...\n");
     return 2;
   }
-  std::printf("%-8s %-16s %-20s %-10s %-14s %-10s %-24s%s\n", "agents", "round formed", "its coordinator CPU", "ranks",
-              "heartbeats/s", "served", "coordinator CPU (1 core)", o.failover ? " failover: all back (median)" : "");
+  std::printf("%-8s %-16s %-20s %-18s %-10s %-14s %-10s %-24s%s\n", "agents", "round formed", "its coordinator CPU",
+              "its agents' CPU", "ranks", "heartbeats/s", "served", "coordinator CPU (1 core)",
+              o.failover ? " failover: all back (median)" : "");
   bool all_ok = true;
   std::vector<std::string> verdicts;
   for (int n : sizes) {
@@ -527,10 +563,17 @@ int main(int argc, char** argv) {
       verdicts.push_back(std::string("target: 4096 agents at 1 Hz <= 25% of one core: ") +
                          (r.cpu_percent <= 25.0 ? "met" : "MISSED"));
     }
+    if (n == 16384) {
+      verdicts.push_back(std::string("target: 16384 agents' round formed <= 2 s: ") +
+                         (r.round_s <= 2.0 ? "met" : "MISSED"));
+      verdicts.push_back(std::string("target: 16384 agents at 1 Hz <= 50% of one core, all served: ") +
+                         (r.cpu_percent <= 50.0 && r.stale == 0 ? "met" : "MISSED"));
+    }
     const std::string served = r.stale == 0 ? "all" : r.stale < 0 ? "unknown" : std::to_string(r.stale) + " stale";
-    std::printf("%-8d %-16s %-20s %-10s %-14ld %-10s %-24s", n,
+    std::printf("%-8d %-16s %-20s %-18s %-10s %-14ld %-10s %-24s", n,
                 (std::to_string(r.round_s * 1000).substr(0, 6) + " ms").c_str(),
-                (std::to_string(r.round_cpu_s).substr(0, 5) + " s").c_str(), r.ranks_ok ? "0..N-1" : "WRONG",
+                (std::to_string(r.round_cpu_s).substr(0, 5) + " s").c_str(),
+                (std::to_string(r.agents_cpu_s).substr(0, 5) + " s").c_str(), r.ranks_ok ? "0..N-1" : "WRONG",
                 r.heartbeats, served.c_str(), (std::to_string(r.cpu_percent).substr(0, 5) + "%").c_str());
     if (o.failover) std::printf("%.2f s (%.2f s)", r.failover_s, r.failover_median_s);
     std::printf("\n");

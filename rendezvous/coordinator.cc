@@ -559,7 +559,16 @@ void CoordinatorService::Pump(Run& run, Finishes* out) {
   }
 }
 
-void CoordinatorService::TickNow(Run& run) { run.next_tick = run.rdzv->Tick(); }
+void CoordinatorService::TickNow(Run& run) {
+  run.next_tick = run.rdzv->Tick();
+  if (timer_sleeps_until_ == Clock::TimePoint::min()) return;  // it is running: it sees this run
+  // An ended run is closed by the timer; a clock past the planned wake (a lagging thread, a test's
+  // clock) needs it now.
+  if ((run.next_tick && *run.next_tick < timer_sleeps_until_) || run.rdzv->ended() ||
+      clock_->Now() >= timer_sleeps_until_) {
+    wake_.notify_one();
+  }
+}
 
 void CoordinatorService::Cancelled(HeldCall* call) {
   Finishes f;
@@ -573,7 +582,6 @@ void CoordinatorService::Cancelled(HeldCall* call) {
     r.CancelJoin(call->join_req->node().node_id());
     TickNow(it->second);
     if (r.version() != v) Pump(it->second, &f);
-    wake_.notify_one();
   }
   FinishAll(f);
 }
@@ -640,7 +648,6 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
     } else if (!AnswerIfReady(run, call, &f)) {  // only this join can have changed
       run.held.insert(call);
     }
-    wake_.notify_one();
   }
   FinishAll(f);
   return call;
@@ -701,7 +708,6 @@ absl::StatusOr<CoordinatorService::Run*> CoordinatorService::HeartbeatLocked(con
   if (run.rdzv->version() != v || !known_before) {
     TickNow(run);  // a re-registration rebuilds the run: its timers start now
     Pump(run, f);
-    wake_.notify_one();
   }
   if (EndsTheJob(OrderOf(*ans))) run.rdzv->NoteToldEnd(req.node_id());
   return &run;
@@ -772,7 +778,6 @@ grpc::ServerUnaryReactor* CoordinatorService::ReportExit(grpc::CallbackServerCon
         if (!run.rdzv->reason().empty()) f.Info(absl::StrCat("run '", Shown(req->run_id()), "': ", run.rdzv->reason()));
         Pump(run, &f);
       }
-      wake_.notify_one();
     }
   }
   if (!FinishAll(f) && status.ok()) {
@@ -916,7 +921,9 @@ void CoordinatorService::TimerLoop() {
       continue;
     }
     next = std::min(next, now + kCoordinatorAwakePeriod);
+    timer_sleeps_until_ = next;
     wake_.wait_for(lock, std::max(next - clock_->Now(), Clock::TimePoint::duration(0)));
+    timer_sleeps_until_ = Clock::TimePoint::min();
   }
 }
 
