@@ -248,6 +248,7 @@ absl::Status CoordinatorReplica::Save(const std::vector<v1::RunRecord>& records,
     head.clear_members();
     const std::string gen = MembersKey(record.run_id()) + Padded(record.version(), 20) + "/";
     v1::RunRecord chunk;
+    size_t chunk_bytes = 0;  // an upper bound of chunk's size, kept as members are added
     int chunks = 0;
     auto flush = [&]() -> absl::Status {
       EtcdClient::Write w;
@@ -255,11 +256,15 @@ absl::Status CoordinatorReplica::Save(const std::vector<v1::RunRecord>& records,
       RETURN_IF_ERROR(guarded(w));
       ++chunks;
       chunk.Clear();
+      chunk_bytes = 0;
       return absl::OkStatus();
     };
     for (const v1::MemberRecord& m : record.members()) {
+      // The member's bytes plus its field's tag and length (at most 2 + 5 bytes); sizing the whole
+      // chunk again for each member made a 16,384-node round's save take seconds of CPU.
       *chunk.add_members() = m;
-      if (chunk.ByteSizeLong() >= kChunkBytes) RETURN_IF_ERROR(flush());
+      chunk_bytes += m.ByteSizeLong() + 7;
+      if (chunk_bytes >= kChunkBytes) RETURN_IF_ERROR(flush());
     }
     if (chunk.members_size() > 0) RETURN_IF_ERROR(flush());
     head.set_member_chunks(chunks);
