@@ -47,6 +47,9 @@ class CoordinatorReplica final : public RunStore {
   void ForwardStatus(const v1::StatusRequest& req, v1::StatusResponse* resp,
                      std::function<void(absl::Status)> done) override;
 
+  // Every run kept under the prefix, checked like wire input: what a new leader carries on.
+  absl::StatusOr<std::vector<v1::RunRecord>> LoadRuns();
+
   // The keys, under the prefix.
   std::string LeaderKey() const { return opts_.etcd.prefix + "/leader"; }
   std::string RunKey(const std::string& run_id) const { return opts_.etcd.prefix + "/runs/" + run_id; }
@@ -60,7 +63,6 @@ class CoordinatorReplica final : public RunStore {
   // The leader renews its lease; false: it stands by now.
   bool Renew();
   void StepDown(const std::string& why);
-  absl::StatusOr<std::vector<v1::RunRecord>> LoadRuns();
   absl::StatusOr<v1::RunRecord> LoadRun(const EtcdClient::Kv& head);
 
   ReplicaOptions opts_;

@@ -7,7 +7,7 @@
 #include "absl/strings/str_split.h"
 #include "common/net.h"
 #include "common/status_macros.h"
-#include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
+#include LAUNCH_ETCD_RPC_HEADER  // etcd 3.4 or 3.5 layout (proto/CMakeLists.txt)
 #include "rendezvous/security.h"
 
 namespace launch {

@@ -12,7 +12,8 @@ fi
 cache=${LAUNCH_ROOT_CACHE:-/var/cache/launch}
 
 # The same dependencies as scripts/install_deps.sh, from Debian 13 (whose static OpenSSL also
-# needs libzstd-dev).
+# needs libzstd-dev; whose etcd 3.5 .proto files import googleapis from gogo's package and
+# grpc-gateway's openapiv2 options).
 packages=(
   cmake ninja-build g++ pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
@@ -20,6 +21,8 @@ packages=(
   libgtest-dev libgmock-dev
   libtorch-dev libgloo-dev libopenblas0-pthread python3-torch
   libssl-dev libzstd-dev iproute2 procps openssl gdb mount python3-yaml
+  etcd-server etcd-client golang-etcd-server-dev golang-github-gogo-googleapis-dev
+  golang-github-grpc-ecosystem-grpc-gateway-dev
 )
 # contrib: libtorch-cuda-dev and libnccl-dev, which scripts/build_cuda.sh unpacks.
 mmdebstrap_args=(--variant=apt --components=main,contrib --include="$(IFS=,; echo "${packages[*]}")" trixie)

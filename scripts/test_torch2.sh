@@ -16,8 +16,10 @@ fail() {
 # Debian 13's torch is built without libuv, and torch >= 2.4 asks for it by default: both
 # torchrun and launch fail in init_process_group ("use_libuv was requested but PyTorch was build
 # without libuv support") unless USE_LIBUV=0, which the Python workers of the tests get here.
-# LAUNCH_TEST_REQUIRE_TORCH=1: a test that needs Python torch fails instead of skipping.
-in_root=(bash scripts/in_root.sh "$root" --env USE_LIBUV=0 --env LAUNCH_TEST_REQUIRE_TORCH=1 --)
+# LAUNCH_TEST_REQUIRE_TORCH=1: a test that needs Python torch fails instead of skipping; the same
+# for etcd (the replicated coordinators' tests, against Debian 13's etcd 3.5).
+in_root=(bash scripts/in_root.sh "$root" --env USE_LIBUV=0 --env LAUNCH_TEST_REQUIRE_TORCH=1
+  --env LAUNCH_TEST_REQUIRE_ETCD=1 --)
 "${in_root[@]}" cmake -S /src -B /src/build-torch2 -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo || fail "cmake configure"
 "${in_root[@]}" cmake --build /src/build-torch2 -j "$jobs" || fail "build"
 "${in_root[@]}" ctest --test-dir /src/build-torch2 --output-on-failure -j "$jobs" --timeout 300 || fail "ctest"

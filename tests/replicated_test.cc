@@ -27,6 +27,11 @@
 #include "absl/strings/strip.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/clock.h"
+#include "rendezvous/coordinator.h"
+#include "rendezvous/coordinator_replica.h"
+#include "rendezvous/lease.h"
+#include "rendezvous/rendezvous.h"
 #include "tests/chaos.h"
 #include "tests/test_util.h"
 
@@ -482,6 +487,68 @@ TEST(ReplicatedCoordinators, WhatEtcdHoldsIsCheckedAndAReplicaWithoutEtcdRefuses
                          std::chrono::seconds(30));
   EXPECT_EQ(bad.exit_code, 2) << bad.err;
   EXPECT_THAT(bad.err, HasSubstr("expected etcd://HOST:PORT"));
+}
+
+// A round of thousands of nodes is kept in several member chunks (etcd refuses a request over
+// 1.5 MiB) and read back whole and in order, as the next leader carries it on.
+TEST(ReplicatedCoordinators, ARoundOfThousandsOfNodesIsKeptInChunksAndReadBackWhole) {
+  LAUNCH_NEED_ETCD();
+  ControlPlane cp;
+  ASSERT_TRUE(cp.etcd.WaitHealthy());
+  SystemClock clock;
+  constexpr int kNodes = 10000;
+  RendezvousConfig cfg;
+  cfg.min_nodes = kNodes;
+  cfg.max_nodes = kNodes;
+  Rendezvous round("big", cfg, &clock);
+  for (int i = 0; i < kNodes; ++i) {
+    v1::JoinRequest j;
+    j.set_run_id("big");
+    j.mutable_node()->set_node_id(absl::StrCat("node-", i, "-", std::string(80, 'x')));
+    j.mutable_node()->set_hostname(absl::StrCat("host-", i));
+    j.mutable_node()->set_host_address(absl::StrCat("10.0.", i / 250, ".", i % 250));
+    j.mutable_node()->set_local_world_size(8);
+    ASSERT_TRUE(round.Join(j).ok()) << i;
+  }
+  ASSERT_EQ(round.phase(), Rendezvous::Phase::kRunning);
+  v1::RunRecord rec = round.ToRecord();
+  rec.set_lease_key(NewLeaseKey());
+  ASSERT_EQ(rec.members_size(), kNodes);
+  ASSERT_GT(rec.ByteSizeLong(), 1u << 20);  // more than one chunk's worth
+
+  CoordinatorService service(CoordinatorOptions{}, &clock);
+  auto etcd = ParseEtcdUrl(cp.etcd.Url());
+  ASSERT_TRUE(etcd.ok()) << etcd.status();
+  ReplicaOptions ro;
+  ro.etcd = *etcd;
+  ro.advertise = "127.0.0.1:1";
+  auto replica = CoordinatorReplica::Start(ro, &service);
+  ASSERT_TRUE(replica.ok()) << replica.status();
+  ASSERT_TRUE(WaitUntil([&] { return service.leading(); }, std::chrono::seconds(30)));
+  ASSERT_TRUE((*replica)->Save({rec}, {}).ok());
+
+  auto runs = (*replica)->LoadRuns();
+  ASSERT_TRUE(runs.ok()) << runs.status();
+  ASSERT_EQ(runs->size(), 1u);
+  const v1::RunRecord& back = runs->front();
+  // The chunks etcd holds, each a key of its own under the run's members.
+  RunResult keys = RunCmd({kEtcdctl, "--endpoints", cp.etcd.Endpoints(), "get", "--prefix", "--keys-only",
+                           (*replica)->MembersKey("big")},
+                          {"ETCDCTL_API=3"}, std::chrono::seconds(10));
+  ASSERT_EQ(keys.exit_code, 0) << keys.err;
+  EXPECT_GE(CountOf(keys.out, "/launch/members/big/"), 3) << keys.out;
+  ASSERT_EQ(back.members_size(), kNodes);
+  for (int i = 0; i < kNodes; ++i) {
+    ASSERT_EQ(back.members(i).SerializeAsString(), rec.members(i).SerializeAsString()) << "member " << i;
+  }
+  v1::RunRecord head = back;
+  head.clear_members();
+  head.clear_member_chunks();
+  v1::RunRecord want = rec;
+  want.clear_members();
+  EXPECT_EQ(head.SerializeAsString(), want.SerializeAsString());
+  (*replica)->Stop();
+  service.set_store(nullptr);  // the replica goes first
 }
 
 #ifdef TRAIN_MLP_BIN
