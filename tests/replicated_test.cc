@@ -434,7 +434,10 @@ TEST(ReplicatedCoordinators, AReplicaStartedFromNothingCarriesOnEveryRunFromEtcd
   ASSERT_TRUE(WaitUntil(
       [&] {
         fresh->child().Pump(1);
-        return absl::StrContains(fresh->child().err(), "leads");
+        // "leads" is logged before the runs are taken on, each with its own line.
+        return absl::StrContains(fresh->child().err(), "leads") &&
+               absl::StrContains(fresh->child().err(), "run 'second' carried on from etcd") &&
+               absl::StrContains(fresh->child().err(), "run 'first' carried on from etcd");
       },
       std::chrono::seconds(30)))
       << fresh->child().err();
