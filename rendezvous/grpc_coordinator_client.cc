@@ -1,6 +1,9 @@
 #include "rendezvous/grpc_coordinator_client.h"
 
+#include <condition_variable>
+#include <mutex>
 #include <optional>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/tunables.h"
@@ -58,17 +61,39 @@ grpc::Status GrpcCoordinatorClient::Authed(std::optional<std::chrono::millisecon
 absl::StatusOr<v1::Assignment> GrpcCoordinatorClient::Join(const v1::JoinRequest& req, CallCanceller* cancel) {
   v1::JoinResponse resp;
   bool cancelled = false;
-  // The coordinator answers at its join timeout with the reason; this deadline is for one that
-  // is never reached.
-  grpc::Status s = Authed(join_timeout_ + kJoinDeadlineMargin, [&](grpc::ClientContext* ctx) {
+  bool timed_out = false;
+  // The coordinator answers at its join timeout with the reason; this wait is for one that is
+  // never reached. It is the agent's own, not a gRPC deadline: a deadline costs the coordinator a
+  // timer for each held Join (and Debian's gRPC checks every timer in a debug table), which at
+  // 16,384 nodes was a quarter of the round's time. A watchdog cancels the blocking call instead.
+  grpc::Status s = Authed(std::nullopt, [&](grpc::ClientContext* ctx) {
     // A coordinator that is not up yet (another node is starting it) is waited for, not an error.
     ctx->set_wait_for_ready(wait_for_ready_);
     if (cancel && !cancel->Attach([ctx] { ctx->TryCancel(); })) {
       cancelled = true;
       return grpc::Status(grpc::StatusCode::CANCELLED, "join cancelled");
     }
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    std::thread watchdog([&] {
+      std::unique_lock<std::mutex> lock(mu);
+      if (!cv.wait_for(lock, join_timeout_ + kJoinDeadlineMargin, [&] { return done; })) {
+        timed_out = true;
+        ctx->TryCancel();
+      }
+    });
     grpc::Status st = stub_->Join(ctx, req, &resp);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      done = true;
+    }
+    cv.notify_all();
+    watchdog.join();
     if (cancel) cancel->Detach();
+    if (timed_out && st.error_code() == grpc::StatusCode::CANCELLED) {
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "");
+    }
     return st;
   });
   if (cancelled) return absl::CancelledError("join cancelled");
