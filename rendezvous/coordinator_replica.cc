@@ -41,8 +41,13 @@ absl::StatusOr<std::unique_ptr<CoordinatorReplica>> CoordinatorReplica::Start(Re
   std::string endpoints;
   for (const auto& e : opts.etcd.endpoints) absl::StrAppend(&endpoints, endpoints.empty() ? "" : ",", e);
   if (auto probe = etcd->Range(opts.etcd.prefix + "/leader", false, 1); !probe.ok()) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot use etcd at ", endpoints, " for the coordinator's state: ", probe.status().message()));
+    // A refused TLS handshake reads as a connection that failed: say where to look.
+    const bool tls = !opts.etcd.ca_file.empty();
+    return absl::UnavailableError(absl::StrCat(
+        "cannot use etcd at ", endpoints, " for the coordinator's state: ", probe.status().message(),
+        tls && absl::IsUnavailable(probe.status())
+            ? " (over TLS: check that --etcd-cacert signed etcd's certificate and that etcd accepts --etcd-cert)"
+            : ""));
   }
   std::unique_ptr<CoordinatorReplica> r(new CoordinatorReplica(std::move(opts), service, std::move(etcd)));
   service->set_store(r.get());

@@ -670,43 +670,6 @@ TEST(MultiNode, StaticBackendGivesRanksFromNodeRank) {
 
 // ---- security ----
 
-// A CA, a server certificate for 127.0.0.1 and a client certificate, made with openssl.
-struct TestCerts {
-  explicit TestCerts(const TempDir& dir) : ok(true) {
-    auto run = [&](std::vector<std::string> argv) {
-      auto r = RunCmd(argv);
-      if (r.exit_code != 0) {
-        ok = false;
-        error += absl::StrCat("exit ", r.exit_code, ": ", r.err);
-      }
-    };
-    WriteFile(dir / "server.ext", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n");
-    WriteFile(dir / "client.ext", "extendedKeyUsage=clientAuth\n");
-    const std::vector<std::string> ec = {"-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"};
-    auto req = [&](std::vector<std::string> head, std::vector<std::string> rest) {
-      head.insert(head.end(), ec.begin(), ec.end());
-      head.insert(head.end(), rest.begin(), rest.end());
-      return head;
-    };
-    run(req({"/usr/bin/openssl", "req", "-x509"},
-            {"-keyout", dir / "ca.key", "-out", dir / "ca.pem", "-days", "2", "-subj", "/CN=launch-test-ca"}));
-    for (std::string who : {"server", "client"}) {
-      run(req({"/usr/bin/openssl", "req"},
-              {"-keyout", dir / (who + ".key"), "-out", dir / (who + ".csr"), "-subj", "/CN=" + who}));
-      run({"/usr/bin/openssl", "x509", "-req", "-in", dir / (who + ".csr"), "-CA", dir / "ca.pem", "-CAkey",
-           dir / "ca.key", "-CAcreateserial", "-out", dir / (who + ".pem"), "-days", "2", "-extfile",
-           dir / (who + ".ext")});
-    }
-    ca = dir / "ca.pem";
-    server_cert = dir / "server.pem";
-    server_key = dir / "server.key";
-    client_cert = dir / "client.pem";
-    client_key = dir / "client.key";
-  }
-  bool ok;
-  std::string error, ca, server_cert, server_key, client_cert, client_key;
-};
-
 std::vector<RunResult> RunTwoAgents(const std::string& endpoint, const std::vector<std::string>& flags,
                                     const std::vector<std::string>& env = {}) {
   std::vector<std::string> f = {"--nnodes=2", "--nproc-per-node=1"};

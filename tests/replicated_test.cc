@@ -6,6 +6,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/ioctl.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -47,13 +48,18 @@ const char* kEtcd = "/usr/bin/etcd";
 const char* kEtcdctl = "/usr/bin/etcdctl";
 constexpr int kLeaderLease = 2;  // seconds (--leader-lease)
 
-std::string g_no_netns;  // why this process has no network namespace of its own (empty: it has)
+std::string g_no_netns;    // why this process has no network namespace of its own (empty: it has)
+std::string g_no_mountns;  // why it has no mount namespace of its own, where /etc/hosts can be its own
+
+bool EtcdRequired() {
+  const char* req = std::getenv("LAUNCH_TEST_REQUIRE_ETCD");
+  return req && std::string(req) == "1";
+}
 
 // Skips (or, where the test command demands etcd, fails) a test that cannot run here.
 #define LAUNCH_NEED_ETCD()                                                           \
   do {                                                                               \
-    const char* req = std::getenv("LAUNCH_TEST_REQUIRE_ETCD");                       \
-    const bool required = req && std::string(req) == "1";                            \
+    const bool required = EtcdRequired();                                            \
     std::string why;                                                                 \
     if (!g_no_netns.empty()) why = "no network namespace of its own: " + g_no_netns; \
     else if (::access(kEtcd, X_OK) != 0 || ::access(kEtcdctl, X_OK) != 0)            \
@@ -139,18 +145,22 @@ class EtcdCluster {
   std::vector<std::unique_ptr<Child>> members_;
 };
 
-// One `launch coordinator` replica on 127.0.0.1 (port 0), killed by the destructor.
+// One `launch coordinator` replica on `listen` (127.0.0.1, port 0, by default), killed by the
+// destructor; `extra` goes after its other flags.
 class Replica {
  public:
-  explicit Replica(const std::string& url, const std::string& listen = "127.0.0.1:0") {
+  explicit Replica(const std::string& url, const std::string& listen = "127.0.0.1:0",
+                   const std::vector<std::string>& extra = {})
+      : host_(listen.substr(0, listen.rfind(':'))) {
     std::vector<std::string> argv = {kLaunch,   "coordinator", "--listen",       listen,
                                      "--state", url,           "--leader-lease", std::to_string(kLeaderLease)};
+    argv.insert(argv.end(), extra.begin(), extra.end());
     child_ = std::make_unique<Child>(argv);
     ready_ = WaitUntil([&] {
       child_->Pump(5);
       return absl::StrContains(child_->out(), "listening on") || !ProcessAlive(child_->pid());
     });
-    const std::string at = "127.0.0.1:";
+    const std::string at = "listening on " + host_ + ":";
     auto pos = child_->out().find(at);
     ready_ = ready_ && pos != std::string::npos;
     if (ready_) {
@@ -163,7 +173,8 @@ class Replica {
     if (child_ && ProcessAlive(child_->pid())) Kill(SIGKILL);
   }
   bool ready() const { return ready_; }
-  std::string endpoint() const { return absl::StrCat("127.0.0.1:", port_); }
+  std::string endpoint() const { return absl::StrCat(host_, ":", port_); }
+  int port() const { return port_; }
   RunResult Kill(int sig) {
     ::kill(child_->pid(), sig);
     return child_->Wait(std::chrono::seconds(20));
@@ -171,6 +182,7 @@ class Replica {
   Child& child() { return *child_; }
 
  private:
+  std::string host_;
   std::unique_ptr<Child> child_;
   bool ready_ = false;
   int port_ = 0;
@@ -181,11 +193,18 @@ struct ControlPlane {
   TempDir dir;
   EtcdCluster etcd{dir.path()};
   std::vector<std::unique_ptr<Replica>> replicas;
-  bool Up() {
+  std::vector<std::string> client_flags;  // what agents and `launch status` need besides (the token)
+  // Three replicas on 127.0.0.1, each on a port of its own; or one on each of `hosts`, all on
+  // one port (replicas behind one name).
+  // `extra`: the replicas' further flags.
+  bool Up(const std::vector<std::string>& hosts = {}, const std::vector<std::string>& extra = {}) {
     if (!etcd.WaitHealthy()) return false;
-    for (int i = 0; i < 3; ++i) replicas.push_back(std::make_unique<Replica>(etcd.Url()));
-    for (auto& r : replicas)
-      if (!r->ready()) return false;
+    for (int i = 0; i < 3; ++i) {
+      std::string listen = "127.0.0.1:0";
+      if (!hosts.empty()) listen = absl::StrCat(hosts[i], ":", i == 0 ? 0 : replicas[0]->port());
+      replicas.push_back(std::make_unique<Replica>(etcd.Url(), listen, extra));
+      if (!replicas.back()->ready()) return false;
+    }
     return WaitUntil([&] { return !Leader().empty(); });
   }
   std::string Endpoints() const {
@@ -238,15 +257,19 @@ std::vector<std::string> AgentArgv(const std::string& endpoints, const std::stri
   return argv;
 }
 
-RunResult Status(const std::string& endpoint, const std::string& run) {
-  return RunCmd({kLaunch, "status", "--rdzv-endpoint", endpoint, "--rdzv-id", run}, {}, std::chrono::seconds(20));
+// `flags`: its further flags (the token file).
+RunResult Status(const std::string& endpoint, const std::string& run, const std::vector<std::string>& flags = {}) {
+  std::vector<std::string> argv = {kLaunch, "status", "--rdzv-endpoint", endpoint, "--rdzv-id", run};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  return RunCmd(argv, {}, std::chrono::seconds(20));
 }
 
 // Every node of `run` has renewed its lease with whichever replica leads now: status through
 // `endpoint` lists `nodes` nodes, each heard from within the last second (the first "N.N s" of a
 // node's line is its heartbeat's age).
-bool Reattached(const std::string& endpoint, const std::string& run, int nodes) {
-  RunResult r = Status(endpoint, run);
+bool Reattached(const std::string& endpoint, const std::string& run, int nodes,
+                const std::vector<std::string>& flags = {}) {
+  RunResult r = Status(endpoint, run, flags);
   if (r.exit_code != 0) return false;
   static const std::regex kAge(R"(\s([0-9]+\.[0-9]+) s\b)");
   int fresh = 0;
@@ -266,32 +289,40 @@ bool Reattached(const std::string& endpoint, const std::string& run, int nodes) 
   return fresh == nodes;
 }
 
-TEST(ReplicatedCoordinators, LeaderKilledTheJobGoesOnWithoutARestartAndAnyReplicaShowsIt) {
-  LAUNCH_NEED_ETCD();
-  ControlPlane cp;
-  ASSERT_TRUE(cp.Up()) << cp.Logs();
+// A 2-node job through `endpoint` (with `flags`) loses its leading replica while its workers run:
+// they go on untouched, both agents renew with the new leader, every replica shows it, and the job
+// ends without a restart. The agents' results.
+std::vector<RunResult> LeaderKilledTheJobGoesOn(ControlPlane& cp, const std::string& endpoint,
+                                                const std::vector<std::string>& flags = {}) {
+  std::vector<RunResult> results;
   const int first = cp.LeaderIndex();
-  ASSERT_GE(first, 0) << cp.Leader();
+  EXPECT_GE(first, 0) << cp.Leader();
+  if (first < 0) return results;
   std::vector<std::unique_ptr<Child>> agents;
   for (int i = 0; i < 2; ++i) {
-    agents.push_back(std::make_unique<Child>(
-        AgentArgv(cp.Endpoints(), "job", {"--nnodes=2", "--nproc-per-node=1", "--max-restarts=3"},
-                  {kWorker, "--pid-file", cp.dir / "pids", "--wait-lines", cp.dir / "go", "1", "--print-env",
-                   "TORCHELASTIC_RESTART_COUNT"})));
+    std::vector<std::string> launch = {"--nnodes=2", "--nproc-per-node=1", "--max-restarts=3"};
+    launch.insert(launch.end(), cp.client_flags.begin(), cp.client_flags.end());
+    launch.insert(launch.end(), flags.begin(), flags.end());
+    agents.push_back(
+        std::make_unique<Child>(AgentArgv(endpoint, "job", launch,
+                                          {kWorker, "--pid-file", cp.dir / "pids", "--wait-lines", cp.dir / "go", "1",
+                                           "--print-env", "TORCHELASTIC_RESTART_COUNT"})));
   }
-  ASSERT_TRUE(WaitUntil(
-      [&] {
-        for (auto& a : agents) a->Pump(1);
-        cp.Pump();
-        return ReadPids(cp.dir / "pids").size() == 2;
-      },
-      std::chrono::seconds(60)))
-      << cp.Logs();
+  if (!WaitUntil(
+          [&] {
+            for (auto& a : agents) a->Pump(1);
+            cp.Pump();
+            return ReadPids(cp.dir / "pids").size() == 2;
+          },
+          std::chrono::seconds(60))) {
+    ADD_FAILURE() << "the workers did not start\n" << cp.Logs() << "agent:\n" << agents[0]->err();
+    return results;
+  }
   const auto workers = ReadPids(cp.dir / "pids");
 
   const auto killed_at = std::chrono::steady_clock::now();
   const int second = cp.KillLeader();
-  ASSERT_GE(second, 0);
+  if (second < 0) return results;
   const double failover_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
   std::printf("a standby led %.2f s after the leader was killed (leader lease %d s)\n", failover_s, kLeaderLease);
   EXPECT_TRUE(WaitUntil([&] {
@@ -300,18 +331,18 @@ TEST(ReplicatedCoordinators, LeaderKilledTheJobGoesOnWithoutARestartAndAnyReplic
   })) << cp.Logs();
   // Both agents renew their leases with the new leader; their workers were never touched.
   const int standby = 3 - first - second;
-  ASSERT_TRUE(WaitUntil(
+  EXPECT_TRUE(WaitUntil(
       [&] {
         for (auto& a : agents) a->Pump(1);
         cp.Pump();
-        return Reattached(cp.replicas[second]->endpoint(), "job", 2);
+        return Reattached(cp.replicas[second]->endpoint(), "job", 2, cp.client_flags);
       },
       std::chrono::seconds(30)))
       << cp.Logs();
   for (pid_t w : workers) EXPECT_TRUE(ProcessAlive(w)) << "worker " << w << " was stopped by the failover";
   // Status through the standby (it asks the leader) and through the leader.
   for (int i : {standby, second}) {
-    RunResult st = Status(cp.replicas[i]->endpoint(), "job");
+    RunResult st = Status(cp.replicas[i]->endpoint(), "job", cp.client_flags);
     EXPECT_EQ(st.exit_code, 0) << st.err;
     EXPECT_THAT(st.out, HasSubstr("running"));
     EXPECT_THAT(st.out, HasSubstr("restarts 0/3"));
@@ -323,7 +354,134 @@ TEST(ReplicatedCoordinators, LeaderKilledTheJobGoesOnWithoutARestartAndAnyReplic
     EXPECT_EQ(r.exit_code, 0) << r.err << cp.Logs();
     EXPECT_THAT(r.out, HasSubstr("TORCHELASTIC_RESTART_COUNT=0"));
     EXPECT_THAT(r.out, Not(HasSubstr("TORCHELASTIC_RESTART_COUNT=1")));
+    results.push_back(std::move(r));
   }
+  return results;
+}
+
+TEST(ReplicatedCoordinators, LeaderKilledTheJobGoesOnWithoutARestartAndAnyReplicaShowsIt) {
+  LAUNCH_NEED_ETCD();
+  ControlPlane cp;
+  ASSERT_TRUE(cp.Up()) << cp.Logs();
+  EXPECT_EQ(LeaderKilledTheJobGoesOn(cp, cp.Endpoints()).size(), 2u);
+}
+
+TEST(ReplicatedCoordinators, ReplicasBehindOneNameAreFoundAmongItsAddressesAndFollowed) {
+  LAUNCH_NEED_ETCD();
+  if (!g_no_mountns.empty()) {
+    if (EtcdRequired()) FAIL() << "no mount namespace of its own: " << g_no_mountns;
+    GTEST_SKIP() << "no mount namespace of its own: " << g_no_mountns;
+  }
+  // One name, three addresses (this test's own /etc/hosts, in its own mount namespace), one
+  // replica on each, all on one port: `--rdzv-endpoint NAME:PORT` as behind one DNS name.
+  ControlPlane cp;
+  const std::string name = "replicas.launch.test";
+  WriteFile(cp.dir / "hosts",
+            absl::StrCat("127.0.0.1 localhost\n127.0.0.2 ", name, "\n127.0.0.3 ", name, "\n127.0.0.4 ", name, "\n"));
+  ASSERT_EQ(::mount((cp.dir / "hosts").c_str(), "/etc/hosts", nullptr, MS_BIND, nullptr), 0) << std::strerror(errno);
+  struct Unmount {
+    ~Unmount() { ::umount2("/etc/hosts", MNT_DETACH); }
+  } unmount;
+  // With a token, as replicas that serve other machines' agents are.
+  WriteFile(cp.dir / "token", "replicas-behind-one-name\n");
+  const std::vector<std::string> token = {"--rdzv-token-file", cp.dir / "token"};
+  cp.client_flags = token;
+  ASSERT_TRUE(cp.Up({"127.0.0.2", "127.0.0.3", "127.0.0.4"}, token)) << cp.Logs();
+  const int port = cp.replicas[0]->port();
+  // No agent hosts a coordinator here, though the name is this machine's (as no agent would
+  // where the name is the replicas' machines).
+  auto results = LeaderKilledTheJobGoesOn(cp, absl::StrCat(name, ":", port), {"--rdzv-conf", "is_host=false"});
+  ASSERT_EQ(results.size(), 2u);
+  for (const RunResult& r : results) {
+    EXPECT_THAT(r.err, HasSubstr(absl::StrCat("rendezvous through the coordinator replicas at 127.0.0.2:", port,
+                                              ",127.0.0.3:", port, ",127.0.0.4:", port)));
+  }
+}
+
+TEST(ReplicatedCoordinators, EtcdOverTlsWithClientCertificatesAndWithoutThem) {
+  LAUNCH_NEED_ETCD();
+  TempDir dir;
+  TestCerts certs(dir);
+  ASSERT_TRUE(certs.ok) << certs.error;
+  // One etcd member that serves TLS only and asks every client for a certificate of its CA.
+  const std::string client_url = "https://127.0.0.1:2379";
+  Child etcd({kEtcd,
+              "--name",
+              "t",
+              "--data-dir",
+              dir / "etcd",
+              "--listen-client-urls",
+              client_url,
+              "--advertise-client-urls",
+              client_url,
+              "--listen-peer-urls",
+              "http://127.0.0.1:2380",
+              "--initial-advertise-peer-urls",
+              "http://127.0.0.1:2380",
+              "--initial-cluster",
+              "t=http://127.0.0.1:2380",
+              "--cert-file",
+              certs.server_cert,
+              "--key-file",
+              certs.server_key,
+              "--client-cert-auth",
+              "--trusted-ca-file",
+              certs.ca});
+  const std::vector<std::string> etcdctl = {kEtcdctl, "--endpoints",     client_url, "--cacert",      certs.ca,
+                                            "--cert", certs.client_cert, "--key",    certs.client_key};
+  auto ctl = [&](std::vector<std::string> args) {
+    std::vector<std::string> argv = etcdctl;
+    argv.insert(argv.end(), args.begin(), args.end());
+    return RunCmd(argv, {"ETCDCTL_API=3"}, std::chrono::seconds(10));
+  };
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        etcd.Pump(1);
+        return ctl({"endpoint", "health"}).exit_code == 0;
+      },
+      std::chrono::seconds(60)))
+      << etcd.err();
+  const std::string url = "etcds://127.0.0.1:2379";
+  auto coordinator = [&](std::vector<std::string> flags) {
+    std::vector<std::string> argv = {kLaunch, "coordinator", "--listen", "127.0.0.1:0", "--state", url};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    return RunCmd(argv, {}, std::chrono::seconds(60));
+  };
+  // etcds:// names no CA to check etcd by: refused before anything is tried.
+  RunResult no_ca = coordinator({});
+  EXPECT_NE(no_ca.exit_code, 0) << no_ca.err;
+  EXPECT_THAT(no_ca.err, HasSubstr("etcds:// needs --etcd-cacert"));
+  // Without a client certificate etcd refuses the handshake: one line, and the replica does not
+  // start.
+  RunResult anonymous = coordinator({"--etcd-cacert", certs.ca});
+  EXPECT_EQ(anonymous.exit_code, 1) << anonymous.err;
+  EXPECT_THAT(anonymous.err, HasSubstr("cannot use etcd at 127.0.0.1:2379 for the coordinator's state"));
+  EXPECT_THAT(anonymous.err, HasSubstr("over TLS: check that --etcd-cacert"));
+  // A CA that did not sign etcd's certificate: the same.
+  RunResult wrong_ca = coordinator(
+      {"--etcd-cacert", certs.client_cert, "--etcd-cert", certs.client_cert, "--etcd-key", certs.client_key});
+  EXPECT_EQ(wrong_ca.exit_code, 1) << wrong_ca.err;
+  EXPECT_THAT(wrong_ca.err, HasSubstr("cannot use etcd at 127.0.0.1:2379"));
+
+  // With its certificate, a replica leads and a job runs through it, its run kept in etcd.
+  Replica replica(url, "127.0.0.1:0",
+                  {"--etcd-cacert", certs.ca, "--etcd-cert", certs.client_cert, "--etcd-key", certs.client_key});
+  ASSERT_TRUE(replica.ready()) << replica.child().err();
+  ASSERT_TRUE(WaitUntil([&] {
+    replica.child().Pump(1);
+    return absl::StrContains(replica.child().err(), " leads ");
+  })) << replica.child().err();
+  RunResult job = RunCmd(AgentArgv(replica.endpoint(), "over-tls", {"--nnodes=1", "--nproc-per-node=2"},
+                                   {kWorker, "--print-env", "WORLD_SIZE"}),
+                         {}, std::chrono::seconds(60));
+  EXPECT_EQ(job.exit_code, 0) << job.err << replica.child().err();
+  EXPECT_EQ(CountOf(job.out, "WORLD_SIZE=2"), 2) << job.out;
+  RunResult leader = ctl({"get", "/launch/leader", "--print-value-only"});
+  EXPECT_EQ(absl::StripTrailingAsciiWhitespace(leader.out), replica.endpoint()) << leader.err;
+  RunResult runs = ctl({"get", "--prefix", "/launch/runs/", "--keys-only"});
+  EXPECT_THAT(runs.out, HasSubstr("/launch/runs/over-tls")) << runs.err;
+  replica.child().Pump(1);
+  EXPECT_THAT(replica.child().err(), Not(HasSubstr(" W]"))) << "a warning while etcd was reachable";
 }
 
 TEST(ReplicatedCoordinators, AnEtcdMemberLostIsInvisibleAndQuorumLostOnlyDelaysARestart) {
@@ -691,6 +849,13 @@ int main(int argc, char** argv) {
     launch::testing::g_no_netns = std::strerror(errno);
   } else if (!launch::testing::LoopbackUp()) {
     launch::testing::g_no_netns = "cannot bring its loopback interface up";
+  }
+  // A mount namespace of its own, where a test may give names of its own to addresses of this
+  // network namespace (a bind mount over /etc/hosts) without touching the machine's.
+  if (::unshare(CLONE_NEWNS) != 0) {
+    launch::testing::g_no_mountns = std::strerror(errno);
+  } else if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
+    launch::testing::g_no_mountns = std::string("cannot make / private: ") + std::strerror(errno);
   }
   // Coordinators on loopback without a token publish one per port (rendezvous/local_token.h):
   // ports are this namespace's own, so the files must be too.

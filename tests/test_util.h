@@ -98,4 +98,11 @@ class TempDir {
   std::string path_;
 };
 
+// A CA, a server certificate for 127.0.0.1 and a client certificate, made with openssl in `dir`.
+struct TestCerts {
+  explicit TestCerts(const TempDir& dir);
+  bool ok = true;
+  std::string error, ca, server_cert, server_key, client_cert, client_key;
+};
+
 }  // namespace launch::testing
