@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/limits.h"
 
 namespace launch {
 
@@ -66,6 +67,12 @@ std::string RenderStatus(const v1::StatusResponse& s) {
                           sampled ? HumanBytes(ns.memory_available_bytes()) : "-",
                           sampled ? HumanBytes(ns.shm_used_bytes()) : "-",
                           sampled ? Seconds(n.seconds_since_sample()) : "-");
+  }
+  if (s.nodes_omitted() > 0) {
+    absl::StrAppendFormat(&out,
+                          "(%d more node(s), of the highest group ranks, left out: the answer is kept under %d "
+                          "MiB; the metrics port counts every node)\n",
+                          s.nodes_omitted(), kMaxRendezvousMessageBytes >> 20);
   }
 
   const std::set<int> straggling(s.straggling_ranks().begin(), s.straggling_ranks().end());

@@ -815,9 +815,27 @@ grpc::ServerUnaryReactor* CoordinatorService::Status(grpc::CallbackServerContext
       *resp = StatusLocked(it->second);
     }
   }
+  if (status.ok()) BoundStatusForWire(resp, kMaxStatusNodesBytes);
   if (status.ok() && store_ != nullptr) *resp->mutable_replica() = store_->Describe();
   reactor->Finish(status);
   return reactor;
+}
+
+void BoundStatusForWire(v1::StatusResponse* s, size_t budget) {
+  for (v1::NodeStatus& n : *s->mutable_nodes()) n.mutable_node()->clear_addresses();
+  if (s->ByteSizeLong() <= budget) return;
+  google::protobuf::RepeatedPtrField<v1::NodeStatus> nodes;
+  nodes.Swap(s->mutable_nodes());
+  size_t used = s->ByteSizeLong();
+  int kept = 0;
+  for (v1::NodeStatus& n : nodes) {
+    const size_t bytes = n.ByteSizeLong() + 6;  // its tag and length
+    if (used + bytes > budget) break;
+    used += bytes;
+    *s->add_nodes() = std::move(n);
+    ++kept;
+  }
+  s->set_nodes_omitted(nodes.size() - kept);
 }
 
 v1::StatusResponse CoordinatorService::StatusLocked(const Run& run) const {
@@ -943,6 +961,8 @@ std::unique_ptr<grpc::Server> CoordinatorServer::BuildServer(const std::string& 
   // Idle connections (no call for this long) are closed; an agent's channel reconnects when it
   // next calls, while a connection that holds a Watch stream or a Join is never idle.
   builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, static_cast<int>(kMaxConnectionIdle.count()));
+  // No channelz: nothing here reads it, and it registers every connection in a global table.
+  builder.AddChannelArgument(GRPC_ARG_ENABLE_CHANNELZ, 0);
   return builder.BuildAndStart();
 }
 

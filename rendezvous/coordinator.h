@@ -221,5 +221,11 @@ class CoordinatorServer {
 // What gRPC itself accepts: messages between the two limits are refused by the service, with a
 // log line naming the peer; larger ones by gRPC before they are parsed.
 constexpr int kGrpcReceiveLimitBytes = 4 * kMaxRendezvousMessageBytes;
+// What a Status answer's nodes may take: the message limit less room for the rest (the replicas'
+// status, a failure, the reason).
+constexpr size_t kMaxStatusNodesBytes = kMaxRendezvousMessageBytes - 128 * 1024;
+// A Status answer as it goes on the wire: nodes without their addresses, and only as many (in
+// group rank order) as fit in `budget` bytes, the rest counted in nodes_omitted.
+void BoundStatusForWire(v1::StatusResponse* s, size_t budget);
 
 }  // namespace launch

@@ -267,6 +267,14 @@ TEST(StatusView, AReplicatedCoordinatorSaysWhoLeadsAndHowEtcdIs) {
   EXPECT_THAT(RenderStatus(RunningJob()), Not(HasSubstr("coordinator:")));
 }
 
+TEST(StatusView, NodesLeftOutOfALargeAnswerAreCounted) {
+  v1::StatusResponse s = RunningJob();
+  EXPECT_THAT(RenderStatus(s), Not(HasSubstr("left out")));
+  s.set_nodes_omitted(12000);
+  EXPECT_THAT(RenderStatus(s), HasSubstr("(12000 more node(s), of the highest group ranks, left out: the answer is "
+                                         "kept under 1 MiB; the metrics port counts every node)\n"));
+}
+
 TEST(PrometheusText, AReplicaExportsWhetherItLeadsItsFailoversAndEtcdsHealth) {
   v1::ReplicaStatus r = Standby();
   const std::string text = PrometheusText({}, &r);

@@ -595,6 +595,41 @@ namespace {
 
 // Runs per coordinator are bounded (each re-registration of a new run id made one), and what one
 // request writes to the log is bounded whatever its strings: every wire string cut to 64 bytes.
+TEST(StatusOnTheWire, TheLargestRunIsCutToTheLimitInRankOrderWithoutAddresses) {
+  // A small run: every node, without its addresses.
+  v1::StatusResponse small;
+  for (int i = 0; i < 3; ++i) {
+    auto* n = small.add_nodes();
+    n->set_group_rank(i);
+    n->mutable_node()->add_addresses("10.0.0.1");
+  }
+  BoundStatusForWire(&small, kMaxStatusNodesBytes);
+  EXPECT_EQ(small.nodes_size(), 3);
+  EXPECT_EQ(small.nodes_omitted(), 0);
+  for (const auto& n : small.nodes()) EXPECT_EQ(n.node().addresses_size(), 0);
+  // The largest run, every name and address at its longest.
+  v1::StatusResponse s;
+  s.set_run_id(std::string(kMaxRunIdLength, 'r'));
+  s.set_reason(std::string(4096, 'x'));
+  for (int i = 0; i < kMaxNodes; ++i) {
+    auto* n = s.add_nodes();
+    n->set_group_rank(i);
+    const std::string id = absl::StrCat(i, ":");
+    n->mutable_node()->set_node_id(id + std::string(kMaxNodeIdLength - id.size(), 'n'));
+    n->mutable_node()->set_hostname(std::string(kMaxHostLength, 'h'));
+    for (int a = 0; a < kMaxNodeAddresses; ++a) n->mutable_node()->add_addresses(std::string(kMaxAddressLength, 'a'));
+  }
+  BoundStatusForWire(&s, kMaxStatusNodesBytes);
+  EXPECT_LE(s.ByteSizeLong(), kMaxStatusNodesBytes);
+  ASSERT_GT(s.nodes_size(), 1000);
+  EXPECT_EQ(s.nodes_size() + s.nodes_omitted(), kMaxNodes);
+  for (int i = 0; i < s.nodes_size(); ++i) {
+    EXPECT_EQ(s.nodes(i).group_rank(), i);
+    EXPECT_EQ(s.nodes(i).node().addresses_size(), 0);
+  }
+  EXPECT_EQ(s.reason().size(), 4096u);  // the rest is kept whole
+}
+
 TEST_F(CoordinatorRpc, RunsAreBoundedAndARequestsLogLinesAreShort) {
   Start();
   std::ostringstream log;
