@@ -34,6 +34,16 @@ libs=$(ldd build/bin/launch | awk '/libspdlog|libfmt/ {print $3}')
 for lib in $libs; do cp -L "$lib" "$out/lib/"; done
 patchelf --set-rpath '$ORIGIN/../lib' "$out/bin/launch"
 cp -r /usr/include/CLI "$out/include/"
+# rendezvous_bench (gRPC linked in, glibc and libstdc++ beside): the coordinator's scale measured
+# with cores of its own, which this 2-core machine cannot give it.
+if [ -x build/bin/rendezvous_bench ]; then
+  cp build/bin/rendezvous_bench "$out/bin/" && strip "$out/bin/rendezvous_bench"
+  extra=$(ldd build/bin/rendezvous_bench | awk '$1 !~ /^(linux-vdso|libc\.|libm\.|libstdc\+\+|libgcc_s|\/lib64\/ld-linux)/ {print $1}')
+  if [ -n "$extra" ]; then
+    echo "gpu_bundle.sh: rendezvous_bench needs libraries the bundle does not carry: $extra" >&2
+    exit 1
+  fi
+fi
 # The bundle must not lean on this machine's copies of the two libraries.
 loaded=$(env LD_LIBRARY_PATH= ldd "$out/bin/launch" | awk '/libspdlog|libfmt/ {print $3}' | xargs -r readlink -f)
 if [ "$(echo "$loaded" | grep -c "^$(readlink -f "$out/lib")/")" -ne 2 ]; then
