@@ -1,5 +1,7 @@
 #include "launcher/plan.h"
 
+#include <arpa/inet.h>
+
 #include <algorithm>
 #include <cstring>
 #include <utility>
@@ -423,8 +425,11 @@ absl::Status ChooseCoordinator(const LaunchConfig& c, const HostFacts& host, con
       // that does not resolve yet (a pod's "<host>.<subdomain>" before its DNS record exists). Any
       // other name that does not resolve yet is another machine's: the agent joins it, retrying
       // until join_timeout, as it does an endpoint that does not answer.
-      absl::StatusOr<bool> local = absl::EqualsIgnoreCase(hp.host, host.hostname) ? absl::StatusOr<bool>(true)
-                                                                                  : q.IsLocalHost(hp.host);
+      const bool own_name = absl::EqualsIgnoreCase(hp.host, host.hostname);
+      absl::StatusOr<bool> local = own_name ? absl::StatusOr<bool>(true) : q.IsLocalHost(hp.host);
+      // A name over several addresses is replicated coordinators (a DNS name, a headless
+      // service): no agent hosts one, not even on a replica's machine.
+      if (!own_name && NameReplicas(q, hp.host).size() >= 2) local = false;
       if (!local.ok() && !host.hostname.empty() &&
           absl::StartsWithIgnoreCase(hp.host, absl::StrCat(host.hostname, "."))) {
         local = true;
@@ -434,6 +439,12 @@ absl::Status ChooseCoordinator(const LaunchConfig& c, const HostFacts& host, con
                                              " (yet): joining it, retried until join_timeout"));
       }
       plan.coordinator = local.ok() && *local ? CoordinatorRole::kHostUnlessTaken : CoordinatorRole::kJoin;
+    }
+    if (plan.coordinator == CoordinatorRole::kJoin && plan.rdzv_replicas.empty()) {
+      for (const std::string& a : NameReplicas(q, hp.host)) {
+        plan.rdzv_replicas.push_back(JoinHostPort(a, hp.port.value_or(kDefaultRendezvousPort)));
+        plan.rdzv_replicas_name = hp.host;
+      }
     }
   }
   return absl::OkStatus();
@@ -540,6 +551,26 @@ absl::StatusOr<LaunchPlan> PlanLaunch(const LaunchConfig& config, const HostFact
   absl::StatusOr<LaunchPlan> plan = Plan(config, host);
   if (!plan.ok()) return AsUsage(plan.status());
   return plan;
+}
+
+std::vector<std::string> NameReplicas(HostQueries& q, const std::string& host) {
+  in6_addr a6;
+  in_addr a4;
+  if (inet_pton(AF_INET, host.c_str(), &a4) == 1 || inet_pton(AF_INET6, host.c_str(), &a6) == 1) return {};
+  auto resolved = q.ResolveHost(host);
+  if (!resolved.ok()) return {};
+  // One family (IPv4 where there is any): a host's own IPv4 and IPv6 addresses are one host.
+  const bool any_v4 = std::any_of(resolved->begin(), resolved->end(),
+                                  [](const std::string& a) { return a.find(':') == std::string::npos; });
+  std::vector<std::string> out;
+  for (const std::string& a : *resolved) {
+    if ((a.find(':') == std::string::npos) == any_v4 && std::find(out.begin(), out.end(), a) == out.end() &&
+        static_cast<int>(out.size()) < kMaxEndpoints) {
+      out.push_back(a);
+    }
+  }
+  if (out.size() < 2) out.clear();
+  return out;
 }
 
 }  // namespace launch

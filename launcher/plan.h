@@ -85,6 +85,9 @@ struct LaunchPlan {
   // Replicated coordinators (--rdzv-endpoint h1:p,h2:p,...): every replica's endpoint, ports
   // filled in (rdzv_endpoint and rdzv_host are the first's); one endpoint: empty.
   std::vector<std::string> rdzv_replicas;
+  // Replicas behind one name (--rdzv-endpoint NAME:PORT, NAME resolving to several addresses):
+  // NAME, which TLS checks each replica's certificate against; empty: each endpoint's own host.
+  std::string rdzv_replicas_name;
   RendezvousConfig rendezvous;
   // Everything but what only execution learns: log_dir when make_temp_log_dir, and
   // node.hosts_coordinator (known once the server is up).
@@ -111,5 +114,10 @@ std::string DescribePlan(const LaunchConfig& config, const LaunchPlan& plan);
 // Every refusal is a one-line InvalidArgument (bad flags for this machine) or FailedPrecondition
 // (the machine's state, such as a port in use), which `launch` reports with exit status 2.
 absl::StatusOr<LaunchPlan> PlanLaunch(const LaunchConfig& config, const HostFacts& host);
+
+// The addresses of `host`, a name over replicated coordinators: its distinct addresses of one family
+// (IPv4 where it has any), at most kMaxEndpoints; empty for a numeric address, a name that does
+// not resolve, or one with a single address.
+std::vector<std::string> NameReplicas(HostQueries& q, const std::string& host);
 
 }  // namespace launch

@@ -186,36 +186,12 @@ absl::StatusOr<RendezvousLink> ConnectInProcess(const RendezvousConfig& rcfg, co
 }
 
 // The replicas an agent follows: every endpoint of --rdzv-endpoint h1:p,h2:p,..., or every address
-// of a name that resolves to several (replicas behind one DNS name); none: one coordinator.
+// of a name that resolves to several (plan.cc, NameReplicas); none: one coordinator.
 std::vector<std::pair<std::string, std::string>> ReplicaTargets(const LaunchPlan& plan) {
   std::vector<std::pair<std::string, std::string>> out;  // (target, the name TLS checks)
   for (const std::string& e : plan.rdzv_replicas) {
     auto hp = ParseHostPort(e, "--rdzv-endpoint");
-    out.emplace_back(e, hp.ok() ? hp->host : "");
-  }
-  if (!out.empty() || plan.coordinator != CoordinatorRole::kJoin) return out;
-  auto hp = ParseHostPort(plan.rdzv_endpoint, "--rdzv-endpoint");
-  in6_addr a6;
-  in_addr a4;
-  if (!hp.ok() || inet_pton(AF_INET, hp->host.c_str(), &a4) == 1 || inet_pton(AF_INET6, hp->host.c_str(), &a6) == 1) {
-    return out;  // a numeric address is one coordinator
-  }
-  auto resolved = ResolveHost(hp->host);
-  if (!resolved.ok()) return out;
-  // One family (IPv4 where there is any): a host's own IPv4 and IPv6 addresses are one host.
-  std::vector<std::string> addresses;
-  const bool any_v4 = std::any_of(resolved->begin(), resolved->end(),
-                                  [](const std::string& a) { return a.find(':') == std::string::npos; });
-  for (const std::string& a : *resolved) {
-    if ((a.find(':') == std::string::npos) == any_v4 &&
-        std::find(addresses.begin(), addresses.end(), a) == addresses.end()) {
-      addresses.push_back(a);
-    }
-  }
-  if (addresses.size() < 2) return out;
-  for (const std::string& a : addresses) {
-    if (static_cast<int>(out.size()) == kMaxEndpoints) break;
-    out.emplace_back(JoinHostPort(a, hp->port.value_or(kDefaultRendezvousPort)), hp->host);
+    out.emplace_back(e, !plan.rdzv_replicas_name.empty() ? plan.rdzv_replicas_name : hp.ok() ? hp->host : "");
   }
   return out;
 }

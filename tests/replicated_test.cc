@@ -388,9 +388,9 @@ TEST(ReplicatedCoordinators, ReplicasBehindOneNameAreFoundAmongItsAddressesAndFo
   cp.client_flags = token;
   ASSERT_TRUE(cp.Up({"127.0.0.2", "127.0.0.3", "127.0.0.4"}, token)) << cp.Logs();
   const int port = cp.replicas[0]->port();
-  // No agent hosts a coordinator here, though the name is this machine's (as no agent would
-  // where the name is the replicas' machines).
-  auto results = LeaderKilledTheJobGoesOn(cp, absl::StrCat(name, ":", port), {"--rdzv-conf", "is_host=false"});
+  // The name's addresses are this machine's, as on a replica's own machine: the agents still host
+  // no coordinator and follow the replicas.
+  auto results = LeaderKilledTheJobGoesOn(cp, absl::StrCat(name, ":", port));
   ASSERT_EQ(results.size(), 2u);
   for (const RunResult& r : results) {
     EXPECT_THAT(r.err, HasSubstr(absl::StrCat("rendezvous through the coordinator replicas at 127.0.0.2:", port,

@@ -25,8 +25,9 @@ constexpr FileFacts kReadable{true, true, false};
 // A machine made of data: a file table instead of a file system, name sets instead of DNS.
 class FakeHost : public HostQueries {
  public:
-  std::map<std::string, FileFacts> files = {
-      {"/usr/bin/python3", kExecutable}, {"./train", kExecutable}, {"train.py", kReadable}};
+  std::map<std::string, FileFacts> files = {{"/usr/bin/python3", kExecutable},
+                                            {"./train", kExecutable},
+                                            {"train.py", kReadable}};
   absl::StatusOr<std::string> default_address = std::string("10.0.0.5");
   std::set<std::string> loopback = {"127.0.0.1", "127.0.1.1", "::1", "localhost"};
   std::set<std::string> local = {"127.0.0.1", "::1", "localhost", "10.0.0.5", "node0"};
@@ -34,15 +35,13 @@ class FakeHost : public HostQueries {
   std::set<std::pair<std::string, int>> ports_in_use;
 
   // As probes/process.h's ResolveExecutable, on the file table.
-  absl::StatusOr<std::string> ResolveExecutable(const std::string& program,
-                                                const std::string& path_env) override {
+  absl::StatusOr<std::string> ResolveExecutable(const std::string& program, const std::string& path_env) override {
     if (program.find('/') != std::string::npos) {
       auto it = files.find(program);
-      if (it == files.end())
-        return absl::NotFoundError(absl::StrCat("program '", program, "' does not exist"));
+      if (it == files.end()) return absl::NotFoundError(absl::StrCat("program '", program, "' does not exist"));
       if (!it->second.executable) {
-        return absl::PermissionDeniedError(absl::StrCat(
-            "program '", program, "' is not executable (chmod +x, or run a .py script)"));
+        return absl::PermissionDeniedError(
+            absl::StrCat("program '", program, "' is not executable (chmod +x, or run a .py script)"));
       }
       return program;
     }
@@ -58,19 +57,18 @@ class FakeHost : public HostQueries {
     return it == files.end() ? FileFacts{} : it->second;
   }
   absl::StatusOr<std::string> DefaultHostAddress() override { return default_address; }
+  std::map<std::string, std::vector<std::string>> names;  // names with their addresses
   absl::StatusOr<std::vector<std::string>> ResolveHost(const std::string& host) override {
-    if (unresolvable.count(host))
-      return absl::NotFoundError(absl::StrCat("cannot resolve '", host, "'"));
+    if (unresolvable.count(host)) return absl::NotFoundError(absl::StrCat("cannot resolve '", host, "'"));
+    if (auto it = names.find(host); it != names.end()) return it->second;
     return std::vector<std::string>{host};
   }
   absl::StatusOr<bool> IsLoopbackHost(const std::string& host) override {
-    if (unresolvable.count(host))
-      return absl::NotFoundError(absl::StrCat("cannot resolve '", host, "'"));
+    if (unresolvable.count(host)) return absl::NotFoundError(absl::StrCat("cannot resolve '", host, "'"));
     return loopback.count(host) > 0;
   }
   absl::StatusOr<bool> IsLocalHost(const std::string& host) override {
-    if (unresolvable.count(host))
-      return absl::NotFoundError(absl::StrCat("cannot resolve '", host, "'"));
+    if (unresolvable.count(host)) return absl::NotFoundError(absl::StrCat("cannot resolve '", host, "'"));
     return local.count(host) > 0;
   }
   absl::StatusOr<bool> PortInUse(const std::string& host, int port) override {
@@ -126,15 +124,13 @@ struct Row {
 
 std::ostream& operator<<(std::ostream& os, const Row& r) { return os << r.name; }
 
-Row Plans(std::string name, std::string flags, Check check, OnMachine machine = nullptr,
-          OnConfig config = nullptr) {
+Row Plans(std::string name, std::string flags, Check check, OnMachine machine = nullptr, OnConfig config = nullptr) {
   return {std::move(name),  std::move(flags),   absl::StatusCode::kOk, "",
           std::move(check), std::move(machine), std::move(config)};
 }
-Row Refuses(std::string name, std::string flags, absl::StatusCode code, std::string error,
-            OnMachine machine = nullptr, OnConfig config = nullptr) {
-  return {std::move(name),    std::move(flags), code, std::move(error), nullptr,
-          std::move(machine), std::move(config)};
+Row Refuses(std::string name, std::string flags, absl::StatusCode code, std::string error, OnMachine machine = nullptr,
+            OnConfig config = nullptr) {
+  return {std::move(name), std::move(flags), code, std::move(error), nullptr, std::move(machine), std::move(config)};
 }
 
 constexpr auto kInvalid = absl::StatusCode::kInvalidArgument;
@@ -219,13 +215,11 @@ std::vector<Row> Rows() {
             m.facts.gpus = Gpus(4);
             m.facts.env["CUDA_VISIBLE_DEVICES"] = "2,3";
           }),
-      Refuses("GpusFlagWithoutGpus", "--gpus=0 ./train", kInvalid,
-              "--gpus: no GPU (NVML not found)"),
+      Refuses("GpusFlagWithoutGpus", "--gpus=0 ./train", kInvalid, "--gpus: no GPU (NVML not found)"),
       Refuses("ExcludeGpusWithoutGpus", "--exclude-gpus=1 ./train", kInvalid,
               "--exclude-gpus: no GPU (NVML not found)"),
       Refuses("GpusFlagNamesNoGpu", "--gpus=7 ./train", kInvalid,
-              "--gpus=7: '7' matches no GPU; expected indices or UUIDs of: 0 (GPU-0), 1 (GPU-1)",
-              WithGpus(2)),
+              "--gpus=7: '7' matches no GPU; expected indices or UUIDs of: 0 (GPU-0), 1 (GPU-1)", WithGpus(2)),
       Refuses("IsolateWithTooFewGpus", "--nproc-per-node=4 --gpu-binding=isolate ./train", kInvalid,
               "--gpu-binding=isolate: 4 workers but 2 GPU(s) in the pool; expected at least one "
               "GPU per worker",
@@ -245,18 +239,15 @@ std::vector<Row> Rows() {
       // What runs.
       Plans("PyScriptThroughPython", "train.py --lr 0.1",
             [](const LaunchPlan& p) {
-              EXPECT_THAT(p.agent.argv,
-                          ElementsAre("/usr/bin/python3", "-u", "train.py", "--lr", "0.1"));
+              EXPECT_THAT(p.agent.argv, ElementsAre("/usr/bin/python3", "-u", "train.py", "--lr", "0.1"));
             }),
       Plans("ModuleThroughPython", "-m pkg.train",
             [](const LaunchPlan& p) {
               EXPECT_THAT(p.agent.argv, ElementsAre("/usr/bin/python3", "-u", "-m", "pkg.train"));
             }),
-      Refuses("PythonExecNotFound", "train.py", kInvalid,
-              "PYTHON_EXEC: program 'python9' was not found on PATH",
+      Refuses("PythonExecNotFound", "train.py", kInvalid, "PYTHON_EXEC: program 'python9' was not found on PATH",
               [](Machine& m) { m.facts.env["PYTHON_EXEC"] = "python9"; }),
-      Refuses("PyScriptMissing", "missing.py", kInvalid,
-              "script 'missing.py' does not exist or is not readable"),
+      Refuses("PyScriptMissing", "missing.py", kInvalid, "script 'missing.py' does not exist or is not readable"),
       Plans(
           "NoPythonRunsPyDirectly", "--no-python ./tool.py",
           [](const LaunchPlan& p) { EXPECT_THAT(p.agent.argv, ElementsAre("./tool.py")); },
@@ -267,8 +258,7 @@ std::vector<Row> Rows() {
           WithFile("/bin/trainer", kExecutable)),
       Refuses("ProgramNotFound", "trainer", kInvalid, "program 'trainer' was not found on PATH"),
       Refuses("ScriptNotExecutableNotOnPath", "run_me", kInvalid,
-              "program 'run_me' is a file that is not executable and not on PATH" +
-                  kNotExecutableHint +
+              "program 'run_me' is a file that is not executable and not on PATH" + kNotExecutableHint +
                   "name it run_me.py, chmod +x it, or give the interpreter: launch ... python3 -u "
                   "run_me",
               WithFile("run_me", kReadable)),
@@ -278,16 +268,14 @@ std::vector<Row> Rows() {
                   "-u ./run_me",
               WithFile("./run_me", kReadable)),
       Refuses("NoPythonNotExecutableHasNoHint", "--no-python ./run_me", kInvalid,
-              "program './run_me' is not executable (chmod +x, or run a .py script)",
-              WithFile("./run_me", kReadable)),
+              "program './run_me' is not executable (chmod +x, or run a .py script)", WithFile("./run_me", kReadable)),
 
       // Descriptors.
       Refuses("DescriptorBudgetRefused", "--nproc-per-node=500 ./train", kInvalid,
               "--nproc-per-node=500: 500 workers need about 1064 open files, and the limit is "
               "1024 (ulimit -n; the hard limit is 4096); expected at most 480 workers, or a "
               "higher limit"),
-      Refuses("DescriptorBudgetWithLogFiles", "--nproc-per-node=300 --redirects=3 ./train",
-              kInvalid,
+      Refuses("DescriptorBudgetWithLogFiles", "--nproc-per-node=300 --redirects=3 ./train", kInvalid,
               "--nproc-per-node=300: 300 workers with log files need about 1264 open files, and "
               "the limit is 1024 (ulimit -n; the hard limit is unlimited); expected at most 240 "
               "workers, or a higher limit",
@@ -297,8 +285,7 @@ std::vector<Row> Rows() {
           [](const LaunchPlan& p) { EXPECT_EQ(p.descriptors_needed, 64 + 500 * 2); },
           [](Machine& m) { m.facts.open_files_soft.reset(); }),
       Plans(
-          "DryRunSkipsHostChecks",
-          "--dry-run --nproc-per-node=500 --master-port=29500 --redirects=3 ./train",
+          "DryRunSkipsHostChecks", "--dry-run --nproc-per-node=500 --master-port=29500 --redirects=3 ./train",
           [](const LaunchPlan& p) {
             EXPECT_EQ(p.descriptors_needed, 0);
             EXPECT_FALSE(p.make_temp_log_dir);
@@ -360,8 +347,7 @@ std::vector<Row> Rows() {
       Plans("IsHostForced", "--nnodes=2 --rdzv-endpoint=node1 --rdzv-conf=is_host=1 ./train",
             [](const LaunchPlan& p) { EXPECT_EQ(p.coordinator, CoordinatorRole::kHost); }),
       // A pod whose DNS record comes after it starts: joined, retried until join_timeout.
-      Plans("EndpointNotResolvableYetIsJoined",
-            "--nnodes=2 --rdzv-endpoint=nohost:29400 --local-addr=10.0.0.5 ./train",
+      Plans("EndpointNotResolvableYetIsJoined", "--nnodes=2 --rdzv-endpoint=nohost:29400 --local-addr=10.0.0.5 ./train",
             [](const LaunchPlan& p) {
               EXPECT_EQ(p.coordinator, CoordinatorRole::kJoin);
               ASSERT_EQ(p.warnings.size(), 1u);
@@ -370,34 +356,74 @@ std::vector<Row> Rows() {
                         "join_timeout");
             }),
       // This machine's own name is here even before DNS knows it.
-      Plans("EndpointIsThisHostsName", "--nnodes=2 --rdzv-endpoint=pod-0:29400 --local-addr=10.0.0.5 ./train",
-            [](const LaunchPlan& p) { EXPECT_EQ(p.coordinator, CoordinatorRole::kHostUnlessTaken); },
-            [](Machine& m) {
-              m.facts.hostname = "pod-0";
-              m.host.unresolvable.insert("pod-0");
-            }),
-      Plans("EndpointUnderThisHostsNameNotResolvingYetIsHere",
-            "--nnodes=2 --rdzv-endpoint=pod-0.sub:29400 --local-addr=10.0.0.5 ./train",
-            [](const LaunchPlan& p) {
-              EXPECT_EQ(p.coordinator, CoordinatorRole::kHostUnlessTaken);
-              EXPECT_TRUE(p.warnings.empty());
-            },
-            [](Machine& m) {
-              m.facts.hostname = "pod-0";
-              m.host.unresolvable.insert("pod-0.sub");
-            }),
-      Plans("EndpointOfAnotherHostUnderTheSameDomainIsJoined",
-            "--nnodes=2 --rdzv-endpoint=pod-0.sub:29400 --local-addr=10.0.0.5 ./train",
-            [](const LaunchPlan& p) { EXPECT_EQ(p.coordinator, CoordinatorRole::kJoin); },
-            [](Machine& m) {
-              m.facts.hostname = "pod-1";
-              m.host.unresolvable.insert("pod-0.sub");
-            }),
+      Plans(
+          "EndpointIsThisHostsName", "--nnodes=2 --rdzv-endpoint=pod-0:29400 --local-addr=10.0.0.5 ./train",
+          [](const LaunchPlan& p) { EXPECT_EQ(p.coordinator, CoordinatorRole::kHostUnlessTaken); },
+          [](Machine& m) {
+            m.facts.hostname = "pod-0";
+            m.host.unresolvable.insert("pod-0");
+          }),
+      Plans(
+          "EndpointUnderThisHostsNameNotResolvingYetIsHere",
+          "--nnodes=2 --rdzv-endpoint=pod-0.sub:29400 --local-addr=10.0.0.5 ./train",
+          [](const LaunchPlan& p) {
+            EXPECT_EQ(p.coordinator, CoordinatorRole::kHostUnlessTaken);
+            EXPECT_TRUE(p.warnings.empty());
+          },
+          [](Machine& m) {
+            m.facts.hostname = "pod-0";
+            m.host.unresolvable.insert("pod-0.sub");
+          }),
+      Plans(
+          "EndpointOfAnotherHostUnderTheSameDomainIsJoined",
+          "--nnodes=2 --rdzv-endpoint=pod-0.sub:29400 --local-addr=10.0.0.5 ./train",
+          [](const LaunchPlan& p) { EXPECT_EQ(p.coordinator, CoordinatorRole::kJoin); },
+          [](Machine& m) {
+            m.facts.hostname = "pod-1";
+            m.host.unresolvable.insert("pod-0.sub");
+          }),
+      // Replicas behind one name: every agent joins them, even on a replica's own machine.
+      Plans(
+          "NameOverSeveralAddressesIsReplicasJoinedEvenFromOneOfThem",
+          "--nnodes=2 --rdzv-endpoint=replicas:29444 --local-addr=10.0.0.5 ./train",
+          [](const LaunchPlan& p) {
+            EXPECT_EQ(p.coordinator, CoordinatorRole::kJoin);
+            EXPECT_EQ(p.rdzv_replicas,
+                      (std::vector<std::string>{"10.0.0.5:29444", "10.0.0.6:29444", "10.0.0.7:29444"}));
+            EXPECT_EQ(p.rdzv_replicas_name, "replicas");
+          },
+          [](Machine& m) {
+            m.host.names["replicas"] = {"10.0.0.5", "10.0.0.6", "fd00::6", "10.0.0.7", "10.0.0.6"};
+            m.host.local.insert("replicas");
+          }),
+      // One address of each family is one host: hosted here as before; with is_host=false, one
+      // coordinator joined.
+      Plans(
+          "NameWithOneAddressPerFamilyIsOneHost", "--nnodes=2 --rdzv-endpoint=node0b ./train",
+          [](const LaunchPlan& p) {
+            EXPECT_EQ(p.coordinator, CoordinatorRole::kHostUnlessTaken);
+            EXPECT_TRUE(p.rdzv_replicas.empty());
+          },
+          [](Machine& m) {
+            m.host.names["node0b"] = {"10.0.0.5", "fd00::5"};
+            m.host.local.insert("node0b");
+          }),
+      Plans(
+          "NameOverSeveralAddressesWithIsHostFalseIsReplicas",
+          "--nnodes=2 --rdzv-endpoint=replicas --rdzv-conf=is_host=0 --local-addr=10.0.0.5 ./train",
+          [](const LaunchPlan& p) {
+            EXPECT_EQ(p.coordinator, CoordinatorRole::kJoin);
+            EXPECT_EQ(p.rdzv_replicas, (std::vector<std::string>{"10.0.0.6:29400", "10.0.0.7:29400"}));
+          },
+          [](Machine& m) {
+            m.host.names["replicas"] = {"10.0.0.6", "10.0.0.7"};
+          }),
       // Static ranks on a node that is not the master: the master's port is not this machine's.
-      Plans("StaticMasterPortOnAnotherMachineIsNotChecked",
-            "--rdzv-backend=static --nnodes=2 --node-rank=1 --master-addr=node1 --master-port=29500 ./train",
-            [](const LaunchPlan& p) { EXPECT_EQ(p.agent.static_topology->master_port, 29500); },
-            WithPortInUse("node1", 29500)),
+      Plans(
+          "StaticMasterPortOnAnotherMachineIsNotChecked",
+          "--rdzv-backend=static --nnodes=2 --node-rank=1 --master-addr=node1 --master-port=29500 ./train",
+          [](const LaunchPlan& p) { EXPECT_EQ(p.agent.static_topology->master_port, 29500); },
+          WithPortInUse("node1", 29500)),
       Refuses("StaticMasterPortHereInUse",
               "--rdzv-backend=static --nnodes=2 --node-rank=0 --master-addr=node0 --master-port=29500 ./train",
               kPrecondition,
@@ -427,25 +453,27 @@ std::vector<Row> Rows() {
               EXPECT_FALSE(p.agent.static_topology.has_value());
               EXPECT_EQ(p.rendezvous.max_nodes, 4);
             }),
-      Plans("SlurmCpusBoundTheUsableOnes", "--nproc-per-node=cpu ./train",
-            [](const LaunchPlan& p) {
-              EXPECT_EQ(p.agent.spec.local_world_size, 4);
-              EXPECT_EQ(p.agent.spec.usable_cpus, 4);
-            },
-            nullptr, [](LaunchConfig& c) { c.slurm_cpus_on_node = 4; }),
-      Plans("SlurmCpusFewerThanWorkersWarn", "--nproc-per-node=2 ./train",
-            [](const LaunchPlan& p) {
-              ASSERT_EQ(p.warnings.size(), 1u);
-              EXPECT_EQ(p.warnings[0],
-                        "Slurm gave this task 1 CPU(s) on this node (SLURM_CPUS_ON_NODE) for 2 workers: ask srun for "
-                        "more (srun -c 2 or more)");
-            },
-            nullptr, [](LaunchConfig& c) { c.slurm_cpus_on_node = 1; }),
-      Plans("SlurmCpusNeverWidenTheAffinity", "--nproc-per-node=cpu ./train",
-            [](const LaunchPlan& p) { EXPECT_EQ(p.agent.spec.local_world_size, 6); }, nullptr,
-            [](LaunchConfig& c) { c.slurm_cpus_on_node = 64; }),
-      Refuses("LoopbackLocalAddrRefused",
-              "--nnodes=2 --rdzv-endpoint=node1 --local-addr=127.0.0.1 ./train", kInvalid,
+      Plans(
+          "SlurmCpusBoundTheUsableOnes", "--nproc-per-node=cpu ./train",
+          [](const LaunchPlan& p) {
+            EXPECT_EQ(p.agent.spec.local_world_size, 4);
+            EXPECT_EQ(p.agent.spec.usable_cpus, 4);
+          },
+          nullptr, [](LaunchConfig& c) { c.slurm_cpus_on_node = 4; }),
+      Plans(
+          "SlurmCpusFewerThanWorkersWarn", "--nproc-per-node=2 ./train",
+          [](const LaunchPlan& p) {
+            ASSERT_EQ(p.warnings.size(), 1u);
+            EXPECT_EQ(p.warnings[0],
+                      "Slurm gave this task 1 CPU(s) on this node (SLURM_CPUS_ON_NODE) for 2 workers: ask srun for "
+                      "more (srun -c 2 or more)");
+          },
+          nullptr, [](LaunchConfig& c) { c.slurm_cpus_on_node = 1; }),
+      Plans(
+          "SlurmCpusNeverWidenTheAffinity", "--nproc-per-node=cpu ./train",
+          [](const LaunchPlan& p) { EXPECT_EQ(p.agent.spec.local_world_size, 6); }, nullptr,
+          [](LaunchConfig& c) { c.slurm_cpus_on_node = 64; }),
+      Refuses("LoopbackLocalAddrRefused", "--nnodes=2 --rdzv-endpoint=node1 --local-addr=127.0.0.1 ./train", kInvalid,
               "--local-addr=127.0.0.1 resolves to loopback 127.0.0.1" + kLoopbackTail),
       Refuses("LoopbackHostNameRefused", "--nnodes=2 --rdzv-endpoint=node1 ./train", kInvalid,
               "this host's name resolves to loopback 127.0.1.1" + kLoopbackTail,
@@ -458,14 +486,11 @@ std::vector<Row> Rows() {
       Refuses("NoAddressToGuess", "--nnodes=2 --rdzv-endpoint=node1 ./train", kInvalid,
               "cannot tell this node's address (no interface); give --local-addr",
               [](Machine& m) { m.host.default_address = absl::UnavailableError("no interface"); }),
-      Refuses("LocalAddrUnresolvable",
-              "--nnodes=2 --rdzv-endpoint=node1 --local-addr=nohost ./train", kInvalid,
+      Refuses("LocalAddrUnresolvable", "--nnodes=2 --rdzv-endpoint=node1 --local-addr=nohost ./train", kInvalid,
               "--local-addr=nohost: cannot resolve 'nohost'"),
-      Refuses("StaticWithoutMasterAddr", "--nnodes=2 --rdzv-backend=static --node-rank=1 ./train",
-              kInvalid,
+      Refuses("StaticWithoutMasterAddr", "--nnodes=2 --rdzv-backend=static --node-rank=1 ./train", kInvalid,
               "--rdzv-backend=static: --master-addr is needed (the address of node rank 0)"),
-      Plans("StaticGivesRanks",
-            "--nnodes=2 --rdzv-backend=static --node-rank=1 --master-addr=node1 ./train",
+      Plans("StaticGivesRanks", "--nnodes=2 --rdzv-backend=static --node-rank=1 --master-addr=node1 ./train",
             [](const LaunchPlan& p) {
               EXPECT_EQ(p.topology, Topology::kStatic);
               EXPECT_EQ(p.coordinator, CoordinatorRole::kInProcess);
@@ -499,8 +524,7 @@ std::vector<Row> Rows() {
       Plans(
           "NodeIdOfALongHostNameFits", "--rdzv-id=job7 ./train",
           [](const LaunchPlan& p) {
-            EXPECT_EQ(p.agent.node.node_id(),
-                      std::string(kMaxNodeIdLength - 32, 'h') + ":4242:aaaaaaa1");
+            EXPECT_EQ(p.agent.node.node_id(), std::string(kMaxNodeIdLength - 32, 'h') + ":4242:aaaaaaa1");
             EXPECT_LE(p.agent.node.node_id().size(), kMaxNodeIdLength);
           },
           [](Machine& m) { m.facts.hostname = std::string(300, 'h'); }),
@@ -653,8 +677,7 @@ std::vector<Row> Rows() {
               nullptr, WithGlobalBatch(10)),
       Plans(
           "TrainBatchSplits", "--nproc-per-node=2 ./train",
-          [](const LaunchPlan& p) { ASSERT_TRUE(p.agent.spec.train.has_value()); }, nullptr,
-          WithGlobalBatch(10)),
+          [](const LaunchPlan& p) { ASSERT_TRUE(p.agent.spec.train.has_value()); }, nullptr, WithGlobalBatch(10)),
   };
 }
 
@@ -663,8 +686,7 @@ class PlanTable : public ::testing::TestWithParam<Row> {};
 TEST_P(PlanTable, Plans) {
   const Row& row = GetParam();
   std::vector<std::string> argv = {"launch"};
-  for (absl::string_view w : absl::StrSplit(row.flags, ' ', absl::SkipEmpty()))
-    argv.emplace_back(w);
+  for (absl::string_view w : absl::StrSplit(row.flags, ' ', absl::SkipEmpty())) argv.emplace_back(w);
   auto parsed = ParseLaunchArgs(argv);
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   LaunchConfig config = parsed->config;
@@ -721,8 +743,8 @@ TEST(Plan, DescribePlanNamesEveryOrigin) {
   EXPECT_THAT(text, ::testing::HasSubstr("  node_rank          2                         SLURM_NODEID\n"));
   EXPECT_THAT(text, ::testing::HasSubstr("  nproc_per_node     2                         --nproc-per-node\n"));
   EXPECT_THAT(text, ::testing::HasSubstr("  rdzv_backend       c10d                      default\n"));
-  EXPECT_THAT(text, ::testing::HasSubstr(
-                        "  rdzv_endpoint      node01:29634              SLURM_JOB_NODELIST (first host)\n"));
+  EXPECT_THAT(text,
+              ::testing::HasSubstr("  rdzv_endpoint      node01:29634              SLURM_JOB_NODELIST (first host)\n"));
   EXPECT_THAT(text, ::testing::HasSubstr("  max_restarts       3                         PET_MAX_RESTARTS\n"));
   EXPECT_THAT(text, ::testing::HasSubstr("a dry run meets no other node"));
 }
