@@ -440,6 +440,18 @@ absl::Status ChooseCoordinator(const LaunchConfig& c, const HostFacts& host, con
       }
       plan.coordinator = local.ok() && *local ? CoordinatorRole::kHostUnlessTaken : CoordinatorRole::kJoin;
     }
+    // Port 0 (`localhost:0`, as torch 2.x scripts pass): a free port picked when the coordinator
+    // is hosted here, which no other agent could learn.
+    for (const HostPort& e : endpoints) {
+      if (e.port != 0) continue;
+      if (plan.coordinator == CoordinatorRole::kJoin || c.max_nodes > 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--rdzv-endpoint=", c.rdzv_endpoint,
+                         ": port 0 (any free port) works only for a coordinator hosted here with --nnodes=1, since no "
+                         "other node could learn the port; give the coordinator's port"));
+      }
+      plan.coordinator = CoordinatorRole::kHost;
+    }
     if (plan.coordinator == CoordinatorRole::kJoin && plan.rdzv_replicas.empty()) {
       for (const std::string& a : NameReplicas(q, hp.host)) {
         plan.rdzv_replicas.push_back(JoinHostPort(a, hp.port.value_or(kDefaultRendezvousPort)));

@@ -233,6 +233,13 @@ absl::StatusOr<RendezvousLink> ConnectToRendezvous(const LaunchPlan& plan, const
           absl::StrCat("cannot host the coordinator at ", plan.rdzv_endpoint, ": ", server.status().message()));
     }
   }
+  if (link.server && plan.rdzv_endpoint == JoinHostPort(plan.rdzv_host, 0)) {
+    // Hosted on port 0: the agent joins the port it got.
+    LaunchPlan hosted = plan;
+    hosted.rdzv_endpoint = JoinHostPort(plan.rdzv_host, link.server->port());
+    ASSIGN_OR_RETURN(link.client, MakeReplicasClient(hosted, security));
+    return link;
+  }
   ASSIGN_OR_RETURN(link.client, MakeReplicasClient(plan, security));
   return link;
 }

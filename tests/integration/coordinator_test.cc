@@ -40,8 +40,8 @@ size_t MetricsLines(const std::string& log_dir) {
 TEST(Launch, StoppingLaunchForAWhileDoesNotRestartItsWorkers) {
   TempDir dir;
   const std::string logs = dir / "logs";
-  Child c(Cmd({"--nproc-per-node=1", "--rdzv-conf=heartbeat_timeout=1,heartbeat_interval=0.2",
-               "--monitor-interval=0.1", "--log-dir", logs},
+  Child c(Cmd({"--nproc-per-node=1", "--rdzv-conf=heartbeat_timeout=1,heartbeat_interval=0.2", "--monitor-interval=0.1",
+               "--log-dir", logs},
               {"--pid-file", dir / "pids", "--wait-lines", dir / "go", "1", "--exit", "0"}));
   ASSERT_TRUE(WaitUntil([&] {
     c.Pump(1);
@@ -62,6 +62,30 @@ TEST(Launch, StoppingLaunchForAWhileDoesNotRestartItsWorkers) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(ReadPids(dir / "pids").size(), 1u) << "the worker was restarted: " << r.err;
   EXPECT_THAT(r.err, Not(HasSubstr("lost node")));
+}
+
+// `--rdzv-endpoint=localhost:0` (torch 2.x scripts and torchtitan pass it): the coordinator is
+// hosted on a free port and the agent joins that port. It used to join port 0 and wait the whole
+// join timeout.
+TEST(Launch, AnEndpointOnPortZeroIsHostedOnAFreePortAndJoined) {
+  for (const char* endpoint : {"localhost:0", "127.0.0.1:0"}) {
+    auto r = RunCmd(Cmd({"--nnodes=1", "--nproc-per-node=2", std::string("--rdzv-endpoint=") + endpoint,
+                         "--rdzv-conf=join_timeout=30"},
+                        {"--print-env", "WORLD_SIZE", "--exit", "0"}),
+                    {}, std::chrono::seconds(60));
+    EXPECT_EQ(r.exit_code, 0) << endpoint << ": " << r.err;
+    size_t lines = 0;
+    for (size_t at = r.out.find("WORLD_SIZE=2"); at != std::string::npos; at = r.out.find("WORLD_SIZE=2", at + 1))
+      ++lines;
+    EXPECT_EQ(lines, 2u) << endpoint << ": " << r.out;
+    EXPECT_THAT(r.err, HasSubstr("hosting the rendezvous coordinator at")) << endpoint;
+  }
+  // Another node could not learn the port: refused at once, with one line.
+  auto two = RunCmd(Cmd({"--nnodes=2", "--nproc-per-node=1", "--rdzv-endpoint=localhost:0"}, {"--exit", "0"}), {},
+                    std::chrono::seconds(30));
+  EXPECT_EQ(two.exit_code, 2) << two.err;
+  EXPECT_THAT(two.err, HasSubstr("--rdzv-endpoint=localhost:0: port 0 (any free port) works only for a coordinator "
+                                 "hosted here with --nnodes=1"));
 }
 
 // A single node's coordinator listened on loopback with no token: any local user could send it

@@ -382,6 +382,18 @@ std::vector<Row> Rows() {
             m.facts.hostname = "pod-1";
             m.host.unresolvable.insert("pod-0.sub");
           }),
+      // Port 0: hosted here on a free port (run.cc joins it); refused where another node would need it.
+      Plans("EndpointPortZeroIsHostedHere", "--nnodes=1 --rdzv-endpoint=localhost:0 ./train",
+            [](const LaunchPlan& p) {
+              EXPECT_EQ(p.coordinator, CoordinatorRole::kHost);
+              EXPECT_EQ(p.rdzv_endpoint, "localhost:0");
+            }),
+      Refuses("EndpointPortZeroForSeveralNodes", "--nnodes=1:2 --rdzv-endpoint=localhost:0 ./train", kInvalid,
+              "--rdzv-endpoint=localhost:0: port 0 (any free port) works only for a coordinator hosted here with "
+              "--nnodes=1, since no other node could learn the port; give the coordinator's port"),
+      Refuses("EndpointPortZeroOnAnotherMachine", "--nnodes=1 --rdzv-endpoint=node1:0 ./train", kInvalid,
+              "--rdzv-endpoint=node1:0: port 0 (any free port) works only for a coordinator hosted here with "
+              "--nnodes=1, since no other node could learn the port; give the coordinator's port"),
       // Replicas behind one name: every agent joins them, even on a replica's own machine.
       Plans(
           "NameOverSeveralAddressesIsReplicasJoinedEvenFromOneOfThem",
