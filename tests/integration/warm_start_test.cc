@@ -187,6 +187,22 @@ TEST(WarmStart, AForkedWorkersExitIsTheInterpretersAsAProgramSeesIt) {
   EXPECT_THAT(cold.err, HasSubstr("[1]:rank 1 gives up"));
 }
 
+// The exit of a forked worker touched every object of the script (isinstance asks for __class__):
+// torch 1.13's deprecated reduce_op warned at every rank's exit, and under PYTHONWARNINGS=error a
+// worker that succeeded exited 1 and --max-restarts ran it again.
+TEST(WarmStart, AForkedWorkersExitTouchesNoneOfTheScriptsObjects) {
+  for (const std::string warnings : {"", "error"}) {
+    std::vector<std::string> env;
+    if (!warnings.empty()) env.push_back("PYTHONWARNINGS=" + warnings);
+    auto r = Launch({"--warm-start", kLightImport, "--max-restarts=1"}, {kProbe, "touchy"}, env);
+    EXPECT_EQ(r.exit_code, 0) << "PYTHONWARNINGS=" << warnings << ": " << r.err;
+    EXPECT_THAT(r.err, HasSubstr("2 of 2 worker(s) started warm (2 forked"));
+    EXPECT_THAT(r.err, Not(HasSubstr("touchy object was asked"))) << "PYTHONWARNINGS=" << warnings;
+    EXPECT_THAT(r.err, HasSubstr("all 2 worker(s) exited 0")) << "PYTHONWARNINGS=" << warnings;
+    EXPECT_THAT(r.err, Not(HasSubstr("round 2"))) << "PYTHONWARNINGS=" << warnings;
+  }
+}
+
 // @record's error file (torch.distributed.elastic) is written at the attempt's path, which the
 // standby learns only at its start.
 TEST(WarmStart, TheErrorFileOfATorchScriptReachesTheSummary) {
@@ -205,7 +221,8 @@ std::map<std::string, std::string> Interpreters(const std::string& out) { return
 // interpreter imported once, both attempts' workers are its forks.
 TEST(WarmStart, ARestartForksTheStandbysOfTheFirstAttemptAgain) {
   TempDir dir;
-  auto r = Launch({"--warm-start", kLightImport, "--max-restarts=1"}, {kProbe, "fail-first", dir.path()}, {"PYTHONHASHSEED=random"});
+  auto r = Launch({"--warm-start", kLightImport, "--max-restarts=1"}, {kProbe, "fail-first", dir.path()},
+                  {"PYTHONHASHSEED=random"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(Count(r.err, "2 of 2 worker(s) started warm (2 forked from standbys that stay)"), 2) << r.err;
   auto p = Probes(r.out);
@@ -262,8 +279,9 @@ TEST(WarmStart, AStandbyThatCannotImportStartsColdWithOneLine) {
                   {kProbe, "fail-first", dir.path()});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   for (const char* rank : {"rank 0 (local rank 0)", "rank 1 (local rank 1)"}) {
-    EXPECT_EQ(Count(r.err, absl::StrCat(rank, " starts cold: its standby cannot import no_such_module_for_launch: "
-                                              "ModuleNotFoundError: No module named 'no_such_module_for_launch'")),
+    EXPECT_EQ(Count(r.err, absl::StrCat(rank,
+                                        " starts cold: its standby cannot import no_such_module_for_launch: "
+                                        "ModuleNotFoundError: No module named 'no_such_module_for_launch'")),
               1)
         << r.err;
   }

@@ -4,7 +4,8 @@
 # with 512 MiB to free), "fail-first DIR" (rank 1
 # exits 3 in attempt 0, once rank 0 has printed), "wait FILE" (wait until FILE exists), "exit-message"
 # (rank 1 exits with a message), "unclosed DIR" (each rank leaves DIR/unclosed.RANK open with a line
-# buffered, and a thread that prints last).
+# buffered, and a thread that prints last), "touchy" (an object that warns when asked for any
+# attribute, as torch's deprecated reduce_op, lives until the exit).
 import sys
 
 _PRELOADED = "xml.dom.minidom" in sys.modules  # before any import here: only a standby imported it
@@ -94,6 +95,13 @@ if mode == "unclosed":
     unclosed = open(os.path.join(sys.argv[2], "unclosed.%d" % rank), "w")
     unclosed.write("written by rank %d\n" % rank)
     threading.Thread(target=lambda: (time.sleep(0.2), print("THREAD %d" % rank))).start()
+if mode == "touchy":
+    class Touchy:  # as torch.distributed.reduce_op (torch 1.13): asking it for anything warns
+        def __getattribute__(self, name):
+            import warnings
+            warnings.warn("a touchy object was asked for %s" % name)
+            return object.__getattribute__(self, name)
+    touchy = Touchy()
 if mode == "fail-first":
     # Rank 1 fails once rank 0 has printed (else rank 0 could be stopped before it printed).
     printed = os.path.join(sys.argv[2], "printed.%d" % restart)

@@ -27,7 +27,7 @@ import atexit
 import builtins
 import gc
 import importlib
-import io
+import _io
 import os
 import socket
 import struct
@@ -242,9 +242,12 @@ def _exit_fast(status):
     except BaseException:
         pass
     atexit._run_exitfuncs()
-    # As the interpreter flushes a buffered file it frees at its exit.
+    # As the interpreter flushes a buffered file it frees at its exit. Only files are touched:
+    # type() and a subclass test against the C base class run none of the script's code, where
+    # isinstance() asks an object for its __class__ (a deprecated torch.distributed.reduce_op then
+    # warns, and under PYTHONWARNINGS=error raises).
     for obj in gc.get_objects():
-        if isinstance(obj, io.IOBase):
+        if issubclass(type(obj), _io._IOBase):
             try:
                 if not obj.closed:
                     obj.flush()
