@@ -209,10 +209,9 @@ std::string ThreadsNote(const Env& parent, const WorkerGroupSpec& spec, const Th
   std::string note = absl::StrCat("threads: ");
   if (!set.empty()) {
     absl::StrAppend(&note, absl::StrJoin(set, ", "), " = ", threads_text,
-                    threads_text != std::to_string(thread_plan.threads) ? " (the user's OMP_NUM_THREADS)"
-                    : spec.threads_per_worker                           ? " (--threads-per-worker)"
-                                              : absl::StrCat(" (", spec.usable_cpus, " usable CPUs / ",
-                                                             spec.local_world_size, " local workers)"));
+                    spec.threads_per_worker ? " (--threads-per-worker)"
+                                            : absl::StrCat(" (", spec.usable_cpus, " usable CPUs / ",
+                                                           spec.local_world_size, " local workers)"));
   }
   if (!user.empty()) {
     std::vector<std::string> kept;
@@ -247,9 +246,14 @@ absl::StatusOr<WorkerEnvPlan> BuildWorkerEnvs(const Env& parent, const WorkerGro
   for (int local = 0; local < n; ++local) {
     Env env = parent;
     SetRankEnv(parent, spec, round, paths[local], local, env);
-    for (const char* var : {"OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) {
-      bool set = SetUnlessUserSet(parent, env, var, thread_plan.value);
-      if (local == 0) (set ? thread_vars_set : thread_vars_user).push_back(var);
+    // OMP_NUM_THREADS only, as torchrun: MKL and OpenBLAS size their pools from it when their own
+    // variables are unset, so a script that sets OMP_NUM_THREADS in os.environ before importing
+    // torch or numpy gets its value in all three (an MKL_NUM_THREADS of launch's won over it).
+    const bool set = SetUnlessUserSet(parent, env, "OMP_NUM_THREADS", thread_plan.value);
+    if (local == 0) {
+      (set ? thread_vars_set : thread_vars_user).push_back("OMP_NUM_THREADS");
+      for (const char* var : {"MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"})
+        if (parent.count(var)) thread_vars_user.push_back(var);
     }
     SetGpuEnv(parent, spec, paths[local], local, per_worker_gpus, env);
     if (alloc_conf) SetUnlessUserSet(parent, env, "PYTORCH_CUDA_ALLOC_CONF", *alloc_conf);

@@ -129,7 +129,10 @@ RunResult ExpectKillAndResumeMatches(const std::vector<std::string>& flags) {
   EXPECT_EQ(b.exit_code, 0) << b.err;
   EXPECT_THAT(b.out, HasSubstr("fault injection: rank 1 kills itself at step 22"));
   EXPECT_THAT(b.err, HasSubstr("restarting the group"));
-  EXPECT_THAT(b.out, HasSubstr("resumed from step 20"));
+  // From the newest checkpoint committed before the kill: step 20 on a quiet machine, an earlier one
+  // where the step-20 save had not finished two steps later (a loaded machine); either way the
+  // parameters below must match.
+  EXPECT_THAT(b.out, ::testing::ContainsRegex("resumed from step (5|10|15|20) "));
   EXPECT_THAT(a.err, Not(HasSubstr("started warm")));
   for (const char* round : {"round 1", "round 2"})
     EXPECT_THAT(b.err, HasSubstr(absl::StrCat(round, ": 2 of 2 worker(s) started warm (0 forked from standbys that stay)")));

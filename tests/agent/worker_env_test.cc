@@ -64,8 +64,8 @@ TEST_P(WorkerEnvTable, TorchrunContract) {
     EXPECT_EQ(e.count("LAUNCH_LOG_DIR"), 0u);
     EXPECT_EQ(e.at("TORCH_NCCL_ASYNC_ERROR_HANDLING"), "1");
     EXPECT_EQ(e.at("OMP_NUM_THREADS"), std::to_string(c.expected_threads));
-    EXPECT_EQ(e.at("MKL_NUM_THREADS"), std::to_string(c.expected_threads));
-    EXPECT_EQ(e.at("OPENBLAS_NUM_THREADS"), std::to_string(c.expected_threads));
+    EXPECT_EQ(e.count("MKL_NUM_THREADS"), 0u);  // MKL and OpenBLAS follow OMP_NUM_THREADS
+    EXPECT_EQ(e.count("OPENBLAS_NUM_THREADS"), 0u);
     EXPECT_EQ(e.at("PATH"), "/usr/bin");  // the parent's environment passes through
     EXPECT_EQ(e.count("CUDA_VISIBLE_DEVICES"), 0u);
     EXPECT_EQ(e.count("PYTORCH_CUDA_ALLOC_CONF"), 0u);  // no GPUs: left alone
@@ -73,9 +73,8 @@ TEST_P(WorkerEnvTable, TorchrunContract) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Nproc, WorkerEnvTable,
-                         ::testing::Values(EnvCase{1, 0, 1, 8, 8}, EnvCase{2, 0, 2, 8, 4},
-                                           EnvCase{4, 0, 4, 8, 2}, EnvCase{4, 4, 8, 2, 1},
-                                           EnvCase{2, 2, 4, 3, 1}));
+                         ::testing::Values(EnvCase{1, 0, 1, 8, 8}, EnvCase{2, 0, 2, 8, 4}, EnvCase{4, 0, 4, 8, 2},
+                                           EnvCase{4, 4, 8, 2, 1}, EnvCase{2, 2, 4, 3, 1}));
 
 // The plan for `local` workers on `cpus` usable CPUs under the parent environment `parent`.
 absl::StatusOr<WorkerEnvPlan> PlanFor(const Env& parent, int local, int cpus) {
@@ -93,17 +92,22 @@ TEST(WorkerEnv, UserThreadSettingsAndNcclHandlingAreKept) {
   EXPECT_THAT(plan->notes[0], ::testing::HasSubstr("kept the user's OMP_NUM_THREADS=3"));
 }
 
-// The user's OMP_NUM_THREADS carries to MKL and OpenBLAS (they were forced to usable/local before).
-TEST(WorkerEnv, UsersOmpThreadsCarryToMklAndOpenblas) {
-  auto plan = PlanFor({{"OMP_NUM_THREADS", "3"}, {"OPENBLAS_NUM_THREADS", "5"}}, 2, 16);
+// Only OMP_NUM_THREADS is set, as torchrun does: MKL and OpenBLAS follow it unless their own are
+// set (launch's MKL_NUM_THREADS used to override a script's OMP_NUM_THREADS), and theirs are kept.
+TEST(WorkerEnv, OnlyOmpThreadsIsSetAndTheUsersOthersAreKept) {
+  auto plan = PlanFor({{"OPENBLAS_NUM_THREADS", "5"}}, 2, 16);
   ASSERT_TRUE(plan.ok());
-  EXPECT_EQ(plan->envs[1].at("MKL_NUM_THREADS"), "3");
-  EXPECT_EQ(plan->envs[1].at("OPENBLAS_NUM_THREADS"), "5");  // set itself: kept
-  EXPECT_THAT(plan->notes[0], ::testing::HasSubstr("MKL_NUM_THREADS = 3 (the user's OMP_NUM_THREADS)"));
-  auto plain = PlanFor({}, 2, 16);
-  ASSERT_TRUE(plain.ok());
-  EXPECT_EQ(plain->envs[0].at("MKL_NUM_THREADS"), "8");
-  EXPECT_THAT(plain->notes[0], ::testing::HasSubstr("16 usable CPUs / 2 local workers"));
+  EXPECT_EQ(plan->envs[1].at("OMP_NUM_THREADS"), "8");
+  EXPECT_EQ(plan->envs[1].count("MKL_NUM_THREADS"), 0u);
+  EXPECT_EQ(plan->envs[1].at("OPENBLAS_NUM_THREADS"), "5");
+  EXPECT_EQ(plan->notes[0],
+            "threads: OMP_NUM_THREADS = 8 (16 usable CPUs / 2 local workers); kept the user's "
+            "OPENBLAS_NUM_THREADS=5");
+  auto user = PlanFor({{"OMP_NUM_THREADS", "3"}}, 2, 16);
+  ASSERT_TRUE(user.ok());
+  EXPECT_EQ(user->envs[0].at("OMP_NUM_THREADS"), "3");
+  EXPECT_EQ(user->envs[0].count("MKL_NUM_THREADS"), 0u);
+  EXPECT_EQ(user->notes[0], "threads: kept the user's OMP_NUM_THREADS=3");
 }
 
 // torch 1.x reads NCCL_ASYNC_ERROR_HANDLING, 2.x TORCH_NCCL_ASYNC_ERROR_HANDLING: both are set, and
@@ -204,8 +208,8 @@ TEST(WorkerEnv, UserAllocConfIsLeftAlone) {
   WorkerGroupSpec spec;
   spec.gpu_pool = {"0"};
   spec.cuda_alloc_conf = "max_split_size_mb:64";
-  auto plan = BuildWorkerEnvs({{"PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync"}}, spec,
-                              RoundInfo{}, ErrorFiles(1));
+  auto plan = BuildWorkerEnvs({{"PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync"}}, spec, RoundInfo{},
+                              ErrorFiles(1));
   ASSERT_TRUE(plan.ok());
   EXPECT_EQ(plan->envs[0].at("PYTORCH_CUDA_ALLOC_CONF"), "backend:cudaMallocAsync");
 }
@@ -239,15 +243,14 @@ TEST_P(ScaleTable, LrAndBatch) {
   EXPECT_EQ(s->global_batch, c.gb);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Scaling, ScaleTable,
-    ::testing::Values(ScaleCase{LrScaling::kLinear, 32, {}, {}, 1, 4, 0.4, 4, 32, 128},
-                      ScaleCase{LrScaling::kSqrt, 32, {}, {}, 1, 4, 0.2, 2, 32, 128},
-                      ScaleCase{LrScaling::kNone, 32, {}, {}, 1, 4, 0.1, 1, 32, 128},
-                      ScaleCase{LrScaling::kLinear, 32, {}, {}, 2, 4, 0.8, 8, 32, 256},
-                      ScaleCase{LrScaling::kLinear, {}, 256, {}, 1, 4, 0.1, 1, 64, 256},
-                      ScaleCase{LrScaling::kLinear, {}, 256, 64, 1, 8, 0.4, 4, 32, 256},
-                      ScaleCase{LrScaling::kLinear, 16, {}, {}, 1, 1, 0.1, 1, 16, 16}));
+INSTANTIATE_TEST_SUITE_P(Scaling, ScaleTable,
+                         ::testing::Values(ScaleCase{LrScaling::kLinear, 32, {}, {}, 1, 4, 0.4, 4, 32, 128},
+                                           ScaleCase{LrScaling::kSqrt, 32, {}, {}, 1, 4, 0.2, 2, 32, 128},
+                                           ScaleCase{LrScaling::kNone, 32, {}, {}, 1, 4, 0.1, 1, 32, 128},
+                                           ScaleCase{LrScaling::kLinear, 32, {}, {}, 2, 4, 0.8, 8, 32, 256},
+                                           ScaleCase{LrScaling::kLinear, {}, 256, {}, 1, 4, 0.1, 1, 64, 256},
+                                           ScaleCase{LrScaling::kLinear, {}, 256, 64, 1, 8, 0.4, 4, 32, 256},
+                                           ScaleCase{LrScaling::kLinear, 16, {}, {}, 1, 1, 0.1, 1, 16, 16}));
 
 TEST(Scaling, GlobalBatchMustDivide) {
   TrainScaling t;

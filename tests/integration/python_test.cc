@@ -15,8 +15,8 @@ using ::testing::HasSubstr;
 
 TEST(Launch, PythonScriptWithGlooAllreduce) {
   LAUNCH_NEED_PYTHON_TORCH();
-  auto r = RunCmd({kLaunch, "--nproc-per-node=2", std::string(TESTS_DIR) + "/python/allreduce.py"},
-               PythonTorchEnv(), std::chrono::seconds(120));
+  auto r = RunCmd({kLaunch, "--nproc-per-node=2", std::string(TESTS_DIR) + "/python/allreduce.py"}, PythonTorchEnv(),
+                  std::chrono::seconds(120));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("[0]:rank 0/2 allreduce=3"));
   EXPECT_THAT(r.out, HasSubstr("[1]:rank 1/2 allreduce=3"));
@@ -49,6 +49,25 @@ TEST(Launch, TheProgressModuleIsANoOpOutsideLaunch) {
                   {"LAUNCH_PROGRESS_FD="});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("enabled False"));
+}
+
+// A script that sets OMP_NUM_THREADS in os.environ before importing torch gets that many threads,
+// as under torchrun: cold (launch's MKL_NUM_THREADS=1 used to win over it) and warm (torch was
+// already loaded by the standby, with launch's value).
+TEST(Launch, AScriptsOwnOmpNumThreadsIsHonoured) {
+  LAUNCH_NEED_PYTHON_TORCH();
+  TempDir dir;
+  WriteFile(
+      dir / "threads.py",
+      "import os\nos.environ['OMP_NUM_THREADS'] = '3'\nimport torch\nprint('threads', torch.get_num_threads())\n");
+  for (const std::string warm : {"--warm-start=false", "--warm-start"}) {
+    auto r = RunCmd({kLaunch, "--nproc-per-node=2", warm, dir / "threads.py"}, PythonTorchEnv(),
+                    std::chrono::seconds(120));
+    ASSERT_EQ(r.exit_code, 0) << warm << ": " << r.err;
+    EXPECT_THAT(r.out, HasSubstr("[0]:threads 3")) << warm;
+    EXPECT_THAT(r.out, HasSubstr("[1]:threads 3")) << warm;
+    if (warm == "--warm-start") EXPECT_THAT(r.err, HasSubstr("2 of 2 worker(s) started warm"));
+  }
 }
 
 TEST(Launch, ModuleFlagRunsPythonDashM) {

@@ -302,6 +302,33 @@ _SYS_FUTEX = {"x86_64": 202, "aarch64": 98}
 _NOTICE = None  # the file's mapping, once held
 
 
+def _follow_thread_settings():
+    """A script that sets OMP_NUM_THREADS (or MKL_NUM_THREADS) in os.environ before `import torch`
+    gets that many threads when started cold: torch reads them as it loads. Here torch was loaded by
+    the standby, so the value is applied when the script sets it, as the cold import would have
+    (MKL_NUM_THREADS first where set, as torch reads them)."""
+    torch = sys.modules.get("torch")
+    set_num_threads = getattr(torch, "set_num_threads", None) if torch is not None else None
+    if set_num_threads is None:
+        return
+    environ_type = type(os.environ)
+    setitem = environ_type.__setitem__
+
+    def __setitem__(self, key, value):
+        setitem(self, key, value)
+        if self is not os.environ or key not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            return
+        chosen = os.environ.get("MKL_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")
+        try:
+            n = int(chosen)
+        except (TypeError, ValueError):
+            return
+        if n >= 1:
+            set_num_threads(n)
+
+    environ_type.__setitem__ = __setitem__
+
+
 def _hold_exit_notice():
     """Holds this rank's exit notice for launch (LAUNCH_EXIT_NOTICE), as worker_sdk's Context::Init
     does: a robust, process-shared mutex in launch's file that the kernel hands over when this
@@ -441,6 +468,7 @@ def main():
         _write_all(fd, data)
     del env, sock, args, flags, fds, replay
     _hold_exit_notice()
+    _follow_thread_settings()
 
     try:
         if module:
