@@ -361,6 +361,9 @@ DoctorRow GpuStackRow(const Context& c) {
                     " CPU-only");
   }
   std::string fix;
+  // CUDA libraries beside CPU-only torches on a machine without a driver: a CPU machine, which is
+  // ready for a CPU run (n-a, exit 0), still told what GPUs would take.
+  CheckStatus status = cuda_torches.empty() && !f.nvml_loaded ? CheckStatus::kNotApplicable : CheckStatus::kWarn;
   if (cuda_torches.empty()) {
     absl::StrAppend(&found, ": GPUs could not be used even with a driver");
     const char* torch = !f.request.check_python     ? "LibTorch"
@@ -374,7 +377,7 @@ DoctorRow GpuStackRow(const Context& c) {
     absl::StrAppend(&found, ": GPUs cannot be used");
     fix = f.nvml_loaded ? "check `nvidia-smi`, CUDA_VISIBLE_DEVICES and --exclude-gpus" : "install the NVIDIA driver";
   }
-  return {"gpu.stack", CheckStatus::kWarn, found, fix};
+  return {"gpu.stack", status, found, fix};
 }
 
 // ---- GPUs ----

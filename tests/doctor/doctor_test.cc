@@ -60,8 +60,7 @@ GpuFigures A100(int index) {
   return g;
 }
 
-const std::vector<std::string> kArchsTo90 = {"sm_50", "sm_60", "sm_70", "sm_75",
-                                             "sm_80", "sm_86", "sm_90"};
+const std::vector<std::string> kArchsTo90 = {"sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"};
 
 TorchFacts CudaTorch(const std::string& where) {
   TorchFacts t;
@@ -118,23 +117,20 @@ std::string Show(const std::vector<DoctorRow>& rows) { return RenderDoctorTable(
 TEST(Diagnose, AHealthyMachineIsAllOkAndExitsZero) {
   const auto rows = Diagnose(Healthy());
   for (const DoctorRow& r : rows) {
-    EXPECT_TRUE(r.status == CheckStatus::kOk || r.status == CheckStatus::kNotApplicable)
-        << Show(rows);
+    EXPECT_TRUE(r.status == CheckStatus::kOk || r.status == CheckStatus::kNotApplicable) << Show(rows);
   }
   EXPECT_EQ(DoctorExitCode(rows), 0);
   // Every check the issue names has its row.
-  for (const char* id :
-       {"driver",  "driver.cuda",    "cuda.toolkit",  "cuda.runtime",      "nccl",
-        "cudnn",   "libtorch",       "python.torch",  "gpu.stack",         "gpu.balance",
-        "gpu.0",   "gpu.0.kernels",  "gpu.0.health",  "gpu.0.persistence", "gpu.1",
-        "shm",     "cpus",           "numa",          "limits.nofile",     "limits.memlock",
-        "dir.log", "dir.checkpoint", "blas.libtorch", "blas.python"}) {
+  for (const char* id : {"driver",  "driver.cuda",    "cuda.toolkit",  "cuda.runtime",      "nccl",
+                         "cudnn",   "libtorch",       "python.torch",  "gpu.stack",         "gpu.balance",
+                         "gpu.0",   "gpu.0.kernels",  "gpu.0.health",  "gpu.0.persistence", "gpu.1",
+                         "shm",     "cpus",           "numa",          "limits.nofile",     "limits.memlock",
+                         "dir.log", "dir.checkpoint", "blas.libtorch", "blas.python"}) {
     EXPECT_NE(Find(rows, id), nullptr) << id << "\n" << Show(rows);
   }
   EXPECT_THAT(Find(rows, "gpu.0")->found,
-              AllOf(HasSubstr("NVIDIA H100 80GB HBM3"), HasSubstr("GPU-0aaa"),
-                    HasSubstr("80.0 GiB"), HasSubstr("compute capability 9.0"),
-                    HasSubstr("132 SMs"), HasSubstr("idle (0% busy)")));
+              AllOf(HasSubstr("NVIDIA H100 80GB HBM3"), HasSubstr("GPU-0aaa"), HasSubstr("80.0 GiB"),
+                    HasSubstr("compute capability 9.0"), HasSubstr("132 SMs"), HasSubstr("idle (0% busy)")));
 }
 
 struct Case {
@@ -163,10 +159,9 @@ TEST(Diagnose, OneFactAwayFromHealthy) {
          f.python_torch.missing = "No module named 'torch'";
        },
        "gpu.stack",
-       CheckStatus::kWarn,
-       {"a CUDA 13.0 toolkit, NCCL 2.20.5 and cuDNN 9.1.0 are installed",
-        "there is no NVIDIA driver", "LibTorch 1.13.0 is CPU-only",
-        "GPUs could not be used even with a driver"},
+       CheckStatus::kNotApplicable,  // a CPU machine: ready for a CPU run, exit 0
+       {"a CUDA 13.0 toolkit, NCCL 2.20.5 and cuDNN 9.1.0 are installed", "there is no NVIDIA driver",
+        "LibTorch 1.13.0 is CPU-only", "GPUs could not be used even with a driver"},
        "install the NVIDIA driver and a CUDA build of LibTorch or torch (for CUDA 13.0)"},
       {"no driver: the driver row says so",
        [](DoctorFacts& f) {
@@ -193,8 +188,7 @@ TEST(Diagnose, OneFactAwayFromHealthy) {
        [](DoctorFacts& f) { f.driver.cuda_driver_version = 11080; },
        "driver.cuda",
        CheckStatus::kFail,
-       {"the driver supports CUDA 11.8",
-        "Python torch 2.3.0+cu121 needs CUDA 12.1: too new for this driver"},
+       {"the driver supports CUDA 11.8", "Python torch 2.3.0+cu121 needs CUDA 12.1: too new for this driver"},
        "update the NVIDIA driver to R525 or newer (CUDA 12.x)"},
       {"driver one minor behind the torch's CUDA",
        [](DoctorFacts& f) {
@@ -232,9 +226,7 @@ TEST(Diagnose, OneFactAwayFromHealthy) {
        {"2 GPUs alike"},
        ""},
       {"the torch lacks the GPU's architecture: no kernel image",
-       [](DoctorFacts& f) {
-         f.python_torch.arch_list = {"sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86"};
-       },
+       [](DoctorFacts& f) { f.python_torch.arch_list = {"sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86"}; },
        "gpu.0.kernels",
        CheckStatus::kFail,
        {"GPU 0 (NVIDIA H100 80GB HBM3, sm_90)", "Python torch 2.3.0+cu121 has only sm_50",
@@ -419,8 +411,7 @@ TEST(Diagnose, OneFactAwayFromHealthy) {
        [](DoctorFacts& f) { f.env["OMP_NUM_THREADS"] = "32"; },
        "cpus",
        CheckStatus::kWarn,
-       {"2 workers x 32 threads (OMP/MKL/OpenBLAS, the user's OMP_NUM_THREADS)",
-        "64 threads on 32 CPUs"},
+       {"2 workers x 32 threads (OMP/MKL/OpenBLAS, the user's OMP_NUM_THREADS)", "64 threads on 32 CPUs"},
        "unset OMP_NUM_THREADS (launch then gives each worker 16)"},
       {"a cgroup quota below the affinity",
        [](DoctorFacts& f) { f.usable_cpus = 8; },
@@ -453,7 +444,10 @@ TEST(Diagnose, OneFactAwayFromHealthy) {
          f.request.descriptors_needed = 5000;
          f.open_files_hard = 4096;
        },
-       "limits.nofile", CheckStatus::kFail, {"2 workers need about 5000"}, "at least 5000"},
+       "limits.nofile",
+       CheckStatus::kFail,
+       {"2 workers need about 5000"},
+       "at least 5000"},
       {"a low open-file limit",
        [](DoctorFacts& f) { f.open_files_hard = 4096; },
        "limits.nofile",
@@ -476,39 +470,28 @@ TEST(Diagnose, OneFactAwayFromHealthy) {
        {"no RDMA devices"},
        ""},
       {"a log directory that cannot be written",
-       [](DoctorFacts& f) {
-         f.log_dir = {"--log-dir", "/var/log/train", "/var/log", "ext4", 100 * kGiB, false, ""};
-       },
+       [](DoctorFacts& f) { f.log_dir = {"--log-dir", "/var/log/train", "/var/log", "ext4", 100 * kGiB, false, ""}; },
        "dir.log",
        CheckStatus::kFail,
        {"--log-dir=/var/log/train: ext4 (/var/log exists)", "not writable"},
        "chown or chmod /var/log"},
       {"checkpoints in /dev/shm",
        [](DoctorFacts& f) {
-         f.checkpoint_dir = {
-             "--checkpoint-dir", "/dev/shm/ckpt", "/dev/shm/ckpt", "tmpfs", 32 * kGiB, true, ""};
+         f.checkpoint_dir = {"--checkpoint-dir", "/dev/shm/ckpt", "/dev/shm/ckpt", "tmpfs", 32 * kGiB, true, ""};
        },
        "dir.checkpoint",
        CheckStatus::kWarn,
        {"tmpfs", "lost at reboot"},
        "on a disk"},
       {"checkpoints in a container's layer",
-       [](DoctorFacts& f) {
-         f.checkpoint_dir = {"--checkpoint-dir", "/ckpt", "/", "overlay", 32 * kGiB, true, ""};
-       },
+       [](DoctorFacts& f) { f.checkpoint_dir = {"--checkpoint-dir", "/ckpt", "/", "overlay", 32 * kGiB, true, ""}; },
        "dir.checkpoint",
        CheckStatus::kWarn,
        {"writable layer"},
        "mounted volume"},
       {"a log directory that is a file",
        [](DoctorFacts& f) {
-         f.log_dir = {"--log-dir",
-                      "/etc/hosts/x",
-                      "",
-                      "",
-                      0,
-                      false,
-                      "/etc/hosts exists and is not a directory"};
+         f.log_dir = {"--log-dir", "/etc/hosts/x", "", "", 0, false, "/etc/hosts exists and is not a directory"};
        },
        "dir.log",
        CheckStatus::kFail,
@@ -540,9 +523,7 @@ TEST(Diagnose, OneFactAwayFromHealthy) {
     // The exit code follows the worst row.
     CheckStatus worst = CheckStatus::kOk;
     for (const auto& r : rows) worst = std::max(worst, r.status);
-    EXPECT_EQ(DoctorExitCode(rows), worst == CheckStatus::kFail   ? 2
-                                    : worst == CheckStatus::kWarn ? 1
-                                                                  : 0);
+    EXPECT_EQ(DoctorExitCode(rows), worst == CheckStatus::kFail ? 2 : worst == CheckStatus::kWarn ? 1 : 0);
   }
 }
 
@@ -585,10 +566,9 @@ TEST(Diagnose, DefaultWorkersAreTheGpusInThePool) {
 }
 
 TEST(DoctorRender, TableAlignsAndPutsTheFixUnderItsRow) {
-  const std::vector<DoctorRow> rows = {
-      {"driver", CheckStatus::kNotApplicable, "no NVIDIA driver", "install it"},
-      {"gpu.balance", CheckStatus::kWarn, "imbalanced", "--exclude-gpus 1"},
-      {"shm", CheckStatus::kOk, "/dev/shm 1 GiB", ""}};
+  const std::vector<DoctorRow> rows = {{"driver", CheckStatus::kNotApplicable, "no NVIDIA driver", "install it"},
+                                       {"gpu.balance", CheckStatus::kWarn, "imbalanced", "--exclude-gpus 1"},
+                                       {"shm", CheckStatus::kOk, "/dev/shm 1 GiB", ""}};
   EXPECT_EQ(RenderDoctorTable(rows),
             "STATUS CHECK       FOUND (and the fix)\n"
             "n-a    driver      no NVIDIA driver\n"
@@ -601,13 +581,9 @@ TEST(DoctorRender, TableAlignsAndPutsTheFixUnderItsRow) {
 
 TEST(DoctorRender, ExitCodes) {
   EXPECT_EQ(DoctorExitCode({}), 0);
-  EXPECT_EQ(
-      DoctorExitCode({{"a", CheckStatus::kNotApplicable, "", ""}, {"b", CheckStatus::kOk, "", ""}}),
-      0);
-  EXPECT_EQ(DoctorExitCode({{"a", CheckStatus::kWarn, "", ""}, {"b", CheckStatus::kOk, "", ""}}),
-            1);
-  EXPECT_EQ(DoctorExitCode({{"a", CheckStatus::kWarn, "", ""}, {"b", CheckStatus::kFail, "", ""}}),
-            2);
+  EXPECT_EQ(DoctorExitCode({{"a", CheckStatus::kNotApplicable, "", ""}, {"b", CheckStatus::kOk, "", ""}}), 0);
+  EXPECT_EQ(DoctorExitCode({{"a", CheckStatus::kWarn, "", ""}, {"b", CheckStatus::kOk, "", ""}}), 1);
+  EXPECT_EQ(DoctorExitCode({{"a", CheckStatus::kWarn, "", ""}, {"b", CheckStatus::kFail, "", ""}}), 2);
 }
 
 // A probe that hands out the facts it was built with and keeps the request it was asked.
@@ -626,8 +602,7 @@ class FakeDoctorProbe : public DoctorProbe {
   DoctorFacts facts_;
 };
 
-std::string RunCommand(DoctorProbe* probe, const DoctorRequest& request, bool json, int* code,
-                       bool preflight = false) {
+std::string RunCommand(DoctorProbe* probe, const DoctorRequest& request, bool json, int* code, bool preflight = false) {
   char* buf = nullptr;
   size_t size = 0;
   std::FILE* out = open_memstream(&buf, &size);
@@ -639,8 +614,7 @@ std::string RunCommand(DoctorProbe* probe, const DoctorRequest& request, bool js
 }
 
 TEST(DoctorCommand, JsonParsesBackAndTheExitCodeIsTheVerdicts) {
-  for (const auto& [name, change, code] :
-       std::vector<std::tuple<const char*, std::function<void(DoctorFacts&)>, int>>{
+  for (const auto& [name, change, code] : std::vector<std::tuple<const char*, std::function<void(DoctorFacts&)>, int>>{
            {"healthy", [](DoctorFacts&) {}, 0},
            {"persistence off", [](DoctorFacts& f) { f.gpus[0].persistence_mode = 0; }, 1},
            {"missing sm_90", [](DoctorFacts& f) { f.python_torch.arch_list = {"sm_80"}; }, 2}}) {
@@ -666,8 +640,8 @@ TEST(DoctorCommand, JsonParsesBackAndTheExitCodeIsTheVerdicts) {
       EXPECT_FALSE(c.found().empty()) << c.id();
     }
     // Every key is there, the empty fix too.
-    EXPECT_THAT(json, AllOf(HasSubstr("\"id\""), HasSubstr("\"status\""), HasSubstr("\"found\""),
-                            HasSubstr("\"fix\":\"\"")));
+    EXPECT_THAT(json,
+                AllOf(HasSubstr("\"id\""), HasSubstr("\"status\""), HasSubstr("\"found\""), HasSubstr("\"fix\":\"\"")));
   }
 }
 
@@ -678,8 +652,7 @@ TEST(DoctorCommand, PreflightSaysNothingStartedOnlyOnAFailure) {
   int code = -1;
   std::string text = RunCommand(&warn, {}, false, &code, true);
   EXPECT_EQ(code, 1);
-  EXPECT_THAT(text,
-              AllOf(HasSubstr("launch --preflight:\n"), HasSubstr("warn   gpu.0.persistence")));
+  EXPECT_THAT(text, AllOf(HasSubstr("launch --preflight:\n"), HasSubstr("warn   gpu.0.persistence")));
   EXPECT_THAT(text, Not(HasSubstr("no worker was started")));
   f.gpus[0].ecc_uncorrected_errors = 2;
   FakeDoctorProbe fail(f);
@@ -733,10 +706,8 @@ TEST(DoctorHelpers, ArchListRuns) {
 
 TEST(DoctorHelpers, ClassifyBlas) {
   EXPECT_EQ(ClassifyBlas("/usr/lib/x86_64-linux-gnu/blas/libblas.so.3.11.0"), BlasKind::kReference);
-  EXPECT_EQ(ClassifyBlas("/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3"),
-            BlasKind::kOpenBlas);
-  EXPECT_EQ(ClassifyBlas("/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblasp-r0.3.21.so"),
-            BlasKind::kOpenBlas);
+  EXPECT_EQ(ClassifyBlas("/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3"), BlasKind::kOpenBlas);
+  EXPECT_EQ(ClassifyBlas("/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblasp-r0.3.21.so"), BlasKind::kOpenBlas);
   EXPECT_EQ(ClassifyBlas("/opt/intel/mkl/lib/intel64/libmkl_rt.so.2"), BlasKind::kMkl);
   EXPECT_EQ(ClassifyBlas("/usr/lib/x86_64-linux-gnu/blis-openmp/libblas.so.3"), BlasKind::kBlis);
   EXPECT_EQ(ClassifyBlas("/usr/lib/x86_64-linux-gnu/atlas/libblas.so.3"), BlasKind::kAtlas);
@@ -751,9 +722,7 @@ TEST(DoctorHelpers, ClassifyBlas) {
 }
 
 TEST(DoctorHelpers, SmallParsers) {
-  EXPECT_EQ(ParseCudaVersionDefine(
-                "#ifndef X\n#define CUDA_VERSION_MAJOR 1\n#define CUDA_VERSION 13000\n"),
-            13000);
+  EXPECT_EQ(ParseCudaVersionDefine("#ifndef X\n#define CUDA_VERSION_MAJOR 1\n#define CUDA_VERSION 13000\n"), 13000);
   EXPECT_EQ(ParseCudaVersionDefine("  #  define CUDA_VERSION 12040 /* x */"),
             0);  // not what cuda.h writes
   EXPECT_EQ(ParseCudaVersionDefine("#define CUDA_VERSION 12040"), 12040);
@@ -781,19 +750,17 @@ TEST(DoctorHelpers, LibrarySearchPathInTheLoadersOrder) {
                                 {"# comment\ninclude /etc/ld.so.conf.d/*.conf\n/usr/local/lib\n",
                                  "/usr/local/cuda-13.0/lib  # cuda\n/opt/a\n"},
                                 "x86_64-linux-gnu"),
-              ElementsAre("/opt/a", "/opt/b", "/usr/local/lib", "/usr/local/cuda-13.0/lib",
-                          "/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64",
-                          "/usr/lib64", "/lib", "/usr/lib"));
+              ElementsAre("/opt/a", "/opt/b", "/usr/local/lib", "/usr/local/cuda-13.0/lib", "/lib/x86_64-linux-gnu",
+                          "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib"));
 }
 
 TEST(DoctorHelpers, PythonProbeJson) {
   TorchFacts t;
-  ASSERT_TRUE(
-      ParsePythonProbe(R"({"python": "/usr/bin/python3", "version": "2.1.0+cu118", "cuda": "11.8",
+  ASSERT_TRUE(ParsePythonProbe(R"({"python": "/usr/bin/python3", "version": "2.1.0+cu118", "cuda": "11.8",
       "arch_list": ["sm_50", "sm_86", "compute_86"], "cudnn_version": 8700, "nccl_version": "2.18.1",
       "blas_info": "mkl", "blas_libraries": [], "something_new": 1})",
-                       &t)
-          .ok());
+                               &t)
+                  .ok());
   EXPECT_TRUE(t.found);
   EXPECT_TRUE(t.cuda);
   EXPECT_EQ(t.version, "2.1.0+cu118");
@@ -814,23 +781,22 @@ TEST(DoctorHelpers, PythonProbeJson) {
   EXPECT_EQ(cpu.blas_library, "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblasp-r0.3.21.so");
 
   TorchFacts missing;
-  ASSERT_TRUE(ParsePythonProbe(
-                  R"({"python": "/x", "missing": "ModuleNotFoundError: No module named 'torch'"})",
-                  &missing)
-                  .ok());
+  ASSERT_TRUE(
+      ParsePythonProbe(R"({"python": "/x", "missing": "ModuleNotFoundError: No module named 'torch'"})", &missing)
+          .ok());
   EXPECT_FALSE(missing.found);
   EXPECT_THAT(missing.missing, HasSubstr("No module named 'torch'"));
 
   // Hostile or broken output: an error, or bounded figures, never a crash.
-  for (const char* bad : {"", "not json", "[1,2]", "{\"version\": 3}", "{\"cuda\": \"12.1\"}",
-                          "{\"version\": \"2.0\""}) {
+  for (const char* bad :
+       {"", "not json", "[1,2]", "{\"version\": 3}", "{\"cuda\": \"12.1\"}", "{\"version\": \"2.0\""}) {
     TorchFacts b;
     EXPECT_FALSE(ParsePythonProbe(bad, &b).ok()) << bad;
   }
   std::vector<std::string> many(1000, "\"sm_80\"");
   TorchFacts big;
-  ASSERT_TRUE(ParsePythonProbe(absl::StrCat(R"({"version": ")", std::string(5000, 'v'),
-                                            R"(", "arch_list": [)", absl::StrJoin(many, ","), "]}"),
+  ASSERT_TRUE(ParsePythonProbe(absl::StrCat(R"({"version": ")", std::string(5000, 'v'), R"(", "arch_list": [)",
+                                            absl::StrJoin(many, ","), "]}"),
                                &big)
                   .ok());
   EXPECT_EQ(big.arch_list.size(), static_cast<size_t>(kMaxProbeArchs));
@@ -841,8 +807,7 @@ TEST(DoctorHelpers, PythonProbeJson) {
 
 // A little ELF64 shared object: a .dynamic naming `needed` through .dynstr, and a .nv_fatbin
 // with one fat binary holding `entries` (kind, arch).
-std::string MakeElf(const std::vector<std::string>& needed,
-                    const std::vector<std::pair<uint16_t, uint32_t>>& entries,
+std::string MakeElf(const std::vector<std::string>& needed, const std::vector<std::pair<uint16_t, uint32_t>>& entries,
                     bool corrupt_fatbin = false) {
   auto put = [](std::string& s, size_t at, auto v) { std::memcpy(&s[at], &v, sizeof v); };
   std::string dynstr(1, '\0');
@@ -884,8 +849,7 @@ std::string MakeElf(const std::vector<std::string>& needed,
   file += shstrtab;
   const uint64_t shoff = file.size();
   std::string sh(5 * 64, '\0');
-  auto section = [&](int i, uint32_t name, uint32_t type, uint64_t off, uint64_t size,
-                     uint32_t link) {
+  auto section = [&](int i, uint32_t name, uint32_t type, uint64_t off, uint64_t size, uint32_t link) {
     put(sh, i * 64, name);
     put(sh, i * 64 + 4, type);
     put(sh, i * 64 + 24, off);
@@ -917,9 +881,8 @@ std::string WriteTemp(const std::string& name, const std::string& bytes) {
 }
 
 TEST(ElfFacts, ReadsNeededAndFatbinArchitectures) {
-  const std::string path =
-      WriteTemp("cuda.so", MakeElf({"libc10_cuda.so", "libcudart.so.12", "libnccl.so.2"},
-                                   {{2, 80}, {2, 90}, {1, 90}, {2, 50}}));
+  const std::string path = WriteTemp("cuda.so", MakeElf({"libc10_cuda.so", "libcudart.so.12", "libnccl.so.2"},
+                                                        {{2, 80}, {2, 90}, {1, 90}, {2, 50}}));
   auto facts = ReadElfFacts(path);
   ASSERT_TRUE(facts.ok()) << facts.status();
   EXPECT_THAT(facts->needed, ElementsAre("libc10_cuda.so", "libcudart.so.12", "libnccl.so.2"));
@@ -931,9 +894,7 @@ TEST(ElfFacts, ReadsNeededAndFatbinArchitectures) {
 TEST(ElfFacts, HostileFilesAreErrorsOrEmptyNeverCrashes) {
   EXPECT_FALSE(ReadElfFacts("/nonexistent/libtorch.so").ok());
   EXPECT_FALSE(
-      ReadElfFacts(
-          WriteTemp("text", "not an elf file at all, but long enough to have a header........"))
-          .ok());
+      ReadElfFacts(WriteTemp("text", "not an elf file at all, but long enough to have a header........")).ok());
   const std::string good = MakeElf({"libblas.so.3"}, {{2, 90}});
   EXPECT_FALSE(ReadElfFacts(WriteTemp("short", good.substr(0, 40))).ok());
   EXPECT_FALSE(ReadElfFacts(WriteTemp("truncated", good.substr(0, good.size() - 100))).ok());
@@ -949,8 +910,7 @@ TEST(ElfFacts, HostileFilesAreErrorsOrEmptyNeverCrashes) {
   // A FIFO is not read (it would block).
   const std::string fifo = absl::StrCat(::testing::TempDir(), "doctor_fifo_", getpid());
   ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
-  int fd =
-      ::open(fifo.c_str(), O_RDWR | O_NONBLOCK);  // a writer, so that opening it does not block
+  int fd = ::open(fifo.c_str(), O_RDWR | O_NONBLOCK);  // a writer, so that opening it does not block
   EXPECT_FALSE(ReadElfFacts(fifo).ok());
   ::close(fd);
   ::unlink(fifo.c_str());
@@ -980,8 +940,7 @@ pid_t ReadPid(const std::string& path) {
   return pid;
 }
 
-TorchFacts ProbePython(const std::string& python,
-                       std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+TorchFacts ProbePython(const std::string& python, std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
   DoctorRequest request;
   request.check_libtorch = false;
   request.python = python;
@@ -1000,9 +959,8 @@ echo '{"version": "2.1.0+cu121", "cuda": "12.1", "arch_list": ["sm_80", "sm_90"]
 TEST(DoctorPythonProbe, AHangingInterpreterIsKilledAtTheDeadline) {
   const std::string pid_file = absl::StrCat(::testing::TempDir(), "doctor_hang_pid_", getpid());
   const auto start = std::chrono::steady_clock::now();
-  const TorchFacts t =
-      ProbePython(FakePython("hangs", absl::StrCat("echo $$ > ", pid_file, "\nexec sleep 100\n")),
-                  std::chrono::milliseconds(300));
+  const TorchFacts t = ProbePython(FakePython("hangs", absl::StrCat("echo $$ > ", pid_file, "\nexec sleep 100\n")),
+                                   std::chrono::milliseconds(300));
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
   EXPECT_FALSE(t.found);
   EXPECT_THAT(t.error, HasSubstr("did not answer within 300ms"));
@@ -1013,12 +971,11 @@ TEST(DoctorPythonProbe, AHangingInterpreterIsKilledAtTheDeadline) {
 
 TEST(DoctorPythonProbe, WhatItLeavesHoldingItsOutputIsKilledToo) {
   const std::string pid_file = absl::StrCat(::testing::TempDir(), "doctor_leftover_pid_", getpid());
-  const TorchFacts t =
-      ProbePython(FakePython("leaves", absl::StrCat(R"(echo '{"version": "2.1.0", "cuda": ""}'
+  const TorchFacts t = ProbePython(FakePython("leaves", absl::StrCat(R"(echo '{"version": "2.1.0", "cuda": ""}'
 sleep 100 &
 echo $! > )",
-                                                    pid_file, "\n")),
-                  std::chrono::milliseconds(300));
+                                                                     pid_file, "\n")),
+                                   std::chrono::milliseconds(300));
   EXPECT_TRUE(t.found) << t.error;  // it did answer
   const pid_t pid = ReadPid(pid_file);
   ASSERT_GT(pid, 0);
@@ -1031,10 +988,9 @@ echo $! > )",
 }
 
 TEST(DoctorPythonProbe, GarbageAndCrashesAreOneLine) {
-  TorchFacts t =
-      ProbePython(FakePython("traceback",
-                             "echo 'not json'\necho 'Traceback:' >&2\necho 'ImportError: "
-                             "libcudart.so.12: cannot open' >&2\nexit 1\n"));
+  TorchFacts t = ProbePython(FakePython("traceback",
+                                        "echo 'not json'\necho 'Traceback:' >&2\necho 'ImportError: "
+                                        "libcudart.so.12: cannot open' >&2\nexit 1\n"));
   EXPECT_FALSE(t.found);
   EXPECT_THAT(t.error, HasSubstr(": ImportError: libcudart.so.12: cannot open"));
   t = ProbePython(FakePython("flood", "head -c 1000000 /dev/zero | tr '\\0' x\n"));
