@@ -873,7 +873,10 @@ absl::StatusOr<ParsedArgs> ParseLaunchArgs(const std::vector<std::string>& argv,
   CLI::App app{"launch: start and supervise distributed training workers (torchrun's flags)", "launch"};
   app.prefix_command(true);
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  app.footer("Usage: launch [flags] PROGRAM [ARGS...]; \"${local_rank}\" in ARGS is replaced per worker.");
+  app.footer(
+      "Usage: launch [flags] PROGRAM [ARGS...]; \"${local_rank}\" in ARGS is replaced per worker.\n"
+      "Also: launch coordinator (a standalone or replicated coordinator), launch status (a running job), "
+      "launch doctor (is this machine ready); each with --help.");
   RawMap raw;
   std::map<std::string, bool> flags;
   std::map<std::string, CLI::Option*> cli;

@@ -251,6 +251,12 @@ TEST(Launch, HelpListsTorchrunFlags) {
                         "--log-dir", "--stop-timeout", "--gpu-binding", "--dry-run"}) {
     EXPECT_THAT(r.out, HasSubstr(f));
   }
+  // The subcommands, each of which answers --help.
+  for (const char* sub : {"coordinator", "status", "doctor"}) {
+    EXPECT_THAT(r.out, HasSubstr(std::string("launch ") + sub + " ("));
+    auto help = RunCmd({kLaunch, sub, "--help"});
+    EXPECT_EQ(help.exit_code, 0) << sub << ": " << help.err;
+  }
 }
 
 }  // namespace

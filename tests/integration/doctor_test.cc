@@ -116,7 +116,8 @@ TEST(DoctorFakeGpus, TwoUnequalGpusAnXidAnIdleGpuAndATorchWithoutTheGpusKernels)
   EXPECT_EQ(report.verdict(), "fail");
 
   EXPECT_EQ(Check(report, "driver").status(), "ok");
-  EXPECT_THAT(Check(report, "driver").found(), HasSubstr("driver 580.65.06, supports CUDA up to 13.0, 2 GPUs"));
+  EXPECT_THAT(Check(report, "driver").found(),
+              HasSubstr("driver 580.65.06, supports CUDA up to 13.0, 2 GPUs"));
   EXPECT_EQ(Check(report, "python.torch").status(), "ok");
   EXPECT_THAT(Check(report, "python.torch").found(), HasSubstr("Python torch 2.0.1+cu118 in "));
 
@@ -129,15 +130,17 @@ TEST(DoctorFakeGpus, TwoUnequalGpusAnXidAnIdleGpuAndATorchWithoutTheGpusKernels)
 
   // The GPU at 0% is idle and fine; the other is busy with someone else's work.
   EXPECT_EQ(Check(report, "gpu.0").status(), "ok");
-  EXPECT_THAT(Check(report, "gpu.0").found(),
-              AllOf(HasSubstr("GPU 0 NVIDIA H100 80GB HBM3, GPU-aaaa"), HasSubstr("compute capability 9.0"),
-                    HasSubstr("132 SMs"), HasSubstr("idle (0% busy)")));
+  EXPECT_THAT(
+      Check(report, "gpu.0").found(),
+      AllOf(HasSubstr("GPU 0 NVIDIA H100 80GB HBM3, GPU-aaaa"), HasSubstr("compute capability 9.0"),
+            HasSubstr("132 SMs"), HasSubstr("idle (0% busy)")));
   EXPECT_EQ(Check(report, "gpu.1").status(), "warn");
   EXPECT_THAT(Check(report, "gpu.1").found(), HasSubstr("97% busy"));
 
   // XID 79: the GPU fell off the bus.
   EXPECT_EQ(Check(report, "gpu.1.health").status(), "fail");
-  EXPECT_THAT(Check(report, "gpu.1.health").found(), HasSubstr("XID 79 (GPU has fallen off the bus)"));
+  EXPECT_THAT(Check(report, "gpu.1.health").found(),
+              HasSubstr("XID 79 (GPU has fallen off the bus)"));
   EXPECT_THAT(Check(report, "gpu.1.health").fix(), HasSubstr("nvidia-smi -r -i 1"));
   EXPECT_EQ(Check(report, "gpu.0.health").status(), "ok");
 
@@ -168,7 +171,8 @@ TEST(DoctorFakeGpus, FollowingTheExcludeFixLeavesTheOtherGpuOut) {
   EXPECT_EQ(Check(report, "gpu.1").status(), "n-a");
   EXPECT_FALSE(HasCheck(report, "gpu.1.health"));  // its XID no longer matters
   EXPECT_EQ(Check(report, "gpu.0.kernels").status(), "ok");
-  for (const auto& c : report.checks()) EXPECT_NE(c.status(), "fail") << c.id() << ": " << c.found();
+  for (const auto& c : report.checks())
+    EXPECT_NE(c.status(), "fail") << c.id() << ": " << c.found();
   EXPECT_EQ(r.exit_code, 1);  // the CPU-only LibTorch next to GPUs is still a warning
   EXPECT_EQ(Check(report, "libtorch").status(), "warn");
 }
@@ -185,10 +189,12 @@ gpu name="NVIDIA H100 80GB HBM3" uuid=GPU-cccc mem_total_mib=81559 mem_used_mib=
   const v1::DoctorReport report = ParseReport(r);
   EXPECT_EQ(report.verdict(), "warn");
   EXPECT_EQ(Check(report, "gpu.1.persistence").status(), "warn");
-  EXPECT_EQ(Check(report, "gpu.1.persistence").fix(), "sudo nvidia-smi -pm 1 (or run nvidia-persistenced)");
+  EXPECT_EQ(Check(report, "gpu.1.persistence").fix(),
+            "sudo nvidia-smi -pm 1 (or run nvidia-persistenced)");
   EXPECT_EQ(Check(report, "gpu.balance").status(), "ok");
   EXPECT_EQ(Check(report, "gpu.stack").status(), "ok");
-  for (const auto& c : report.checks()) EXPECT_NE(c.status(), "fail") << c.id() << ": " << c.found();
+  for (const auto& c : report.checks())
+    EXPECT_NE(c.status(), "fail") << c.id() << ": " << c.found();
 }
 
 TEST(DoctorFakeGpus, CtrlCIsNotHeldUpByAHangingImportTorch) {
@@ -216,10 +222,13 @@ TEST(DoctorFakeGpus, BadFlagsAreOneLineAndExitTwo) {
 
 // What is true here, found out by the test on its own, is what doctor says: no fakes.
 TEST(DoctorThisMachine, SaysWhatIsTrueHere) {
-  const RunResult r = RunCmd({kLaunch, "doctor", "--json"},
-                             {"LAUNCH_NVML_LIBRARY", "FAKE_NVML_FILE", "CUDA_HOME", "CUDA_PATH", "PYTHON_EXEC"});
+  const RunResult r =
+      RunCmd({kLaunch, "doctor", "--json"},
+             {"LAUNCH_NVML_LIBRARY", "FAKE_NVML_FILE", "CUDA_HOME", "CUDA_PATH", "PYTHON_EXEC"});
   const v1::DoctorReport report = ParseReport(r);
-  std::cout << RunCmd({kLaunch, "doctor"}, {"LAUNCH_NVML_LIBRARY", "CUDA_HOME", "CUDA_PATH", "PYTHON_EXEC"}).out;
+  std::cout << RunCmd({kLaunch, "doctor"},
+                      {"LAUNCH_NVML_LIBRARY", "CUDA_HOME", "CUDA_PATH", "PYTHON_EXEC"})
+                   .out;
   int facts = 0;
 
   void* nvml = dlopen("libnvidia-ml.so.1", RTLD_LAZY | RTLD_LOCAL);
@@ -228,7 +237,8 @@ TEST(DoctorThisMachine, SaysWhatIsTrueHere) {
   if (!driver) {
     ++facts;
     EXPECT_EQ(Check(report, "driver").status(), "n-a");
-    EXPECT_THAT(Check(report, "driver").found(), HasSubstr("no NVIDIA driver: cannot load libnvidia-ml.so.1"));
+    EXPECT_THAT(Check(report, "driver").found(),
+                HasSubstr("no NVIDIA driver: cannot load libnvidia-ml.so.1"));
     EXPECT_EQ(Check(report, "driver.cuda").status(), "n-a");
     EXPECT_FALSE(HasCheck(report, "gpu.0"));
   }
@@ -246,9 +256,10 @@ TEST(DoctorThisMachine, SaysWhatIsTrueHere) {
   }
 
   for (const auto& [id, library, name] :
-       std::vector<std::tuple<const char*, const char*, const char*>>{{"nccl", "libnccl.so.2", "NCCL 2."},
-                                                                      {"cudnn", "libcudnn.so", "cuDNN "},
-                                                                      {"cuda.runtime", "libcudart.so", "libcudart "}}) {
+       std::vector<std::tuple<const char*, const char*, const char*>>{
+           {"nccl", "libnccl.so.2", "NCCL 2."},
+           {"cudnn", "libcudnn.so", "cuDNN "},
+           {"cuda.runtime", "libcudart.so", "libcudart "}}) {
     void* lib = dlopen(library, RTLD_LAZY | RTLD_LOCAL);
     if (lib == nullptr) continue;
     dlclose(lib);
@@ -258,20 +269,24 @@ TEST(DoctorThisMachine, SaysWhatIsTrueHere) {
   }
 
   const std::string libdir = "/usr/lib/x86_64-linux-gnu";
-  if (std::filesystem::exists(libdir + "/libtorch.so") && !std::filesystem::exists(libdir + "/libtorch_cuda.so")) {
+  if (std::filesystem::exists(libdir + "/libtorch.so") &&
+      !std::filesystem::exists(libdir + "/libtorch_cuda.so")) {
     ++facts;
     const auto libtorch = Check(report, "libtorch");
-    EXPECT_THAT(libtorch.found(), AllOf(HasSubstr("LibTorch "), HasSubstr("at " + libdir), HasSubstr("CPU-only")));
+    EXPECT_THAT(libtorch.found(),
+                AllOf(HasSubstr("LibTorch "), HasSubstr("at " + libdir), HasSubstr("CPU-only")));
     if (!driver && at != std::string::npos) {
       // Installed CUDA pieces, and nothing that could use them.
       // A CPU machine for a CPU run: not a warning (launch doctor exits 0 on it).
       const auto stack = Check(report, "gpu.stack");
       EXPECT_EQ(stack.status(), "n-a");
-      EXPECT_THAT(stack.found(), AllOf(HasSubstr("there is no NVIDIA driver"), HasSubstr("is CPU-only"),
-                                       HasSubstr("GPUs could not be used even with a driver")));
+      EXPECT_THAT(stack.found(),
+                  AllOf(HasSubstr("there is no NVIDIA driver"), HasSubstr("is CPU-only"),
+                        HasSubstr("GPUs could not be used even with a driver")));
     }
   }
-  if (facts == 0) GTEST_SKIP() << "neither a driver-less machine nor any CUDA library or LibTorch to check";
+  if (facts == 0)
+    GTEST_SKIP() << "neither a driver-less machine nor any CUDA library or LibTorch to check";
   // Whatever else, every row is one of the four and the code follows the worst.
   EXPECT_THAT(r.exit_code, ::testing::AnyOf(0, 1, 2));
 }
@@ -300,8 +315,8 @@ TEST(Preflight, WarningsArePrintedAndTheRunGoesOn) {
   FakeMachine m;
   const RunResult r = RunPreflight(m, 0, kTorchWithSm90);
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
-  EXPECT_THAT(r.err,
-              AllOf(HasSubstr("launch --preflight:"), HasSubstr("warn   gpu.0.persistence"), HasSubstr("0 fail, ")));
+  EXPECT_THAT(r.err, AllOf(HasSubstr("launch --preflight:"), HasSubstr("warn   gpu.0.persistence"),
+                           HasSubstr("0 fail, ")));
   EXPECT_THAT(r.err, Not(HasSubstr("no worker was started")));
   EXPECT_TRUE(m.WorkerRan());
 }
