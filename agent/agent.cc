@@ -750,6 +750,14 @@ int Agent::Finish(const AgentState& state, const Attempt& at, bool temp_dir) {
     ConsoleErr().Write(absl::StrCat("launch: job failed: ", reason, "\n"));
     return ExitStatus(own);
   };
+  // Every node stopped at once (scancel, a pod's deletion): the host's stop can reach this node as
+  // the job's failure a moment before its own signal is read. That signal is what ended it here.
+  if (state.end == AgentEnd::kJobFailed || state.end == AgentEnd::kGaveUp) {
+    if (const int sig = signals_->Pending()) {
+      spdlog::info("stopped by {} as the run ended", SignalListName({sig}));
+      return ExitStatus(LaunchOutcome::Signalled(sig));
+    }
+  }
   switch (state.end) {
     case AgentEnd::kSucceeded:
       spdlog::info("all {} worker(s) exited 0", at.outcome.workers.size());

@@ -84,6 +84,16 @@ void BlockLauncherSignals() {
   signal(SIGTTIN, SIG_IGN);
 }
 
+int SignalFd::Pending() const {
+  sigset_t pending;
+  sigemptyset(&pending);
+  if (sigpending(&pending) != 0) return 0;
+  for (int s = 1; s < 64; ++s) {
+    if (s != SIGCHLD && (handled_ >> s & 1ULL) && sigismember(&pending, s) == 1) return s;
+  }
+  return 0;
+}
+
 absl::StatusOr<SignalFd> SignalFd::Create(const std::vector<int>& handled) {
   sigset_t set = LauncherSignals();
   unsigned long long mask = 1ULL << SIGCHLD;

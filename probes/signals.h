@@ -33,6 +33,9 @@ class SignalFd {
   int fd() const { return fd_.get(); }
   // The next pending signal number, or 0 when none is pending.
   int Read();
+  // A handled signal (SIGCHLD aside) that has arrived and was not read yet, without reading it; 0
+  // when none.
+  int Pending() const;
 
  private:
   SignalFd(UniqueFd fd, unsigned long long handled) : fd_(std::move(fd)), handled_(handled) {}

@@ -74,13 +74,15 @@ TEST_F(AgentTest, TheEarlyFailureReportDoesNotHoldUpTheGroup) {
     EXPECT_EQ(req.exits_size(), 1);
     if (req.exits_size() != 1) return verdict;
     const pid_t failed = req.exits(0).pid();
-    survivor_died_while_report_waited = WaitUntil([&] {
-      auto all = ReadPids(pids);
-      if (all.size() < 2) return false;
-      for (pid_t p : all)
-        if (p != failed && ProcessAlive(p)) return false;
-      return true;
-    }, std::chrono::seconds(20));
+    survivor_died_while_report_waited = WaitUntil(
+        [&] {
+          auto all = ReadPids(pids);
+          if (all.size() < 2) return false;
+          for (pid_t p : all)
+            if (p != failed && ProcessAlive(p)) return false;
+          return true;
+        },
+        std::chrono::seconds(20));
     return verdict;
   };
   Agent agent(o, &coord, &launcher_, nullptr, &*signals_, &clock_);
@@ -90,7 +92,6 @@ TEST_F(AgentTest, TheEarlyFailureReportDoesNotHoldUpTheGroup) {
 }
 
 // ---- The agent with a fake launcher: its phases and decisions, no processes ----
-
 
 v1::ReportExitResponse Succeeded() {
   v1::ReportExitResponse r;
@@ -206,6 +207,23 @@ TEST_F(FakeAgentTest, ASignalDuringTheRestartBackoffEndsTheRunWithItsCode) {
   o.restart_backoff = std::chrono::hours(1);
   EXPECT_EQ(RunAgent(o), 128 + SIGTERM);
   EXPECT_EQ(coord_.join_calls(), 1);
+}
+
+// Every node stopped at once: the end of the job (here a worker's failure the coordinator ends
+// the job for) can come a moment before launch's own SIGTERM is read. The signal ended the run.
+TEST_F(FakeAgentTest, ASignalThatCameAsTheRunEndedIsItsExitCode) {
+  fake_.script = [](int, const SpawnOptions&) { return Exits(1); };
+  const std::thread::id agent_thread = std::this_thread::get_id();
+  coord_.on_report = [agent_thread](const v1::ReportExitRequest&) {
+    v1::ReportExitResponse r;
+    if (std::this_thread::get_id() == agent_thread) ::raise(SIGTERM);  // pending, not read
+    return r;                                                          // no restart: the job failed
+  };
+  EXPECT_EQ(RunAgent(Options(1, {})), 128 + SIGTERM);
+  EXPECT_EQ(signals_->Pending(), SIGTERM);  // left unread
+  while (signals_->Read() != 0) {
+  }
+  EXPECT_EQ(signals_->Pending(), 0);
 }
 
 TEST_F(FakeAgentTest, AWorkerThatCannotStartIsLaunchsOwnError) {
