@@ -457,6 +457,10 @@ AgentEvent Agent::Join(Attempt* at) {
   auto assignment = session_.Join(request, &sig);
   if (sig) {
     spdlog::warn("stopped by {} while waiting for the rendezvous", SignalName(sig));
+    // A node of an earlier round says it leaves, as one stopped while its workers ran: where it
+    // hosts the coordinator the job ends at once, instead of its coordinator waiting close_timeout
+    // for a round nobody will join (every node stopped at once, the others' leaving seen first).
+    if (last_round_ > 0) ReportLeaving(static_cast<int>(last_round_));
     return AgentEvent::Signal(sig);
   }
   if (!assignment.ok()) {
