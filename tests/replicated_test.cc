@@ -300,7 +300,10 @@ std::vector<RunResult> LeaderKilledTheJobGoesOn(ControlPlane& cp, const std::str
   if (first < 0) return results;
   std::vector<std::unique_ptr<Child>> agents;
   for (int i = 0; i < 2; ++i) {
-    std::vector<std::string> launch = {"--nnodes=2", "--nproc-per-node=1", "--max-restarts=3"};
+    // A lease of 10 s: under a sanitizer on a loaded machine, re-attaching to the new leader took
+    // longer than the default 3 s once, and the leader took the nodes for lost.
+    std::vector<std::string> launch = {"--nnodes=2", "--nproc-per-node=1", "--max-restarts=3",
+                                       "--rdzv-conf=heartbeat_timeout=10"};
     launch.insert(launch.end(), cp.client_flags.begin(), cp.client_flags.end());
     launch.insert(launch.end(), flags.begin(), flags.end());
     agents.push_back(
@@ -339,7 +342,11 @@ std::vector<RunResult> LeaderKilledTheJobGoesOn(ControlPlane& cp, const std::str
       },
       std::chrono::seconds(30)))
       << cp.Logs();
-  for (pid_t w : workers) EXPECT_TRUE(ProcessAlive(w)) << "worker " << w << " was stopped by the failover";
+  for (pid_t w : workers) {
+    EXPECT_TRUE(ProcessAlive(w)) << "worker " << w << " was stopped by the failover\n"
+                                 << cp.Logs() << "agents:\n"
+                                 << agents[0]->err() << agents[1]->err();
+  }
   // Status through the standby (it asks the leader) and through the leader.
   for (int i : {standby, second}) {
     RunResult st = Status(cp.replicas[i]->endpoint(), "job", cp.client_flags);
