@@ -379,6 +379,14 @@ int Agent::Run() {
           at.outcome.kind == GroupEnd::kCoordinatorStop ? ", stopped for a rank hung elsewhere," : "", at.dir);
     }
   }
+  // Stopped by a signal between rounds (re-joining, backing off, stopping the workers for a new
+  // round): a node of an earlier round says it leaves, as one stopped while its workers ran, so
+  // that where it hosts the coordinator the job ends at once instead of its coordinator waiting
+  // close_timeout for a round nobody will join (every node stopped at once, another's leaving
+  // seen first).
+  if (state.end == AgentEnd::kSignal && !left_reported_ && last_round_ > 0) {
+    ReportLeaving(static_cast<int>(last_round_));
+  }
   const int code = Finish(state, at, dir.temporary());
   file_timer_.reset();     // the FIFO goes with the run (the agent may stay to serve the coordinator)
   worker_memory_.reset();  // and so do the checkpoints and the all-reduce segment kept in memory
@@ -457,10 +465,6 @@ AgentEvent Agent::Join(Attempt* at) {
   auto assignment = session_.Join(request, &sig);
   if (sig) {
     spdlog::warn("stopped by {} while waiting for the rendezvous", SignalName(sig));
-    // A node of an earlier round says it leaves, as one stopped while its workers ran: where it
-    // hosts the coordinator the job ends at once, instead of its coordinator waiting close_timeout
-    // for a round nobody will join (every node stopped at once, the others' leaving seen first).
-    if (last_round_ > 0) ReportLeaving(static_cast<int>(last_round_));
     return AgentEvent::Signal(sig);
   }
   if (!assignment.ok()) {
@@ -569,6 +573,7 @@ void Agent::SetWarmStart(const v1::Assignment& a, Attempt* at, WorkerGroup::Opti
 
 // Launch was stopped by a signal: the coordinator hears that this node leaves.
 void Agent::ReportLeaving(int round) {
+  left_reported_ = true;
   v1::ReportExitRequest leaving;
   leaving.set_run_id(opts_.spec.run_id);
   leaving.set_node_id(opts_.node.node_id());

@@ -99,6 +99,7 @@ class Agent {
   Env parent_env_;
   std::string run_dir_;  // this run's log (or temporary) directory
   long last_round_ = 0;
+  bool left_reported_ = false;        // the coordinator was told this node leaves
   int last_picked_port_ = 0;          // the MASTER_PORT this node last proposed
   LiveRanks live_;                    // the workers' figures (the worker group writes, the monitor reads)
   std::unique_ptr<Monitor> monitor_;  // from the first attempt on, when --monitor-interval is on

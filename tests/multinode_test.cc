@@ -586,7 +586,9 @@ void StopEveryNodeAtOnce(bool host_first) {
   ::kill(pair.agents[host_first ? pair.host : 1 - pair.host]->pid(), SIGTERM);
   ::kill(pair.agents[host_first ? 1 - pair.host : pair.host]->pid(), SIGTERM);
   std::vector<RunResult> results = WaitAll(pair.agents, std::chrono::seconds(40));
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10)) << "host " << pair.host << ":\n"
+                                                                                << results[0].err << "---\n"
+                                                                                << results[1].err;
   for (const auto& r : results) {
     EXPECT_FALSE(r.timed_out);
     EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.err;
