@@ -15,6 +15,8 @@ took() { echo "test_sanitizers.sh: $1 took $((SECONDS - $2)) s"; }
 # Leaks are reported at exit of every instrumented process (launch, the tests, test_worker).
 export ASAN_OPTIONS="detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1:check_initialization_order=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+# Leaks inside Debian's libraries only (tests/lsan.supp says which and why).
+export LSAN_OPTIONS="suppressions=$PWD/tests/lsan.supp"
 start=$SECONDS
 if cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=None "-DCMAKE_CXX_FLAGS=-O1 -g1" \
      -DLAUNCH_SANITIZE=address,undefined &&
