@@ -458,9 +458,9 @@ absl::Status GroupRun::PrepareSlot(size_t i, Pending* p) {
   s.result.rank = l.rank;
   ASSIGN_OR_RETURN(s.out_file, OpenLog(l.stdout_file));
   ASSIGN_OR_RETURN(s.err_file, OpenLog(l.stderr_file));
-  const std::string prefix = !l.console_prefix.empty() ? l.console_prefix
-                                                       : absl::StrReplaceAll(opts_.console_prefix_format,
-                                                                             {{"{rank}", std::to_string(l.rank)}});
+  const std::string prefix = l.console_prefix ? *l.console_prefix
+                                              : absl::StrReplaceAll(opts_.console_prefix_format,
+                                                                    {{"{rank}", std::to_string(l.rank)}});
   s.out.console = l.stdout_console ? console_out_ : nullptr;
   s.err.console = l.stderr_console ? console_err_ : nullptr;
   s.out.relay = std::make_unique<LineRelay>(

@@ -3,6 +3,7 @@
 // LiveRanks.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,8 +21,8 @@ struct WorkerLaunch {
   std::vector<int> cpus;
   int memory_node = -1;
   std::string numa_why;  // what the binding follows, for --dry-run
-  // Its lines' console prefix ("[3]:"); empty: Options::console_prefix_format's.
-  std::string console_prefix;
+  // Its lines' console prefix ("[3]:", or "" for none); unset: Options::console_prefix_format's.
+  std::optional<std::string> console_prefix;
   // This worker reads launch's stdin (global rank 0); the others read /dev/null.
   bool reads_stdin = false;
   // Where a hung worker's stacks go: its own Python stacks (LAUNCH_STACK_FILE, written by the

@@ -110,20 +110,10 @@ std::string EnvOr(const Env& env, const char* name, const std::string& fallback 
   return it == env.end() ? fallback : it->second;
 }
 
+}  // namespace
+
 // ---- Subprocesses ----
 
-struct Captured {
-  bool timed_out = false;  // killed at the deadline
-  int stopped_by = 0;      // a signal to launch that stopped the wait (the child was killed)
-  int status = 0;          // waitpid's
-  std::string out, err;
-};
-
-// Runs argv (argv[0] a path) with the environment `env`, stdin from /dev/null, and collects at most
-// kMaxProbeOutput of stdout and kMaxProbeErrorOutput of stderr until it exits or `timeout`
-// passes, or a signal other than SIGCHLD arrives on `signals` (when given); then its process group
-// is killed. Only this child is waited for: launch's other children
-// (the orphan guard) are left to their owners.
 absl::StatusOr<Captured> RunCaptured(const std::vector<std::string>& argv, const Env& env,
                                      std::chrono::milliseconds timeout, SignalFd* signals) {
   Pipe out, err;
@@ -199,6 +189,8 @@ absl::StatusOr<Captured> RunCaptured(const std::vector<std::string>& argv, const
   }
   return c;
 }
+
+namespace {
 
 // ---- NVML ----
 

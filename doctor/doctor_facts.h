@@ -167,6 +167,21 @@ int ParseCudaVersionDefine(const std::string& cuda_h);
 std::vector<std::string> LibrarySearchPath(const std::string& ld_library_path,
                                            const std::vector<std::string>& ld_so_conf_texts,
                                            const std::string& triplet);
+struct Captured {
+  bool timed_out = false;  // killed at the deadline
+  int stopped_by = 0;      // a signal to launch that stopped the wait (the child was killed)
+  int status = 0;          // waitpid's
+  std::string out, err;
+};
+
+// Runs argv (argv[0] a path) with the environment `env`, stdin from /dev/null, and collects at most
+// kMaxProbeOutput of stdout and kMaxProbeErrorOutput of stderr until it exits or `timeout`
+// passes, or a signal other than SIGCHLD arrives on `signals` (when given); then its process group
+// is killed. Only this child is waited for: launch's other children
+// (the orphan guard) are left to their owners.
+absl::StatusOr<Captured> RunCaptured(const std::vector<std::string>& argv, const Env& env,
+                                     std::chrono::milliseconds timeout, SignalFd* signals);
+
 // statfs's f_type as a name ("ext4", "tmpfs", ...; "0x1234abcd" when unknown).
 std::string FilesystemTypeName(int64_t f_type);
 // The Python probe's JSON line into `torch` (bounded: at most kMaxProbeArchs archs, each name cut

@@ -10,6 +10,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -767,32 +768,75 @@ absl::StatusOr<LaunchConfig> Validate(RawMap& raw, std::vector<std::string> rema
   return c;
 }
 
-// CLI11 reads `--role= PROG` as `--role PROG`: an empty `--flag=` takes the next word as its
-// value. Launch's own flags (those before the program) with `=` and nothing after are errors.
-absl::Status CheckEmptyValues(const std::vector<std::string>& argv) {
-  auto def_of = [](const std::string& name) -> const OptionDef* {
-    for (const auto& def : OptionTable()) {
-      for (absl::string_view n : absl::StrSplit(def.names, ',')) {
-        if (!n.empty() && n == name) return &def;
-      }
-    }
-    return nullptr;
+// Launch's own words (those before the program), as CLI11 should read them:
+// - a flag shortened as argparse allows (`--nproc=2`, `--nn 2`): the start of one setting's names
+//   only is that setting; the start of several is an error naming them;
+// - `--log-line-prefix-template=`: an empty template (no prefix), as argparse reads it. CLI11
+//   reads `--role= PROG` as `--role PROG`, so any other `--flag=` with nothing after is an error.
+absl::StatusOr<std::vector<std::string>> NormalizeArgs(const std::vector<std::string>& argv) {
+  struct Name {
+    std::string name;
+    const OptionDef* def;
   };
-  for (size_t i = 1; i < argv.size(); ++i) {
-    const std::string& a = argv[i];
-    if (a == "--" || a.empty() || a[0] != '-' || a == "-") return absl::OkStatus();  // the program
-    const size_t eq = a.find('=');
-    const OptionDef* def = def_of(a.substr(0, eq));
-    if (!def) return absl::OkStatus();  // CLI11 names it
-    if (eq != std::string::npos) {
-      if (eq + 1 == a.size() && def->kind == Kind::kValue) {
-        return absl::InvalidArgumentError(absl::StrCat(a, ": expected a value after '='"));
-      }
-    } else if (def->kind == Kind::kValue) {
-      ++i;  // its value
+  std::vector<Name> names;
+  for (const auto& def : OptionTable()) {
+    if (def.kind == Kind::kYamlOnly) continue;
+    for (absl::string_view n : absl::StrSplit(def.names, ',', absl::SkipEmpty())) {
+      if (absl::StartsWith(n, "-")) names.push_back({std::string(n), &def});
     }
   }
-  return absl::OkStatus();
+  auto resolve = [&](const std::string& name) -> absl::StatusOr<const Name*> {
+    for (const auto& n : names) {
+      if (n.name == name) return &n;
+    }
+    if (name.size() <= 2) return nullptr;
+    const Name* only = nullptr;
+    std::vector<std::string> could;
+    for (const auto& n : names) {
+      if (!absl::StartsWith(n.name, "--") || !absl::StartsWith(n.name, name)) continue;
+      if (only == nullptr) only = &n;
+      if (n.def != only->def && std::find(could.begin(), could.end(), n.def->key) == could.end()) {
+        if (could.empty()) could.push_back(only->def->key);
+        could.push_back(n.def->key);
+      }
+    }
+    if (!could.empty()) {
+      std::vector<std::string> flags;
+      for (const auto& key : could) flags.push_back(absl::StrCat("--", absl::StrReplaceAll(key, {{"_", "-"}})));
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": ambiguous; it could be ", absl::StrJoin(flags, ", "), " (see launch --help)"));
+    }
+    return only;
+  };
+  std::vector<std::string> out(argv.begin(), argv.begin() + std::min<size_t>(argv.size(), 1));
+  size_t i = 1;
+  for (; i < argv.size(); ++i) {
+    const std::string& a = argv[i];
+    if (a == "--" || a.empty() || a[0] != '-' || a == "-") break;                   // the program
+    const size_t eq = absl::StartsWith(a, "--") ? a.find('=') : std::string::npos;  // -r3 is CLI11's
+    ASSIGN_OR_RETURN(const Name* n, resolve(a.substr(0, eq)));
+    if (n == nullptr) {  // CLI11 names it
+      out.push_back(a);
+      continue;
+    }
+    const OptionDef* def = n->def;
+    if (eq == std::string::npos) {
+      out.push_back(n->name);
+      if (def->kind == Kind::kValue && i + 1 < argv.size()) out.push_back(argv[++i]);  // its value
+      continue;
+    }
+    if (eq + 1 == a.size() && def->kind == Kind::kValue) {
+      if (std::string_view(def->key) != "log_line_prefix_template") {
+        return absl::InvalidArgumentError(absl::StrCat(a, ": expected a value after '='"));
+      }
+      out.push_back(n->name);
+      out.push_back("");
+      continue;
+    }
+    out.push_back(absl::StrCat(n->name, a.substr(eq)));
+  }
+  out.insert(out.end(), argv.begin() + std::min(i, argv.size()), argv.end());
+  return out;
 }
 
 // torchrun's environment for its flags: PET_<KEY>, the key upper-cased (PET_NPROC_PER_NODE). A
@@ -869,7 +913,7 @@ absl::Status FillFromSlurm(const std::map<std::string, std::string>& env, RawMap
 
 absl::StatusOr<ParsedArgs> ParseLaunchArgs(const std::vector<std::string>& argv,
                                            const std::map<std::string, std::string>& env) {
-  RETURN_IF_ERROR(CheckEmptyValues(argv));
+  ASSIGN_OR_RETURN(const std::vector<std::string> words, NormalizeArgs(argv));
   CLI::App app{"launch: start and supervise distributed training workers (torchrun's flags)", "launch"};
   app.prefix_command(true);
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
@@ -886,7 +930,7 @@ absl::StatusOr<ParsedArgs> ParseLaunchArgs(const std::vector<std::string>& argv,
                                                : app.add_option(def.names, raw[def.key].value, def.help);
     cli[def.key] = opt;
   }
-  std::vector<std::string> args(argv.rbegin(), argv.rend() - 1);  // CLI11 wants them reversed
+  std::vector<std::string> args(words.rbegin(), words.rend() - 1);  // CLI11 wants them reversed
   try {
     app.parse(args);
   } catch (const CLI::CallForHelp&) {

@@ -42,45 +42,60 @@ absl::Status CheckDescriptorBudget(int nproc, bool log_files, const HostFacts& h
                    "); expected at most ", fit, " workers, or a higher limit"));
 }
 
-bool RunsThroughPython(const LaunchConfig& c) { return c.module || (!c.no_python && absl::EndsWith(c.program, ".py")); }
+// What the workers run, as torchrun decides it: a -m module, a .py script or any other script
+// (a file here that the kernel would not run: no ELF header, no #! line, or not executable)
+// through the interpreter; an ELF binary or #! script here, a program on PATH, or anything under
+// --no-python, directly. A program named without '/' is looked for here first, as Python would.
+struct Program {
+  bool python = false;
+  std::string path;  // the script or module, or the program to resolve on PATH
+};
+Program ChooseProgram(const LaunchConfig& c, HostQueries& q) {
+  if (c.module) return {true, c.program};
+  if (c.no_python) return {false, c.program};
+  if (absl::EndsWith(c.program, ".py")) return {true, c.program};
+  const FileFacts here = q.File(c.program);
+  if (!here.regular) return {false, c.program};
+  if (here.native && here.executable) {
+    return {false, c.program.find('/') == std::string::npos ? "./" + c.program : c.program};
+  }
+  return {true, c.program};
+}
 
-// The worker command line: a .py script or -m module through $PYTHON_EXEC -u, like torchrun;
-// anything else (or --no-python) directly.
-absl::StatusOr<std::vector<std::string>> WorkerArgv(const LaunchConfig& c, const HostFacts& host) {
+// The worker command line: through $PYTHON_EXEC -u (python3 on PATH by default), like torchrun, or
+// the program itself (see ChooseProgram). `python` says which.
+absl::StatusOr<std::vector<std::string>> WorkerArgv(const LaunchConfig& c, const HostFacts& host, bool* python) {
   const Env& env = host.env;
   HostQueries& q = *host.queries;
   std::string path = env.count("PATH") ? env.at("PATH") : "/usr/local/bin:/usr/bin:/bin";
-  const bool python = RunsThroughPython(c);
+  const Program program = ChooseProgram(c, q);
+  *python = program.python;
   std::vector<std::string> argv;
-  if (python) {
-    std::string py = env.count("PYTHON_EXEC") ? env.at("PYTHON_EXEC") : "python3";
+  if (program.python) {
+    const bool chosen = env.count("PYTHON_EXEC") > 0;
+    std::string py = chosen ? env.at("PYTHON_EXEC") : "python3";
     auto exe = q.ResolveExecutable(py, path);
     if (!exe.ok()) return absl::NotFoundError(absl::StrCat("PYTHON_EXEC: ", exe.status().message()));
-    argv = {*exe, "-u"};
-    if (c.module) {
-      argv.push_back("-m");
-    } else if (!q.File(c.program).readable) {
+    if (!c.module && !q.File(c.program).readable) {
       return absl::NotFoundError(absl::StrCat("script '", c.program, "' does not exist or is not readable"));
     }
-    argv.push_back(c.program);
-  } else {
-    auto exe = q.ResolveExecutable(c.program, path);
-    if (!exe.ok() && !c.no_python) {
-      const FileFacts f = q.File(c.program);
-      if (f.regular && !f.executable) {
-        // torchrun runs every program through Python unless --no-python; launch runs .py files (and
-        // -m) through it and everything else directly, so a script without .py needs one more word.
-        return absl::InvalidArgumentError(
-            absl::StrCat("program '", c.program, "' is a file that is not executable",
-                         c.program.find('/') == std::string::npos ? " and not on PATH" : "",
-                         ": launch runs only .py scripts and -m modules through Python (torchrun would run it "
-                         "with python); "
-                         "name it ",
-                         c.program, ".py, chmod +x it, or give the interpreter: launch ... python3 -u ", c.program));
+    // torchrun's workers run on the interpreter that has torch (its own). python3 from PATH may be
+    // another (a pyenv shim, a bare venv): one line here rather than an ImportError from every rank.
+    if (!chosen) {
+      auto torch = q.PythonFindsTorch(*exe, env);
+      if (torch.ok() && !*torch) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("python3 on PATH (", *exe,
+                         ") cannot import torch; set PYTHON_EXEC to the interpreter of your "
+                         "training environment (PYTHON_EXEC=python3 runs the script there anyway)"));
       }
     }
-    if (!exe.ok()) return exe.status();
-    argv.push_back(*exe);
+    argv = {*exe, "-u"};
+    if (c.module) argv.push_back("-m");
+    argv.push_back(program.path);
+  } else {
+    ASSIGN_OR_RETURN(std::string exe, q.ResolveExecutable(program.path, path));
+    argv.push_back(std::move(exe));
   }
   argv.insert(argv.end(), c.args.begin(), c.args.end());
   return argv;
@@ -320,8 +335,10 @@ void PlanLogs(const LaunchConfig& c, const Shape& shape, LaunchPlan& plan) {
   opts.redirects = c.redirects;
   opts.tee = c.tee;
   opts.console_local_ranks = c.local_ranks_filter;
+  // The host tells lines apart only where there can be several nodes (not --nnodes=1 with an
+  // endpoint).
   opts.line_prefix_template = c.log_line_prefix_template.value_or(
-      shape.multi || shape.is_static ? kMultiNodeLinePrefix : kSingleNodeLinePrefix);
+      (shape.multi || shape.is_static) && c.max_nodes > 1 ? kMultiNodeLinePrefix : kSingleNodeLinePrefix);
 }
 
 // How the workers are stopped, restarted, watched and, when hung, looked into.
@@ -339,11 +356,11 @@ void PlanSupervision(const LaunchConfig& c, const HostFacts& host, AgentOptions&
 }
 
 // Warm starts: on by default for Python workers and for programs that declare them.
-void PlanWarmStart(const LaunchConfig& c, const HostFacts& host, AgentOptions& opts) {
+void PlanWarmStart(const LaunchConfig& c, const HostFacts& host, bool python, AgentOptions& opts) {
   HostQueries& q = *host.queries;
   // On by default for Python workers and for programs that declare LAUNCH_SDK_WARM_START(); for
   // another program only when asked for (then the log says once why its workers start cold).
-  opts.warm_python = RunsThroughPython(c);
+  opts.warm_python = python;
   opts.warm_start = c.warm_start &&
                     (opts.warm_python || c.warm_start_given || (!c.dry_run && q.DeclaresWarmStart(opts.argv.front())));
   opts.warm_imports = c.warm_imports;
@@ -487,8 +504,9 @@ absl::StatusOr<LaunchPlan> Plan(const LaunchConfig& c, const HostFacts& host) {
   const int cpus = UsableCpus(c, host);
   ASSIGN_OR_RETURN(const int nproc, CountWorkers(c, host, pool, cpus));
   WarnOfFewSlurmCpus(c, nproc, plan);
-  ASSIGN_OR_RETURN(opts.argv, WorkerArgv(c, host));
-  if (RunsThroughPython(c)) plan.python = opts.argv.front();
+  bool python = false;
+  ASSIGN_OR_RETURN(opts.argv, WorkerArgv(c, host, &python));
+  if (python) plan.python = opts.argv.front();
   RETURN_IF_ERROR(CountDescriptors(c, host, nproc, plan));
   ASSIGN_OR_RETURN(const Shape shape, ChooseTopology(c, plan));
   ASSIGN_OR_RETURN(const std::string node_addr, ThisNodeAddress(c, host, shape, plan));
@@ -496,7 +514,7 @@ absl::StatusOr<LaunchPlan> Plan(const LaunchConfig& c, const HostFacts& host) {
   RETURN_IF_ERROR(PlanGroupSpec(c, host, pool, nproc, cpus, shape, opts));
   PlanLogs(c, shape, plan);
   PlanSupervision(c, host, opts);
-  PlanWarmStart(c, host, opts);
+  PlanWarmStart(c, host, python, opts);
   RETURN_IF_ERROR(PlanNuma(c, host, pool, nproc, opts));
   opts.duplicate_stdout_filters = c.duplicate_stdout_filters;
   opts.duplicate_stderr_filters = c.duplicate_stderr_filters;

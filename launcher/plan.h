@@ -21,6 +21,7 @@ struct FileFacts {
   bool regular = false;     // exists and is a regular file
   bool readable = false;    // access(R_OK)
   bool executable = false;  // access(X_OK)
+  bool native = false;      // starts with an ELF header or a #! line: the kernel runs it
 };
 
 // The questions whose answers depend on their argument (PATH lookups, name resolution, ports) and
@@ -41,6 +42,9 @@ class HostQueries {
   virtual std::string RandomHex(int bytes) = 0;
   // As agent/warm_start.h's DeclaresWarmStart.
   virtual bool DeclaresWarmStart(const std::string& /*executable*/) { return false; }
+  // Whether the interpreter `python` (a path) finds the torch package with `env`; an error when it
+  // cannot be asked (then the workers' own errors say).
+  virtual absl::StatusOr<bool> PythonFindsTorch(const std::string& /*python*/, const Env& /*env*/) { return true; }
 };
 
 // Everything the plan needs to know about this machine.

@@ -7,6 +7,7 @@
 #include <grpcpp/grpcpp.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -35,6 +36,8 @@
 #include "rendezvous/coordinator_replica.h"
 #endif
 #include "doctor/doctor.h"
+#include "doctor/doctor_facts.h"
+#include "common/unique_fd.h"
 #include "rendezvous/local_coordinator.h"
 #include "rendezvous/local_token.h"
 #include "launcher/plan.h"
@@ -93,6 +96,15 @@ class SystemHostQueries : public HostQueries {
     f.regular = ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
     f.readable = ::access(path.c_str(), R_OK) == 0;
     f.executable = ::access(path.c_str(), X_OK) == 0;
+    if (f.regular && f.readable) {
+      UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+      char head[4] = {};
+      const ssize_t n = fd.valid() ? ::read(fd.get(), head, sizeof head) : -1;
+      f.native = (n >= 2 && head[0] == '#' && head[1] == '!') || (n == 4 && std::memcmp(head,
+                                                                                        "\x7f"
+                                                                                        "ELF",
+                                                                                        4) == 0);
+    }
     return f;
   }
   absl::StatusOr<std::string> DefaultHostAddress() override { return launch::DefaultHostAddress(); }
@@ -104,6 +116,15 @@ class SystemHostQueries : public HostQueries {
   absl::StatusOr<bool> PortInUse(const std::string& host, int port) override { return launch::PortInUse(host, port); }
   std::string RandomHex(int bytes) override { return launch::RandomHex(bytes); }
   bool DeclaresWarmStart(const std::string& executable) override { return launch::DeclaresWarmStart(executable); }
+  // find_spec looks torch up without importing it: one interpreter start.
+  absl::StatusOr<bool> PythonFindsTorch(const std::string& python, const Env& env) override {
+    auto run = RunCaptured({python, "-c",
+                            "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('torch') else 3)"},
+                           env, std::chrono::seconds(10), nullptr);
+    if (!run.ok()) return run.status();
+    if (run->timed_out || !WIFEXITED(run->status)) return absl::UnavailableError(python + " did not answer");
+    return WEXITSTATUS(run->status) != 3;
+  }
 };
 
 // `topology`: read the CPUs' and GPUs' NUMA placement (--numa-binding), from LAUNCH_SYSFS_ROOT

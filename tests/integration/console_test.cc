@@ -152,6 +152,11 @@ TEST(Launch, LogLinePrefixTemplateAndTheMultiNodeDefault) {
   auto env = RunCmd(Cmd({}, {"--print-env", "RANK"}), {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE=${rank}|"});
   ASSERT_EQ(env.exit_code, 0) << env.err;
   EXPECT_THAT(env.out, HasSubstr("0|RANK=0\n"));
+  // An empty template is no prefix (it was the default one).
+  auto none = RunCmd(Cmd({"--nproc-per-node=2", "--log-line-prefix-template="}, {"--print-env", "RANK"}));
+  ASSERT_EQ(none.exit_code, 0) << none.err;
+  EXPECT_THAT(none.out, HasSubstr("RANK=0\n"));
+  EXPECT_THAT(none.out, Not(HasSubstr("]:")));
   auto bad = RunCmd(Cmd({"--log-line-prefix-template=${gpu}"}, {}));
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_THAT(bad.err, HasSubstr("--log-line-prefix-template=${gpu}: '${gpu}' is unknown"));

@@ -204,7 +204,8 @@ TEST_F(YamlTest, DuplicateKeyIsAnError) {
 // Huge seconds overflowed to a negative duration (workers SIGKILLed at once, backoff skipped); tiny
 // positive ones were rounded to 0. One bounded parser for every duration.
 TEST(Options, SecondsAreBoundedEverywhere) {
-  EXPECT_THAT(Error({"--stop-timeout=1e10", "x"}), HasSubstr("--stop-timeout=1e10: expected a number of seconds in 0..1e+07"));
+  EXPECT_THAT(Error({"--stop-timeout=1e10", "x"}),
+              HasSubstr("--stop-timeout=1e10: expected a number of seconds in 0..1e+07"));
   EXPECT_THAT(Error({"--restart-backoff=1e10", "x"}), HasSubstr("--restart-backoff=1e10: expected"));
   EXPECT_THAT(Error({"--monitor-interval=inf", "x"}), HasSubstr("--monitor-interval=inf: expected"));
   EXPECT_THAT(Error({"--rdzv-conf=join_timeout=1e-9", "x"}),
@@ -238,6 +239,32 @@ TEST(Options, AnEmptyValueAfterEqualsIsAnError) {
   ASSERT_TRUE(c.ok()) << c.status();
 }
 
+// argparse (torchrun) takes the start of a flag's name when it is the start of one flag only;
+// launch said "unknown flag". The start of several is an error naming them.
+TEST(Options, AFlagsUnambiguousStartIsThatFlag) {
+  auto c = Parse({"--nproc=2", "--max-r", "3", "--stand", "./train", "--nproc=9"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->nproc, 2);
+  EXPECT_EQ(c->max_restarts, 3);
+  EXPECT_TRUE(c->standalone);
+  EXPECT_THAT(c->args, ElementsAre("--nproc=9"));  // the program's own
+  EXPECT_EQ(Parse({"--nproc_per", "4", "./train"})->nproc, 4);
+  const std::string ambiguous = Error({"--n=2", "./train"});
+  EXPECT_THAT(ambiguous, HasSubstr("--n: ambiguous; it could be --nproc-per-node, --nnodes, "));
+  EXPECT_THAT(ambiguous, HasSubstr("--node-rank"));
+  EXPECT_THAT(Error({"--nproc-per-nodes=2", "./train"}), HasSubstr("unknown flag '--nproc-per-nodes=2'"));
+}
+
+// An empty prefix template is no prefix at all (it was the default).
+TEST(Options, AnEmptyLinePrefixTemplateIsKept) {
+  for (const auto& args : std::vector<std::vector<std::string>>{{"--log-line-prefix-template=", "./train"},
+                                                                {"--log-line-prefix-template", "", "./train"}}) {
+    auto c = Parse(args);
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->log_line_prefix_template, std::optional<std::string>(""));
+  }
+}
+
 // Validate's checks, one bad value each, in the order Validate runs them.
 struct CheckRow {
   std::string check;  // the concern, for failure messages
@@ -247,15 +274,19 @@ struct CheckRow {
 
 std::vector<CheckRow> ChecksInOrder() {
   return {
-      {"workers and nodes", {"--nproc-per-node=0"},
+      {"workers and nodes",
+       {"--nproc-per-node=0"},
        "--nproc-per-node=0: expected a positive integer, cpu, gpu or auto"},
       {"rendezvous", {"--rdzv-backend=etcd"}, "--rdzv-backend=etcd: expected c10d or static"},
-      {"restarts and monitoring", {"--straggler-factor=0.5"},
+      {"restarts and monitoring",
+       {"--straggler-factor=0.5"},
        "--straggler-factor=0.5: expected 0 (off) or a factor in 1..1000"},
-      {"role and warm start", {"--warm-import=9x"},
+      {"role and warm start",
+       {"--warm-import=9x"},
        "--warm-import=9x: expected at most 64 Python module names (e.g. torch,numpy,mypkg.models)"},
       {"torchrun's flags", {"--start-method=thread"}, "--start-method=thread: expected spawn, fork or forkserver"},
-      {"logs", {"--redirects=9"},
+      {"logs",
+       {"--redirects=9"},
        "--redirects=9: '9' is not a level; expected 0-3 (0 none, 1 stdout, 2 stderr, 3 both) or a map like 0:1,1:2"},
       {"numa", {"--numa-binding=x"}, "--numa-binding=x: expected node, socket, exclusive or core-complex"},
       {"master", {"--master-addr=h:1"}, "--master-addr=h:1: expected a host name or IP address"},
@@ -397,7 +428,8 @@ TEST(OptionsFromEnvironment, JobCompletionIndexIsTheNodeRankWhereNothingElseGive
   auto bad = ParseWithEnv({"--rdzv-backend=static", "--nnodes=4", "--master-addr=h0", "./train"},
                           {{"JOB_COMPLETION_INDEX", "9"}});
   ASSERT_FALSE(bad.ok());
-  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("JOB_COMPLETION_INDEX=9: expected a node rank below --nnodes=4"));
+  EXPECT_THAT(std::string(bad.status().message()),
+              HasSubstr("JOB_COMPLETION_INDEX=9: expected a node rank below --nnodes=4"));
 }
 
 }  // namespace
@@ -411,14 +443,16 @@ TEST(OptionsTorchrunNewer, ShutdownTimeoutIsTheStopTimeoutAndItsVariable) {
   EXPECT_EQ(Parse({"--shutdown-timeout", "7", "./train"})->stop_timeout, 7);
   EXPECT_EQ(Parse({"--shutdown_timeout=8", "./train"})->stop_timeout, 8);
   EXPECT_EQ(ParseWithEnv({"./train"}, {{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "9"}})->stop_timeout, 9);
-  EXPECT_EQ(ParseWithEnv({"--stop-timeout", "4", "./train"}, {{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "9"}})->stop_timeout, 4);
+  EXPECT_EQ(ParseWithEnv({"--stop-timeout", "4", "./train"}, {{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "9"}})->stop_timeout,
+            4);
   EXPECT_THAT(std::string(ParseWithEnv({"./train"}, {{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "-1"}}).status().message()),
               HasSubstr("TORCH_ELASTIC_SHUTDOWN_TIMEOUT=-1: expected a number of seconds"));
 }
 
 TEST(OptionsTorchrunNewer, StartMethodIsAcceptedAndLogsSpecsRefusedWithAReason) {
   for (const char* m : {"spawn", "fork", "forkserver"}) EXPECT_TRUE(Parse({"--start-method", m, "./train"}).ok()) << m;
-  EXPECT_THAT(Error({"--start-method", "thread", "./train"}), HasSubstr("--start-method=thread: expected spawn, fork or forkserver"));
+  EXPECT_THAT(Error({"--start-method", "thread", "./train"}),
+              HasSubstr("--start-method=thread: expected spawn, fork or forkserver"));
   EXPECT_THAT(Error({"--logs-specs", "my_specs", "./train"}),
               HasSubstr("--logs-specs=my_specs: not supported (torchrun's Python plugin for log layouts)"));
 }
@@ -426,8 +460,8 @@ TEST(OptionsTorchrunNewer, StartMethodIsAcceptedAndLogsSpecsRefusedWithAReason) 
 // `launch doctor`'s flags, and --preflight.
 
 TEST(DoctorArgs, Flags) {
-  auto parsed = ParseDoctorArgs({"launch", "doctor", "--nproc-per-node", "8", "--log-dir", "/l",
-                                 "--checkpoint-dir", "/c", "--exclude-gpus", "1,3", "--json"});
+  auto parsed = ParseDoctorArgs({"launch", "doctor", "--nproc-per-node", "8", "--log-dir", "/l", "--checkpoint-dir",
+                                 "/c", "--exclude-gpus", "1,3", "--json"});
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(parsed->config.nproc, 8);
   EXPECT_EQ(parsed->config.log_dir, "/l");
@@ -438,11 +472,10 @@ TEST(DoctorArgs, Flags) {
   ASSERT_TRUE(plain.ok());
   EXPECT_FALSE(plain->config.nproc.has_value());
   EXPECT_FALSE(plain->config.json);
-  for (const std::vector<std::string>& bad :
-       {std::vector<std::string>{"launch", "doctor", "--nproc-per-node", "0"},
-        {"launch", "doctor", "--nproc-per-node", "5000"},
-        {"launch", "doctor", "--bogus"},
-        {"launch", "doctor", "--log-dir", std::string(5000, 'x')}}) {
+  for (const std::vector<std::string>& bad : {std::vector<std::string>{"launch", "doctor", "--nproc-per-node", "0"},
+                                              {"launch", "doctor", "--nproc-per-node", "5000"},
+                                              {"launch", "doctor", "--bogus"},
+                                              {"launch", "doctor", "--log-dir", std::string(5000, 'x')}}) {
     auto r = ParseDoctorArgs(bad);
     ASSERT_FALSE(r.ok()) << bad.back();
     EXPECT_THAT(std::string(r.status().message()), Not(HasSubstr("\n")));

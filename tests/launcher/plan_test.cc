@@ -19,8 +19,9 @@ namespace {
 
 using ::testing::ElementsAre;
 
-constexpr FileFacts kExecutable{true, true, true};
-constexpr FileFacts kReadable{true, true, false};
+constexpr FileFacts kExecutable{true, true, true, true};       // an ELF binary or a #! script
+constexpr FileFacts kReadable{true, true, false, false};       // a text file
+constexpr FileFacts kExecutableText{true, true, true, false};  // chmod +x, but no #! line
 
 // A machine made of data: a file table instead of a file system, name sets instead of DNS.
 class FakeHost : public HostQueries {
@@ -77,6 +78,10 @@ class FakeHost : public HostQueries {
   // "aa...a1", "aa...a2", ...: each draw names its place in the sequence.
   std::set<std::string> declare_warm_start;  // executables holding LAUNCH_SDK_WARM_START()'s mark
   bool DeclaresWarmStart(const std::string& executable) override { return declare_warm_start.count(executable) > 0; }
+  std::set<std::string> without_torch;  // interpreters that cannot import torch
+  absl::StatusOr<bool> PythonFindsTorch(const std::string& python, const Env&) override {
+    return without_torch.count(python) == 0;
+  }
   std::string RandomHex(int bytes) override {
     std::string s(2 * bytes, 'a');
     s.back() = static_cast<char>('0' + ++draws_ % 10);
@@ -136,9 +141,6 @@ Row Refuses(std::string name, std::string flags, absl::StatusCode code, std::str
 constexpr auto kInvalid = absl::StatusCode::kInvalidArgument;
 constexpr auto kPrecondition = absl::StatusCode::kFailedPrecondition;
 
-const std::string kNotExecutableHint =
-    ": launch runs only .py scripts and -m modules through Python (torchrun would run it with "
-    "python); ";
 const std::string kLoopbackTail =
     ", which other nodes cannot reach; expected --local-addr=<this node's IP or name on the "
     "cluster network>";
@@ -257,16 +259,41 @@ std::vector<Row> Rows() {
           [](const LaunchPlan& p) { EXPECT_THAT(p.agent.argv, ElementsAre("/bin/trainer")); },
           WithFile("/bin/trainer", kExecutable)),
       Refuses("ProgramNotFound", "trainer", kInvalid, "program 'trainer' was not found on PATH"),
-      Refuses("ScriptNotExecutableNotOnPath", "run_me", kInvalid,
-              "program 'run_me' is a file that is not executable and not on PATH" + kNotExecutableHint +
-                  "name it run_me.py, chmod +x it, or give the interpreter: launch ... python3 -u "
-                  "run_me",
-              WithFile("run_me", kReadable)),
-      Refuses("ScriptNotExecutableByPath", "./run_me", kInvalid,
-              "program './run_me' is a file that is not executable" + kNotExecutableHint +
-                  "name it ./run_me.py, chmod +x it, or give the interpreter: launch ... python3 "
-                  "-u ./run_me",
-              WithFile("./run_me", kReadable)),
+      // As torchrun: a script without .py runs through Python too; binaries and #! scripts do not.
+      Plans(
+          "TextScriptHereThroughPython", "run_me --x",
+          [](const LaunchPlan& p) {
+            EXPECT_THAT(p.agent.argv, ElementsAre("/usr/bin/python3", "-u", "run_me", "--x"));
+            EXPECT_TRUE(p.agent.warm_python);
+            EXPECT_EQ(p.python, "/usr/bin/python3");
+          },
+          WithFile("run_me", kReadable)),
+      Plans(
+          "ExecutableTextWithoutShebangThroughPython", "./run_me",
+          [](const LaunchPlan& p) { EXPECT_THAT(p.agent.argv, ElementsAre("/usr/bin/python3", "-u", "./run_me")); },
+          WithFile("./run_me", kExecutableText)),
+      Plans(
+          "BinaryHereRunsWithoutDotSlash", "trainer",
+          [](const LaunchPlan& p) {
+            EXPECT_THAT(p.agent.argv, ElementsAre("./trainer"));
+            EXPECT_FALSE(p.agent.warm_python);
+          },
+          [](Machine& m) {
+            m.host.files["trainer"] = kExecutable;
+            m.host.files["./trainer"] = kExecutable;
+            m.host.files["/bin/trainer"] = kExecutable;  // here wins, as Python opens it here
+          }),
+      Refuses("PythonOnPathWithoutTorch", "train.py", kPrecondition,
+              "python3 on PATH (/usr/bin/python3) cannot import torch; set PYTHON_EXEC to the interpreter of your "
+              "training environment (PYTHON_EXEC=python3 runs the script there anyway)",
+              [](Machine& m) { m.host.without_torch.insert("/usr/bin/python3"); }),
+      Plans(
+          "PythonExecChosenIsNotAsked", "train.py",
+          [](const LaunchPlan& p) { EXPECT_THAT(p.agent.argv, ElementsAre("/usr/bin/python3", "-u", "train.py")); },
+          [](Machine& m) {
+            m.host.without_torch.insert("/usr/bin/python3");
+            m.facts.env["PYTHON_EXEC"] = "python3";
+          }),
       Refuses("NoPythonNotExecutableHasNoHint", "--no-python ./run_me", kInvalid,
               "program './run_me' is not executable (chmod +x, or run a .py script)", WithFile("./run_me", kReadable)),
 
@@ -611,6 +638,10 @@ std::vector<Row> Rows() {
       Plans("LinePrefixOfStaticRanksNamesTheHost",
             "--nnodes=2 --rdzv-backend=static --node-rank=1 --master-addr=node1 ./train",
             [](const LaunchPlan& p) { EXPECT_EQ(p.agent.line_prefix_template, "[${hostname}:${rank}]:"); }),
+      Plans("LinePrefixOfOneNodeWithAnEndpointNamesNoHost", "--nnodes=1 --rdzv-endpoint=node1 ./train",
+            [](const LaunchPlan& p) { EXPECT_EQ(p.agent.line_prefix_template, "[${rank}]:"); }),
+      Plans("LinePrefixTurnedOff", "--log-line-prefix-template= ./train",
+            [](const LaunchPlan& p) { EXPECT_EQ(p.agent.line_prefix_template, ""); }),
       Plans("LinePrefixGiven", "--nnodes=2 --rdzv-endpoint=node1 --log-line-prefix-template=<${rank}> ./train",
             [](const LaunchPlan& p) { EXPECT_EQ(p.agent.line_prefix_template, "<${rank}>"); }),
 
