@@ -131,7 +131,9 @@ import launch_progress
 launch_progress.Reporter().step(1, 0.5)
 print("rank", os.environ["RANK"], "of", os.environ["WORLD_SIZE"], "reported from", launch_progress.__file__)
 EOF
-    out=$(cd /tmp && timeout 120 launch --nproc-per-node=2 /tmp/progress_worker.py)
+    # This root's python3 has no torch (launch does not depend on it): the worker needs none, so
+    # PYTHON_EXEC says to run it there anyway.
+    out=$(cd /tmp && PYTHON_EXEC=python3 timeout 120 launch --nproc-per-node=2 /tmp/progress_worker.py)
     printf '%s\n' "$out"
     expect "python worker" "$out" '^\[0\]:rank 0 of 2 reported from /usr/share/launch/python/launch_progress.py$'
     expect "python worker" "$out" '^\[1\]:rank 1 of 2 reported from '

@@ -77,6 +77,26 @@ TEST(Launch, VersionIsOneLineAndExitZero) {
   EXPECT_THAT(r.out, ::testing::MatchesRegex("launch [0-9]+\\.[0-9]+\\.[0-9]+\n"));
 }
 
+// python3 on PATH without torch (here: Debian's with its site packages off) made every rank fail
+// with ModuleNotFoundError. It is one line naming it and PYTHON_EXEC now; with PYTHON_EXEC the
+// script runs on the interpreter given. A text script without .py runs through it, as torchrun.
+TEST(Launch, Python3OnPathWithoutTorchIsOneLine) {
+  TempDir dir;
+  WriteFile(dir / "python3", "#!/bin/sh\nexec /usr/bin/python3 -S \"$@\"\n");
+  ASSERT_EQ(::chmod((dir / "python3").c_str(), 0755), 0);
+  WriteFile(dir / "hello", "import sys\nprint('hello from', sys.argv[1])\n");
+  const std::string path = "PATH=" + dir.path() + ":/usr/bin:/bin";
+  auto refused = RunCmd({LAUNCH_BIN, "--nproc-per-node=2", dir / "hello", "x"}, {path, "PYTHON_EXEC"});
+  EXPECT_EQ(refused.exit_code, 2) << refused.err;
+  EXPECT_THAT(refused.err, HasSubstr("launch: python3 on PATH (" + dir / "python3" +
+                                     ") cannot import torch; set PYTHON_EXEC to the interpreter of your "
+                                     "training environment"));
+  EXPECT_EQ(refused.out, "");
+  auto chosen = RunCmd({LAUNCH_BIN, "--nproc-per-node=2", dir / "hello", "x"}, {path, "PYTHON_EXEC=python3"});
+  EXPECT_EQ(chosen.exit_code, 0) << chosen.err;
+  EXPECT_THAT(chosen.out, HasSubstr("[1]:hello from x\n"));
+}
+
 TEST(Launch, ConfigFileSetsFlagsAndFlagsOverrideIt) {
   TempDir dir;
   WriteFile(dir / "job.yaml",
