@@ -805,7 +805,9 @@ int Agent::Finish(const AgentState& state, const Attempt& at, bool temp_dir) {
   if (auto own = parent_env_.find("TORCHELASTIC_ERROR_FILE"); own != parent_env_.end() && !own->second.empty()) {
     const std::string what = absl::StrCat("rank ", root.rank, " (local rank ", root.local_rank, ") on ",
                                           opts_.node.hostname(), ": ", root.StatusText());
-    if (auto st = WriteLauncherErrorFile(own->second, at.workers[at.outcome.root_cause].error_file, what,
+    // torchrun's errorCode: the exit code, or minus the signal (Popen's returncode).
+    const int code = root.signal != 0 ? -root.signal : root.exit_code;
+    if (auto st = WriteLauncherErrorFile(own->second, at.workers[at.outcome.root_cause].error_file, what, code,
                                          static_cast<long>(::time(nullptr)));
         !st.ok()) {
       spdlog::warn("{}", std::string(st.message()));

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -36,6 +37,18 @@ const Value* Field(const Struct& s, const char* name) {
   return it == s.fields().end() ? nullptr : &it->second;
 }
 
+// At most `max` bytes of `path`; NotFound when it cannot be opened, InvalidArgument when it is
+// longer (a worker's file is the worker's: it sizes nothing here).
+absl::StatusOr<std::string> ReadBounded(const std::string& path, size_t max) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return absl::NotFoundError(absl::StrCat(path, " does not exist"));
+  std::string text(max + 1, '\0');
+  f.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(f.gcount()));
+  if (text.size() > max) return absl::InvalidArgumentError(absl::StrCat(path, " is over ", max, " bytes"));
+  return text;
+}
+
 }  // namespace
 
 absl::StatusOr<ErrorFileInfo> ParseErrorJson(const std::string& json) {
@@ -62,21 +75,32 @@ absl::StatusOr<ErrorFileInfo> ParseErrorJson(const std::string& json) {
 }
 
 absl::Status WriteLauncherErrorFile(const std::string& path, const std::string& worker_error_file,
-                                    const std::string& what_happened, long timestamp) {
+                                    const std::string& what_happened, int error_code, long timestamp) {
   std::string json;
+  Struct root;
+  bool copied = false;
   if (!worker_error_file.empty()) {
-    std::ifstream f(worker_error_file);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    if (f && ParseErrorJson(ss.str()).ok()) json = ss.str();
+    auto text = ReadBounded(worker_error_file, kMaxErrorFileBytes);
+    copied = text.ok() && ParseErrorJson(*text).ok() && google::protobuf::util::JsonStringToMessage(*text, &root).ok();
+    if (copied) json = *text;
   }
-  if (json.empty()) {
-    Struct root, message, extra;
+  if (!copied) {
+    root.Clear();
+    Struct message, extra;
     (*extra.mutable_fields())["py_callstack"].set_string_value("");
     (*extra.mutable_fields())["timestamp"].set_string_value(std::to_string(timestamp));
     (*message.mutable_fields())["message"].set_string_value(what_happened);
     *(*message.mutable_fields())["extraInfo"].mutable_struct_value() = extra;
     *(*root.mutable_fields())["message"].mutable_struct_value() = message;
+  }
+  // As torchrun's agent: the exit code the worker could not write itself goes into the message
+  // object (a message that is text stays as written).
+  auto msg = root.mutable_fields()->find("message");
+  if (error_code != 0 && msg != root.mutable_fields()->end() && msg->second.has_struct_value()) {
+    (*msg->second.mutable_struct_value()->mutable_fields())["errorCode"].set_number_value(error_code);
+    json.clear();
+  }
+  if (json.empty()) {
     auto st = google::protobuf::util::MessageToJsonString(root, &json);
     if (!st.ok()) return absl::InternalError(st.message().as_string());
   }
@@ -97,11 +121,8 @@ absl::Status WriteLauncherErrorFile(const std::string& path, const std::string& 
 }
 
 absl::StatusOr<ErrorFileInfo> ReadErrorFile(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) return absl::NotFoundError(absl::StrCat(path, " does not exist"));
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ParseErrorJson(ss.str());
+  ASSIGN_OR_RETURN(std::string text, ReadBounded(path, kMaxErrorFileBytes));
+  return ParseErrorJson(text);
 }
 
 }  // namespace launch

@@ -153,7 +153,7 @@ TEST(Launch, WorkersGetOnlyStdioAndTheProgressFd) {
 }
 
 // torchrun copies the root cause's error file to its own TORCHELASTIC_ERROR_FILE (schedulers read
-// it); launch wrote nothing there.
+// it), with the exit code as the message's errorCode; launch wrote nothing there, then no errorCode.
 TEST(Launch, OwnErrorFileGetsTheRootCause) {
   TempDir dir;
   const std::string own = dir / "launch_error.json";
@@ -162,11 +162,13 @@ TEST(Launch, OwnErrorFileGetsTheRootCause) {
   EXPECT_EQ(r.exit_code, 7) << r.err;
   EXPECT_THAT(ReadFile(own), HasSubstr("\"message\":\"rank 1 (local rank 1) on "));
   EXPECT_THAT(ReadFile(own), HasSubstr(": exit 7\""));
+  EXPECT_THAT(ReadFile(own), HasSubstr("\"errorCode\":7"));
   auto with = RunCmd({kLaunch, "--nproc-per-node=2", kWorker, "--exit-if-env", "RANK", "0", "0", "--error-file",
                       "ValueError: bad batch", "--exit", "3"},
                      {"TORCHELASTIC_ERROR_FILE=" + own});
   EXPECT_EQ(with.exit_code, 3) << with.err;
-  EXPECT_THAT(ReadFile(own), HasSubstr("\"message\": \"ValueError: bad batch\""));
+  EXPECT_THAT(ReadFile(own), HasSubstr("\"message\":\"ValueError: bad batch\""));
+  EXPECT_THAT(ReadFile(own), HasSubstr("\"errorCode\":3"));
 }
 
 }  // namespace
