@@ -16,6 +16,7 @@
 #include <memory>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
@@ -627,6 +628,17 @@ SupervisorEvent GroupRun::CapturesDone() {
   return SupervisorEvent::CapturesDone(hung);
 }
 
+// A process of Python's multiprocessing that ends by itself once the worker that made it has:
+// the forkserver (and the pool workers forked from it) and the resource or semaphore tracker.
+bool IsPythonHelper(const std::string& command_line) {
+  for (const char* helper :
+       {"from multiprocessing.forkserver import main", "from multiprocessing.resource_tracker import main",
+        "from multiprocessing.semaphore_tracker import main"}) {
+    if (absl::StrContains(command_line, helper)) return true;
+  }
+  return false;
+}
+
 // Once every worker is reaped: done when nothing is left in their process groups.
 void GroupRun::CheckGroups() {
   if (state_.running != 0) return;
@@ -636,7 +648,15 @@ void GroupRun::CheckGroups() {
     if (s.group_gone) continue;
     any_alive = true;
     if (state_.phase == Phase::kRunning) {
-      spdlog::warn("rank {} exited but left processes in its group {}; stopping them", s.result.rank, s.pid);
+      // multiprocessing's helpers end by themselves a moment after the worker: stopped all the
+      // same, but not worth a warning.
+      const std::optional<std::vector<std::string>> left = launcher_->GroupCommandLines(s.pid);
+      if (left && std::all_of(left->begin(), left->end(), IsPythonHelper)) {
+        spdlog::debug("rank {} left only exited processes or multiprocessing's helpers in its group {}; stopping them",
+                      s.result.rank, s.pid);
+      } else {
+        spdlog::warn("rank {} exited but left processes in its group {}; stopping them", s.result.rank, s.pid);
+      }
     }
   }
   Apply(SupervisorEvent::GroupsChecked(!any_alive));

@@ -1,5 +1,6 @@
 #include "probes/process.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/mempolicy.h>
 #include <sched.h>
@@ -14,6 +15,7 @@
 #include <cstring>
 #include <memory>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
@@ -301,6 +303,54 @@ void PosixProcessLauncher::Signal(pid_t pid, int sig) {
 }
 
 bool PosixProcessLauncher::GroupAlive(pid_t pgid) { return pgid > 0 && (::kill(-pgid, 0) == 0 || errno == EPERM); }
+
+namespace {
+// At most `max` bytes of a /proc file; empty when it cannot be read.
+std::string ReadSmallFile(const std::string& path, size_t max) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  std::string text;
+  if (!fd.valid()) return text;
+  text.resize(max);
+  size_t got = 0;
+  while (got < max) {
+    const ssize_t n = ::read(fd.get(), text.data() + got, max - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  text.resize(got);
+  return text;
+}
+}  // namespace
+
+std::optional<std::vector<std::string>> PosixProcessLauncher::GroupCommandLines(pid_t pgid) {
+  constexpr size_t kMaxProcesses = 64, kMaxCommandLine = 4096;
+  std::vector<std::string> lines;
+  if (pgid <= 0) return lines;
+  std::unique_ptr<DIR, int (*)(DIR*)> dir(::opendir("/proc"), ::closedir);
+  if (!dir) return std::nullopt;
+  while (const dirent* e = ::readdir(dir.get())) {
+    pid_t pid = 0;
+    if (!absl::SimpleAtoi(e->d_name, &pid) || pid <= 0) continue;
+    // The command name may hold spaces and ')': the fields after its last ')' are
+    // state, ppid, pgrp.
+    const std::string stat = ReadSmallFile(absl::StrCat("/proc/", pid, "/stat"), 1024);
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::vector<absl::string_view> fields = absl::StrSplit(absl::string_view(stat).substr(close + 1), ' ',
+                                                           absl::SkipEmpty());
+    pid_t group = 0;
+    if (fields.size() < 3 || !absl::SimpleAtoi(fields[2], &group) || group != pgid) continue;
+    if (fields[0] == "Z" || fields[0] == "X") continue;  // exited, not yet reaped
+    std::string cmd = ReadSmallFile(absl::StrCat("/proc/", pid, "/cmdline"), kMaxCommandLine);
+    while (!cmd.empty() && cmd.back() == '\0') cmd.pop_back();
+    std::replace(cmd.begin(), cmd.end(), '\0', ' ');
+    if (cmd.empty()) continue;  // exiting: its memory, and so its argv, is already gone
+    lines.push_back(std::move(cmd));
+    if (lines.size() == kMaxProcesses) break;
+  }
+  return lines;
+}
 
 std::optional<ChildExit> PosixProcessLauncher::ReapAny() {
   int status = 0;

@@ -54,6 +54,10 @@ class ProcessLauncher {
   virtual void Signal(pid_t pid, int sig) = 0;
   // Whether any process is left in process group `pgid`.
   virtual bool GroupAlive(pid_t pgid) = 0;
+  // The command lines (argv joined by spaces, each cut to 4 KiB) of at most 64 processes in
+  // group `pgid` that are not exiting (zombies waiting to be reaped, and processes whose argv is
+  // already gone, are left out); nullopt when unknown.
+  virtual std::optional<std::vector<std::string>> GroupCommandLines(pid_t /*pgid*/) { return std::nullopt; }
   // One child that has ended, now reaped, or nullopt when none has; never waits. Orphans that
   // were reparented to launch (a subreaper) come back here too.
   virtual std::optional<ChildExit> ReapAny() = 0;
@@ -71,6 +75,7 @@ class PosixProcessLauncher : public ProcessLauncher {
   void SignalGroup(pid_t pgid, int sig) override;
   void Signal(pid_t pid, int sig) override;
   bool GroupAlive(pid_t pgid) override;
+  std::optional<std::vector<std::string>> GroupCommandLines(pid_t pgid) override;
   std::optional<ChildExit> ReapAny() override;
   void KillAndReap(pid_t pid) override;
 };
