@@ -90,7 +90,9 @@ void LiveRanks::Progress(size_t i, int64_t step, double step_seconds, double wai
 
 void LiveRanks::Exited(size_t i) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (i < ranks_.size()) ranks_[i].running = false;
+  if (i >= ranks_.size()) return;
+  ranks_[i].running = false;
+  ranks_[i].exited = true;
 }
 
 void LiveRanks::NoteStraggler(int rank) {

@@ -23,6 +23,7 @@ struct RankFigures {
   pid_t pid = -1;
   int gpu = -1;  // the GPU index it uses (-1: none, or not a plain index)
   bool running = false;
+  bool exited = false;  // neither: starting (not spawned yet, or its standby not forked yet)
   // This attempt.
   int64_t last_step = -1;
   int64_t steps = 0;

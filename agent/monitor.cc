@@ -201,7 +201,7 @@ v1::SampleRequest Monitor::Collect() {
     r->set_rank(f.rank);
     r->set_local_rank(f.local_rank);
     r->set_pid(f.pid);
-    r->set_state(f.running ? "running" : "exited");
+    r->set_state(f.running ? "running" : f.exited ? "exited" : "starting");
     r->set_last_step(f.last_step);
     r->set_steps(f.steps);
     r->set_step_seconds(f.StepSeconds());

@@ -491,7 +491,6 @@ absl::Status GroupRun::SendWarm(std::vector<Pending>* pending) {
       TakeSent(pending);
       return st;
     }
-    slots_[i].start = clock_->Now();
     p.sent = opts_.warm->Send(launches_[i], {progress_write_.get(), p.stdin_fd, p.out.write.get(), p.err.write.get()});
     p.out.write.Reset();
     p.err.write.Reset();
@@ -511,6 +510,9 @@ void GroupRun::TakeSent(std::vector<Pending>* pending) {
     p.sent = false;
     if (std::optional<pid_t> pid = opts_.warm->Take(launches_[i])) {
       slots_[i].pid = *pid;
+      // Its run time counts from its fork, as a cold worker's from its spawn: not from a wait
+      // for its own or another rank's standby to get ready.
+      slots_[i].start = clock_->Now();
     } else {
       p.out.read.Reset();  // cold, through new pipes
       p.err.read.Reset();

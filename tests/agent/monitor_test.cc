@@ -91,8 +91,10 @@ TEST(LiveRanks, OwnWorkIsTheStepLessItsWaitAndTotalsOutliveAnAttempt) {
   EXPECT_DOUBLE_EQ(figs[1].BusySeconds(), 0.100 - 0.010);
   EXPECT_DOUBLE_EQ(figs[1].StepSeconds(), 0.100);
   live.NoteStraggler(1);
+  EXPECT_FALSE(live.Snapshot()[0].exited);  // not spawned: starting
   live.Exited(1);
   EXPECT_FALSE(live.Snapshot()[1].running);
+  EXPECT_TRUE(live.Snapshot()[1].exited);
 
   // The next attempt: ranks renumbered (another node left), counts of this attempt start again,
   // the run's totals go on by local rank.
@@ -231,7 +233,7 @@ TEST(Monitor, EachSampleIsOneJsonLineThatReadsBack) {
     ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(line, &back).ok()) << line;
     EXPECT_EQ(back.run_id(), "job");
     ASSERT_EQ(back.ranks_size(), 1);
-    EXPECT_EQ(back.ranks(0).state(), "exited");
+    EXPECT_EQ(back.ranks(0).state(), "starting");  // never spawned: it said "exited"
     EXPECT_THAT(line, HasSubstr("\"last_step\":\"-1\""));
   }
   EXPECT_EQ(lines, 2);

@@ -8,6 +8,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <map>
+
 #include "agent/group_supervisor.h"
 #include "launch_sdk/progress.h"
 #include "tests/test_util.h"
@@ -167,12 +169,10 @@ TEST(Supervisor, EveryEventInEveryPhaseIsAStep) {
   // The transition function is total: nothing an event can do in any phase is left undefined,
   // and after the end nothing acts.
   const std::vector<SupervisorEvent> events = {
-      SupervisorEvent::Exited(0, true), SupervisorEvent::Exited(0, false), SupervisorEvent::Failing(0),
-      SupervisorEvent::Signal(SIGTERM),
-      SupervisorEvent::Signal(SIGINT), SupervisorEvent::CoordinatorStop(), SupervisorEvent::CoordinatorStop(true),
-      SupervisorEvent::GraceOver(),
-      SupervisorEvent::GroupsChecked(true), SupervisorEvent::GroupsChecked(false), SupervisorEvent::Hung(0),
-      SupervisorEvent::CapturesDone(0)};
+      SupervisorEvent::Exited(0, true),       SupervisorEvent::Exited(0, false), SupervisorEvent::Failing(0),
+      SupervisorEvent::Signal(SIGTERM),       SupervisorEvent::Signal(SIGINT),   SupervisorEvent::CoordinatorStop(),
+      SupervisorEvent::CoordinatorStop(true), SupervisorEvent::GraceOver(),      SupervisorEvent::GroupsChecked(true),
+      SupervisorEvent::GroupsChecked(false),  SupervisorEvent::Hung(0),          SupervisorEvent::CapturesDone(0)};
   for (Phase phase : {Phase::kRunning, Phase::kCapturing, Phase::kStopping, Phase::kDone}) {
     for (const SupervisorEvent& e : events) {
       SupervisorState s;
@@ -274,10 +274,9 @@ TEST(StackFrames, GdbsMainThreadWithSourceLocations) {
   EXPECT_EQ(frames[0], "__GI___clock_nanosleep (clock_nanosleep.c:78)");
   EXPECT_EQ(frames[3], "(anonymous namespace)::HangForever (train_mlp.cc:42)");
   EXPECT_FALSE(WaitsInCollective(frames));
-  EXPECT_EQ(TopFrames(frames, 3),
-            (std::vector<std::string>{"__GI___clock_nanosleep (clock_nanosleep.c:78)",
-                                      "(anonymous namespace)::HangForever (train_mlp.cc:42)",
-                                      "main (train_mlp.cc:175)"}));
+  EXPECT_EQ(TopFrames(frames, 3), (std::vector<std::string>{"__GI___clock_nanosleep (clock_nanosleep.c:78)",
+                                                            "(anonymous namespace)::HangForever (train_mlp.cc:42)",
+                                                            "main (train_mlp.cc:175)"}));
 }
 
 TEST(StackFrames, FaulthandlersCurrentThreadAndACollectiveWait) {
@@ -420,6 +419,53 @@ TEST_F(FakeGroupTest, AllExitZeroSucceedsWithNoSignalSent) {
   EXPECT_TRUE(launcher_.sent().empty());
 }
 
+// Warm workers: each go may wait for its standby to get ready (here 5 s for rank 0's). A worker's
+// run time counted from its go, so rank 0's held that wait and rank 1's did not; it counts from
+// the fork for both now.
+class WaitingWarmWorkers : public WarmWorkers {
+ public:
+  WaitingWarmWorkers(FakeProcessLauncher* launcher, SimulatedClock* clock) : launcher_(launcher), clock_(clock) {}
+  bool Send(const WorkerLaunch& w, const WorkerFds& fds) override {
+    if (w.local_rank == 0) clock_->Advance(std::chrono::seconds(5));  // its standby gets ready
+    SpawnOptions so;
+    so.argv = w.argv;
+    so.stdout_fd = ::dup(fds.out);
+    so.stderr_fd = ::dup(fds.err);
+    so.extra_fd = ::dup(fds.progress);
+    sent_[w.local_rank] = so;
+    return true;
+  }
+  std::optional<pid_t> Take(const WorkerLaunch& w) override {
+    SpawnOptions so = sent_.at(w.local_rank);
+    auto pid = launcher_->Spawn(so);
+    for (int fd : {so.stdout_fd, so.stderr_fd, so.extra_fd}) ::close(fd);
+    if (!pid.ok()) return std::nullopt;
+    return *pid;
+  }
+
+ private:
+  FakeProcessLauncher* launcher_;
+  SimulatedClock* clock_;
+  std::map<int, SpawnOptions> sent_;
+};
+
+TEST_F(FakeGroupTest, AWarmWorkersRunTimeCountsFromItsForkNotItsStandbysWait) {
+  launcher_.script = [this](int, const SpawnOptions&) {
+    FakeProcessLauncher::Script s;
+    clock_.Advance(std::chrono::seconds(1));  // each runs 1 s (its exit is seen after this)
+    s.exit_at_start = 3;
+    return s;
+  };
+  WaitingWarmWorkers warm(&launcher_, &clock_);
+  WorkerGroup::Options o = Opts();
+  o.warm = &warm;
+  auto out = RunGroup(o, 2);
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->workers.size(), 2u);
+  EXPECT_LT(out->workers[0].run_seconds, 4.0);  // it was 6 s: the standby's 5 s wait counted
+  EXPECT_LT(out->workers[1].run_seconds, 4.0);
+}
+
 TEST_F(FakeGroupTest, AFailureStopsTheOthersAndNamesTheRootCause) {
   launcher_.script = [](int n, const SpawnOptions&) {
     FakeProcessLauncher::Script s;
@@ -546,9 +592,10 @@ TEST_F(FakeGroupTest, ASilentWorkerIsHungAndTheStacksNameTheOneOutsideTheCollect
       return s;  // then runs silently until stopped
     }
     const bool rank0 = so.argv[4] == "1000";
-    s.stdout_text = rank0 ? "Thread 1 (LWP 1):\n#0  0x1 in gloo::transport::tcp::UnboundBuffer::waitRecv () from /lib/libgloo.so\n"
-                          : "Thread 1 (LWP 2):\n#0  0x1 in nanosleep () from /lib/libc.so.6\n"
-                            "#1  HangForever (rank=1) at /src/train_mlp.cc:42\n";
+    s.stdout_text =
+        rank0 ? "Thread 1 (LWP 1):\n#0  0x1 in gloo::transport::tcp::UnboundBuffer::waitRecv () from /lib/libgloo.so\n"
+              : "Thread 1 (LWP 2):\n#0  0x1 in nanosleep () from /lib/libc.so.6\n"
+                "#1  HangForever (rank=1) at /src/train_mlp.cc:42\n";
     s.exit_at_start = 0;
     return s;
   };
@@ -568,7 +615,8 @@ TEST_F(FakeGroupTest, ASilentWorkerIsHungAndTheStacksNameTheOneOutsideTheCollect
   EXPECT_FALSE(out->workers[0].hung);
   EXPECT_EQ(out->workers[1].StatusText(), "hung");
   EXPECT_EQ(out->workers[1].AsExitCode(), kHungExitCode);
-  EXPECT_EQ(out->workers[1].stack_top, (std::vector<std::string>{"nanosleep (libc.so.6)", "HangForever (train_mlp.cc:42)"}));
+  EXPECT_EQ(out->workers[1].stack_top,
+            (std::vector<std::string>{"nanosleep (libc.so.6)", "HangForever (train_mlp.cc:42)"}));
   EXPECT_EQ(reported, std::vector<int>{1});
   // Both were debugged before anything was signalled.
   ASSERT_EQ(launcher_.spawned().size(), 4u);
