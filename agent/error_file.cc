@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/files.h"
 #include "common/status_macros.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
@@ -35,18 +36,6 @@ std::string ValueText(const Value& v) {
 const Value* Field(const Struct& s, const char* name) {
   auto it = s.fields().find(name);
   return it == s.fields().end() ? nullptr : &it->second;
-}
-
-// At most `max` bytes of `path`; NotFound when it cannot be opened, InvalidArgument when it is
-// longer (a worker's file is the worker's: it sizes nothing here).
-absl::StatusOr<std::string> ReadBounded(const std::string& path, size_t max) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return absl::NotFoundError(absl::StrCat(path, " does not exist"));
-  std::string text(max + 1, '\0');
-  f.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<size_t>(f.gcount()));
-  if (text.size() > max) return absl::InvalidArgumentError(absl::StrCat(path, " is over ", max, " bytes"));
-  return text;
 }
 
 }  // namespace
@@ -80,7 +69,7 @@ absl::Status WriteLauncherErrorFile(const std::string& path, const std::string& 
   Struct root;
   bool copied = false;
   if (!worker_error_file.empty()) {
-    auto text = ReadBounded(worker_error_file, kMaxErrorFileBytes);
+    auto text = ReadRegularFile(worker_error_file, kMaxErrorFileBytes, "torchelastic's error JSON");
     copied = text.ok() && ParseErrorJson(*text).ok() && google::protobuf::util::JsonStringToMessage(*text, &root).ok();
     if (copied) json = *text;
   }
@@ -121,7 +110,7 @@ absl::Status WriteLauncherErrorFile(const std::string& path, const std::string& 
 }
 
 absl::StatusOr<ErrorFileInfo> ReadErrorFile(const std::string& path) {
-  ASSIGN_OR_RETURN(std::string text, ReadBounded(path, kMaxErrorFileBytes));
+  ASSIGN_OR_RETURN(std::string text, ReadRegularFile(path, kMaxErrorFileBytes, "torchelastic's error JSON"));
   return ParseErrorJson(text);
 }
 

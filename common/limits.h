@@ -32,6 +32,10 @@ inline constexpr double kMinMonitorInterval = 1.0;
 inline constexpr size_t kMaxWarmImports = 64;
 // Workers on one node (--nproc-per-node, and a node's local world size on the wire).
 inline constexpr int kMaxWorkersPerNode = 4096;
+// --threads-per-worker: more threads than any machine has cores.
+inline constexpr int kMaxThreadsPerWorker = 1024;
+// --config: a YAML file of settings.
+inline constexpr size_t kMaxConfigBytes = 1 << 20;
 // Nodes in one run (--nnodes MAX, and every node count on the wire).
 inline constexpr int kMaxNodes = 16384;
 // A node id (the agent makes "<host>:<pid>:<hex>", its host part cut to fit) and a host name or

@@ -141,7 +141,7 @@ int main(int argc, char** argv) {
   if (!SetUpLogging()) return ExitStatus(LaunchOutcome::UsageError());
   launch::InstallGrpcLogBridge();  // gRPC's own lines in launch's format
   std::vector<std::string> args(argv, argv + argc);
-  if (args.size() == 2 && args[1] == "--version") {
+  if (launch::AsksForVersion(args)) {
     std::printf("launch %s\n", LAUNCH_VERSION);
     return ExitStatus(LaunchOutcome::Succeeded());
   }

@@ -17,6 +17,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/files.h"
 #include "common/limits.h"
 #include "common/net.h"
 #include "common/status_macros.h"
@@ -199,6 +200,20 @@ std::string YamlOrigin(const std::string& file, const YAML::Node& node, const st
   return absl::StrCat(file, ":", node.Mark().line + 1, ": ", key);
 }
 
+// A YAML on/off setting as "true" or "false": YAML's booleans, an empty value (on, as a bare
+// flag), or an integer (0 off, else on, as PET_ variables read); anything else is an error.
+absl::StatusOr<std::string> YamlOnOff(const YAML::Node& value, const std::string& origin) {
+  const std::string expected = ": expected true or false (or yes/no, on/off, 1/0)";
+  if (value.IsNull()) return std::string("true");
+  if (!value.IsScalar()) return absl::InvalidArgumentError(absl::StrCat(origin, expected));
+  const std::string text = absl::AsciiStrToLower(value.as<std::string>());
+  if (text.empty() || text == "true" || text == "yes" || text == "on") return std::string("true");
+  if (text == "false" || text == "no" || text == "off") return std::string("false");
+  long long n;
+  if (absl::SimpleAtoi(text, &n)) return std::string(n != 0 ? "true" : "false");
+  return absl::InvalidArgumentError(absl::StrCat(origin, "=", value.as<std::string>().substr(0, 64), expected));
+}
+
 absl::Status FlattenYaml(const std::string& file, const YAML::Node& map, const std::string& prefix, RawMap* out) {
   for (auto it = map.begin(); it != map.end(); ++it) {
     std::string name = it->first.as<std::string>();
@@ -223,6 +238,18 @@ absl::Status FlattenYaml(const std::string& file, const YAML::Node& map, const s
     RawValue raw;
     raw.set = true;
     raw.origin = origin;
+    if (def->kind == Kind::kFlag) {
+      // As on the command line and in PET_ variables: on or off, and nothing else (`maybe`, `2`,
+      // `[1]` were read as off, off and on).
+      ASSIGN_OR_RETURN(raw.value, YamlOnOff(value, origin));
+      (*out)[key] = std::move(raw);
+      continue;
+    }
+    if (value.IsMap() && key != "rdzv_conf" && key != "redirects" && key != "tee") {
+      return absl::InvalidArgumentError(absl::StrCat(origin, key == "args"
+                                                                 ? ": expected a list of arguments, not a mapping"
+                                                                 : ": expected a value, not a mapping"));
+    }
     if (value.IsScalar()) {
       raw.value = value.as<std::string>();
       if (key == "args") raw.list = {raw.value};
@@ -258,15 +285,17 @@ absl::Status FlattenYaml(const std::string& file, const YAML::Node& map, const s
 }
 
 absl::StatusOr<RawMap> LoadYaml(const std::string& file) {
-  struct stat st;
-  if (::stat(file.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(absl::StrCat("--config=", file, ": not a regular file; expected a YAML file"));
-  }
+  auto text = ReadRegularFile(file, kMaxConfigBytes, "a YAML file");
+  if (!text.ok()) return absl::InvalidArgumentError(absl::StrCat("--config=", text.status().message()));
   YAML::Node root;
   try {
-    root = YAML::LoadFile(file);
-  } catch (const YAML::BadFile&) {
-    return absl::InvalidArgumentError(absl::StrCat("--config=", file, ": cannot read the file"));
+    // One document: a second one (after ---) would be ignored without a word.
+    std::vector<YAML::Node> docs = YAML::LoadAll(*text);
+    if (docs.size() > 1) {
+      return absl::InvalidArgumentError(absl::StrCat(file, ":", docs[1].Mark().line + 1,
+                                                     ": a second YAML document; expected one mapping of settings"));
+    }
+    if (!docs.empty()) root = docs[0];
   } catch (const YAML::ParserException& e) {
     return absl::InvalidArgumentError(
         absl::StrCat(file, ":", e.mark.line + 1, ":", e.mark.column + 1, ": YAML syntax error: ", e.msg));
@@ -685,7 +714,10 @@ absl::Status ParseDevices(RawMap& raw, LaunchConfig& c) {
   }
   if (IsSet(raw, "cuda_alloc_conf")) c.cuda_alloc_conf = raw["cuda_alloc_conf"].value;
   if (IsSet(raw, "threads_per_worker")) {
-    ASSIGN_OR_RETURN(int t, ParseInt(raw["threads_per_worker"], 1, "a positive integer"));
+    ASSIGN_OR_RETURN(int t,
+                     ParseInt(raw["threads_per_worker"], 1, absl::StrCat("an integer in 1..", kMaxThreadsPerWorker)));
+    if (t > kMaxThreadsPerWorker)
+      return Bad(raw["threads_per_worker"], absl::StrCat("an integer in 1..", kMaxThreadsPerWorker));
     c.threads_per_worker = t;
   }
   return absl::OkStatus();
@@ -766,6 +798,18 @@ absl::StatusOr<LaunchConfig> Validate(RawMap& raw, std::vector<std::string> rema
   RETURN_IF_ERROR(ParseTrain(raw, &c));
   RETURN_IF_ERROR(ParseProgram(raw, std::move(remaining), c));
   return c;
+}
+
+// The setting a flag word names exactly ("--nproc-per-node", "-r"; "=VALUE" ignored), or nullptr.
+const OptionDef* FindOptionByName(const std::string& word) {
+  const std::string name = word.substr(0, word.find('='));
+  for (const auto& def : OptionTable()) {
+    if (def.kind == Kind::kYamlOnly) continue;
+    for (absl::string_view n : absl::StrSplit(def.names, ',', absl::SkipEmpty())) {
+      if (n == name) return &def;
+    }
+  }
+  return nullptr;
 }
 
 // Launch's own words (those before the program), as CLI11 should read them:
@@ -910,6 +954,19 @@ absl::Status FillFromSlurm(const std::map<std::string, std::string>& env, RawMap
 }
 
 }  // namespace
+
+bool AsksForVersion(const std::vector<std::string>& argv) {
+  auto words = NormalizeArgs(argv);
+  if (!words.ok()) return false;
+  for (size_t i = 1; i < words->size(); ++i) {
+    const std::string& a = (*words)[i];
+    if (a == "--version") return true;
+    if (a == "--" || a.empty() || a[0] != '-' || a == "-") return false;  // the program
+    const OptionDef* def = FindOptionByName(a);
+    if (def && def->kind == Kind::kValue && a.find('=') == std::string::npos) ++i;  // its value
+  }
+  return false;
+}
 
 absl::StatusOr<ParsedArgs> ParseLaunchArgs(const std::vector<std::string>& argv,
                                            const std::map<std::string, std::string>& env) {
@@ -1078,6 +1135,9 @@ absl::StatusOr<ParsedStatusArgs> ParseStatusArgs(const std::vector<std::string>&
   app.add_option("--tls-ca,--tls_ca", c.tls_ca, "PEM CA the coordinator's certificate is signed by");
   ASSIGN_OR_RETURN(out.help, ParseSubcommandArgs(app, argv, "launch status"));
   if (out.help) return out;
+  if (!(c.interval >= 0.1 && c.interval <= 3600)) {  // CLI11's range lets nan through
+    return absl::InvalidArgumentError(absl::StrCat("--interval=", c.interval, ": expected seconds in 0.1..3600"));
+  }
   RETURN_IF_ERROR(ParseHostPort(c.rdzv_endpoint, "--rdzv-endpoint").status());
   if (c.rdzv_id.empty() || c.rdzv_id.size() > kMaxRunIdLength) {
     return absl::InvalidArgumentError(

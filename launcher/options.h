@@ -103,6 +103,10 @@ struct ParsedArgs {
 // environment, for torchrun's PET_<FLAG> variables (a flag given on the command line wins over
 // them, they win over --config's file), then a Slurm job step's topology (launcher/slurm.h: what
 // the file left unset), then JOB_COMPLETION_INDEX (the node rank where nothing else gives one).
+// Whether --version is among launch's own words (before the program), as argparse's version
+// action answers wherever it comes.
+bool AsksForVersion(const std::vector<std::string>& argv);
+
 absl::StatusOr<ParsedArgs> ParseLaunchArgs(const std::vector<std::string>& argv,
                                            const std::map<std::string, std::string>& env = {});
 

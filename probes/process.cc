@@ -18,6 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/files.h"
 #include "common/status_macros.h"
 
 namespace launch {
@@ -304,25 +305,6 @@ void PosixProcessLauncher::Signal(pid_t pid, int sig) {
 
 bool PosixProcessLauncher::GroupAlive(pid_t pgid) { return pgid > 0 && (::kill(-pgid, 0) == 0 || errno == EPERM); }
 
-namespace {
-// At most `max` bytes of a /proc file; empty when it cannot be read.
-std::string ReadSmallFile(const std::string& path, size_t max) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  std::string text;
-  if (!fd.valid()) return text;
-  text.resize(max);
-  size_t got = 0;
-  while (got < max) {
-    const ssize_t n = ::read(fd.get(), text.data() + got, max - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    got += static_cast<size_t>(n);
-  }
-  text.resize(got);
-  return text;
-}
-}  // namespace
-
 std::optional<std::vector<std::string>> PosixProcessLauncher::GroupCommandLines(pid_t pgid) {
   constexpr size_t kMaxProcesses = 64, kMaxCommandLine = 4096;
   std::vector<std::string> lines;
@@ -334,7 +316,7 @@ std::optional<std::vector<std::string>> PosixProcessLauncher::GroupCommandLines(
     if (!absl::SimpleAtoi(e->d_name, &pid) || pid <= 0) continue;
     // The command name may hold spaces and ')': the fields after its last ')' are
     // state, ppid, pgrp.
-    const std::string stat = ReadSmallFile(absl::StrCat("/proc/", pid, "/stat"), 1024);
+    const std::string stat = ReadFileUpTo(absl::StrCat("/proc/", pid, "/stat"), 1024);
     const size_t close = stat.rfind(')');
     if (close == std::string::npos) continue;
     std::vector<absl::string_view> fields = absl::StrSplit(absl::string_view(stat).substr(close + 1), ' ',
@@ -342,7 +324,7 @@ std::optional<std::vector<std::string>> PosixProcessLauncher::GroupCommandLines(
     pid_t group = 0;
     if (fields.size() < 3 || !absl::SimpleAtoi(fields[2], &group) || group != pgid) continue;
     if (fields[0] == "Z" || fields[0] == "X") continue;  // exited, not yet reaped
-    std::string cmd = ReadSmallFile(absl::StrCat("/proc/", pid, "/cmdline"), kMaxCommandLine);
+    std::string cmd = ReadFileUpTo(absl::StrCat("/proc/", pid, "/cmdline"), kMaxCommandLine);
     while (!cmd.empty() && cmd.back() == '\0') cmd.pop_back();
     std::replace(cmd.begin(), cmd.end(), '\0', ' ');
     if (cmd.empty()) continue;  // exiting: its memory, and so its argv, is already gone

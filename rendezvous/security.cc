@@ -4,26 +4,34 @@
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 
-#include <fstream>
+#include <sys/stat.h>
+
 #include <memory>
-#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/files.h"
 #include "common/net.h"
 #include "common/launch_env.h"
 #include "common/status_macros.h"
+#include "spdlog/spdlog.h"
 
 namespace launch {
 
 namespace {
 
+// A certificate chain or key is a few KiB; a CA bundle may be a few hundred.
+constexpr size_t kMaxPemBytes = 4 << 20;
+
+// The error of a file given by `flag`, as one line that names the flag.
+absl::Status FlagError(const char* flag, const absl::Status& st) {
+  return absl::Status(st.code(), absl::StrCat(flag, "=", st.message()));
+}
+
 absl::StatusOr<std::string> ReadPem(const std::string& path, const char* flag) {
-  std::ifstream in(path);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat(flag, "=", path, ": cannot read the file"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string pem = ss.str();
+  auto read = ReadRegularFile(path, kMaxPemBytes, "a PEM file");
+  if (!read.ok()) return absl::InvalidArgumentError(FlagError(flag, read.status()).message());
+  std::string pem = std::move(*read);
   if (pem.find("-----BEGIN ") == std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat(flag, "=", path, ": expected a PEM file"));
   }
@@ -67,7 +75,9 @@ absl::Status CheckSecurityFiles(const SecurityOptions& s) {
       return absl::InvalidArgumentError(absl::StrCat("--tls-cert=", s.tls_cert_file, ": expected a PEM certificate"));
     }
     ASSIGN_OR_RETURN(std::string key_pem, ReadPem(s.tls_key_file, "--tls-key"));
-    KeyPtr key(PEM_read_bio_PrivateKey(MemBio(key_pem).get(), nullptr, nullptr, nullptr), &EVP_PKEY_free);
+    // No passphrase: OpenSSL's default asks for one on the terminal and waits (an encrypted key).
+    pem_password_cb* no_passphrase = [](char*, int, int, void*) { return -1; };
+    KeyPtr key(PEM_read_bio_PrivateKey(MemBio(key_pem).get(), nullptr, no_passphrase, nullptr), &EVP_PKEY_free);
     if (!key) {
       return absl::InvalidArgumentError(
           absl::StrCat("--tls-key=", s.tls_key_file, ": expected an unencrypted PEM private key"));
@@ -99,26 +109,31 @@ bool ConstantTimeEquals(const std::string& a, const std::string& b) {
 }
 
 absl::StatusOr<std::string> LoadToken(const std::string& token_file, const char* env_value) {
-  if (!token_file.empty()) {
-    std::ifstream in(token_file);
-    if (!in)
-      return absl::InvalidArgumentError(absl::StrCat("--rdzv-token-file=", token_file, ": cannot read the file"));
-    std::string line;
-    std::getline(in, line);
-    std::string token(absl::StripAsciiWhitespace(line));
-    if (token.size() < 8) {
-      return absl::InvalidArgumentError(absl::StrCat("--rdzv-token-file=", token_file,
-                                                     ": expected a token of at least 8 characters on the first line"));
+  // Sent as gRPC metadata with every call, whose headers gRPC caps at 8 KiB in all.
+  auto check_length = [](const std::string& token, const std::string& source) -> absl::Status {
+    if (token.size() < 8 || token.size() > kMaxTokenLength) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": a token of ", token.size(), " characters; expected 8 to ", kMaxTokenLength));
     }
-    RETURN_IF_ERROR(CheckTokenBytes(token, absl::StrCat("--rdzv-token-file=", token_file)));
+    return CheckTokenBytes(token, source);
+  };
+  if (!token_file.empty()) {
+    const std::string source = absl::StrCat("--rdzv-token-file=", token_file);
+    auto read = ReadRegularFile(token_file, 64 << 10, "a file whose first line is the token");
+    if (!read.ok()) return absl::InvalidArgumentError(FlagError("--rdzv-token-file", read.status()).message());
+    const std::string& text = *read;
+    std::string token(absl::StripAsciiWhitespace(text.substr(0, text.find('\n'))));
+    RETURN_IF_ERROR(check_length(token, source));
+    struct stat st;
+    if (::stat(token_file.c_str(), &st) == 0 && (st.st_mode & S_IROTH)) {
+      spdlog::warn("{}: every user of this machine can read the token (mode {:04o}); expected chmod 600", source,
+                   st.st_mode & 07777);
+    }
     return token;
   }
   if (env_value && *env_value) {
     std::string token(absl::StripAsciiWhitespace(env_value));
-    if (token.size() < 8) {
-      return absl::InvalidArgumentError(absl::StrCat(kRdzvTokenEnv, ": expected a token of at least 8 characters"));
-    }
-    RETURN_IF_ERROR(CheckTokenBytes(token, kRdzvTokenEnv));
+    RETURN_IF_ERROR(check_length(token, kRdzvTokenEnv));
     return token;
   }
   return std::string();

@@ -25,6 +25,7 @@ struct SecurityOptions {
 };
 
 // The token from --rdzv-token-file (first line, trimmed) or else LAUNCH_RDZV_TOKEN.
+inline constexpr size_t kMaxTokenLength = 1024;
 absl::StatusOr<std::string> LoadToken(const std::string& token_file, const char* env_value);
 
 // The TLS files, checked before anything starts: a readable PEM certificate with its matching

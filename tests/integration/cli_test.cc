@@ -2,8 +2,12 @@
 // (PET_*, Slurm), --dry-run, --version, --help, and bad input: one line, exit 2, nothing started.
 
 #include <netinet/in.h>
+#include <poll.h>
+#include <pty.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -45,9 +49,8 @@ TEST(Launch, PetVariablesPlanTheWorkersAsTorchrunsFlagsWould) {
 // Under srun with one task per node, Slurm's variables alone plan the node; the header says which
 // value came from where.
 TEST(Launch, SlurmVariablesAlonePlanTheNode) {
-  const std::vector<std::string> slurm = {"SLURM_JOB_ID=4321",          "SLURM_STEP_ID=0", "SLURM_NNODES=4",
-                                          "SLURM_NODEID=2",             "SLURM_NTASKS=4",
-                                          "SLURM_JOB_NODELIST=node[01-04]"};
+  const std::vector<std::string> slurm = {"SLURM_JOB_ID=4321", "SLURM_STEP_ID=0", "SLURM_NNODES=4",
+                                          "SLURM_NODEID=2",    "SLURM_NTASKS=4",  "SLURM_JOB_NODELIST=node[01-04]"};
   auto r = RunCmd(Cmd({"--nproc-per-node=2", "--dry-run"}, {}), slurm);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("launch --dry-run: node rank 2 of 4, 2 worker(s) on this node, rendezvous at node01:"));
@@ -75,6 +78,40 @@ TEST(Launch, VersionIsOneLineAndExitZero) {
   auto r = RunCmd({LAUNCH_BIN, "--version"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, ::testing::MatchesRegex("launch [0-9]+\\.[0-9]+\\.[0-9]+\n"));
+  // Among other flags, as argparse's version action (it was "unknown flag '--version'"); a
+  // program's own --version is the program's.
+  auto among = RunCmd({LAUNCH_BIN, "--version", "--nproc-per-node", "2"});
+  EXPECT_EQ(among.exit_code, 0) << among.err;
+  EXPECT_EQ(among.out, r.out);
+  EXPECT_EQ(RunCmd({LAUNCH_BIN, "--nproc-per-node", "2", "--version", kWorker}).out, r.out);
+  auto program = RunCmd({LAUNCH_BIN, "--nproc-per-node=1", kWorker, "--version"});
+  EXPECT_THAT(program.out, Not(HasSubstr("launch 0")));
+}
+
+// --interval nan passed CLI11's range check: --watch never refreshed.
+TEST(Launch, StatusIntervalMustBeANumberOfSeconds) {
+  auto r = RunCmd({LAUNCH_BIN, "status", "--watch", "--interval", "nan", "--rdzv-endpoint=127.0.0.1:9", "--rdzv-id=x"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_EQ(r.err, "launch status: --interval=nan: expected seconds in 0.1..3600\n");
+}
+
+// A token file every user can read is used, with one warning line; an owner-only one without.
+TEST(Launch, AWorldReadableTokenFileIsSaidOnce) {
+  TempDir dir;
+  WriteFile(dir / "token", "a-token-of-the-job\n");
+  for (mode_t mode : {0644, 0600}) {
+    ASSERT_EQ(::chmod((dir / "token").c_str(), mode), 0);
+    auto r = RunCmd({LAUNCH_BIN, "--nnodes=1", "--rdzv-endpoint=127.0.0.1:0", "--rdzv-token-file", dir / "token",
+                     kWorker, "--exit", "0"});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    const std::string warning = "--rdzv-token-file=" + dir / "token" +
+                                ": every user of this machine can read the token (mode 0644); expected chmod 600";
+    if (mode == 0644) {
+      EXPECT_THAT(r.err, HasSubstr(warning));
+    } else {
+      EXPECT_THAT(r.err, Not(HasSubstr("every user")));
+    }
+  }
 }
 
 // python3 on PATH without torch (here: Debian's with its site packages off) made every rank fail
@@ -108,7 +145,7 @@ TEST(Launch, ConfigFileSetsFlagsAndFlagsOverrideIt) {
             "  per_worker_batch: 32\n"
             "  lr_scaling: linear\n");
   auto r = RunCmd(Cmd({"--config", dir / "job.yaml"},
-                   {"--print-env", "TORCHELASTIC_RUN_ID,LAUNCH_LR,LAUNCH_GLOBAL_BATCH,WORLD_SIZE"}));
+                      {"--print-env", "TORCHELASTIC_RUN_ID,LAUNCH_LR,LAUNCH_GLOBAL_BATCH,WORLD_SIZE"}));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(CountLines(r.out, "TORCHELASTIC_RUN_ID=fromfile"), 2);
   EXPECT_EQ(CountLines(r.out, "LAUNCH_LR=0.2"), 2);
@@ -122,8 +159,8 @@ TEST(Launch, ConfigFileSetsFlagsAndFlagsOverrideIt) {
 // said "nothing started". What a plan needs is checked against the open-file limit first.
 TEST(Launch, APlanBeyondTheOpenFileLimitIsRefusedBeforeAnythingStarts) {
   TempDir dir;
-  auto r = RunCmd({"/usr/bin/prlimit", "--nofile=100:100", kLaunch, "--nproc-per-node=40", kWorker, "--pid-file",
-                   dir / "started"});
+  auto r = RunCmd(
+      {"/usr/bin/prlimit", "--nofile=100:100", kLaunch, "--nproc-per-node=40", kWorker, "--pid-file", dir / "started"});
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_EQ(Lines(r.err).size(), 1u) << r.err;
   EXPECT_THAT(r.err, HasSubstr("--nproc-per-node=40: 40 workers need about 144 open files, and the limit is 100"));
@@ -157,17 +194,25 @@ TEST_P(BadInputTest, OneLineErrorExit2NothingStarted) {
   for (const auto& a : argv) has_program |= a == "PROGRAM";
   for (auto& a : argv)
     if (a == "PROGRAM") a = kWorker;
-  if (!has_program && p.name != "missing_program" && p.name != "not_executable" &&
-      p.name != "python_script_without_py")
-    argv.push_back(kWorker);
+  if (!has_program && p.name != "missing_program" && p.name != "not_executable") argv.push_back(kWorker);
   argv.push_back("--pid-file");
   argv.push_back(dir / "started");
   if (p.name == "yaml_syntax") WriteFile(dir / "bad.yaml", "nproc_per_node: 2\nrdzv: [unclosed\n");
   if (p.name == "yaml_unknown_key") WriteFile(dir / "bad.yaml", "nproc_per_node: 2\n\nnproc: 3\n");
-  if (p.name == "token_not_ascii") WriteFile(dir / "token", "abcd\xc3\xa9" "fghijk\n");  // gRPC aborted on it
+  if (p.name == "token_not_ascii")
+    WriteFile(dir / "token",
+              "abcd\xc3\xa9"
+              "fghijk\n");  // gRPC aborted on it
   if (p.name == "tls_cert_not_pem" || p.name == "tls_cert_without_key")
     WriteFile(dir / "cert.pem", "-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n");
-  if (p.name == "not_executable" || p.name == "python_script_without_py") {
+  if (p.name == "token_too_long") WriteFile(dir / "token", std::string(20000, 'a') + "\n");
+  if (p.name == "yaml_flag_maybe") WriteFile(dir / "bad.yaml", "no_python: maybe\n");
+  if (p.name == "yaml_flag_two") WriteFile(dir / "bad.yaml", "nproc_per_node: 1\nno_python: 2x\n");
+  if (p.name == "yaml_flag_list") WriteFile(dir / "bad.yaml", "dry_run: [1]\n");
+  if (p.name == "yaml_args_mapping") WriteFile(dir / "bad.yaml", "args: {a: 1}\n");
+  if (p.name == "yaml_two_documents") WriteFile(dir / "bad.yaml", "nproc_per_node: 1\n---\nnproc_per_node: 2\n");
+  if (p.name == "token_file_fifo" || p.name == "tls_ca_fifo") ASSERT_EQ(::mkfifo((dir / "fifo").c_str(), 0600), 0);
+  if (p.name == "not_executable") {
     WriteFile(dir / "noexec", "#!/bin/sh\n");
     chmod((dir / "noexec").c_str(), 0644);
   }
@@ -202,9 +247,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"nproc_abc", {"--nproc-per-node=abc"}, "--nproc-per-node=abc: expected"},
         BadInput{"nnodes_reversed", {"--nnodes", "3:2"}, "--nnodes=3:2: expected N or MIN:MAX"},
         BadInput{"missing_program", {"/nonexistent/train"}, "'/nonexistent/train' does not exist"},
-        BadInput{"not_executable", {"@noexec"}, "is not executable"},
-        // torchrun runs it with python; launch said only "not executable".
-        BadInput{"python_script_without_py", {"@noexec"}, "launch runs only .py scripts and -m modules through Python"},
+        BadInput{"not_executable", {"--no-python", "@noexec"}, "is not executable"},
         BadInput{"bad_endpoint", {"--rdzv-endpoint=host:99999"}, "--rdzv-endpoint=host:99999: port"},
         BadInput{"bad_endpoint_empty_host", {"--rdzv-endpoint=:29400"}, "--rdzv-endpoint=:29400: empty host"},
         BadInput{"yaml_syntax", {"--config", "@bad.yaml"}, "bad.yaml:3"},
@@ -228,9 +271,89 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"nproc_huge", {"--nproc-per-node=100000"}, "--nproc-per-node=100000: expected at most 4096"},
         BadInput{"config_is_a_directory", {"--config=/tmp"}, "--config=/tmp: not a regular file"},
         BadInput{"token_not_ascii", {"--rdzv-token-file", "@token"}, "the token's byte 5 is not printable ASCII"},
-        BadInput{"tls_cert_not_pem", {"--tls-cert", "@cert.pem", "--tls-key", "@cert.pem"}, "expected a PEM certificate"},
-        BadInput{"tls_cert_without_key", {"--tls-cert", "@cert.pem"}, "needs --tls-key"}),
+        BadInput{"tls_cert_not_pem",
+                 {"--tls-cert", "@cert.pem", "--tls-key", "@cert.pem"},
+                 "expected a PEM certificate"},
+        BadInput{"tls_cert_without_key", {"--tls-cert", "@cert.pem"}, "needs --tls-key"},
+        // These grew launch without end (/dev/zero), blocked forever (a FIFO), or were accepted and
+        // then failed every call (a token over gRPC's metadata size) or were misread (YAML).
+        BadInput{"token_file_dev_zero",
+                 {"--nnodes=2", "--rdzv-endpoint=127.0.0.1:9", "--rdzv-token-file=/dev/zero"},
+                 "--rdzv-token-file=/dev/zero: not a regular file"},
+        BadInput{"token_file_fifo",
+                 {"--nnodes=2", "--rdzv-endpoint=127.0.0.1:9", "--rdzv-token-file", "@fifo"},
+                 "fifo: not a regular file; expected a file whose first line is the token"},
+        BadInput{"tls_ca_dev_zero",
+                 {"--nnodes=2", "--rdzv-endpoint=127.0.0.1:9", "--tls-ca=/dev/zero"},
+                 "--tls-ca=/dev/zero: not a regular file; expected a PEM file"},
+        BadInput{"tls_ca_fifo",
+                 {"--nnodes=2", "--rdzv-endpoint=127.0.0.1:9", "--tls-ca", "@fifo"},
+                 "fifo: not a regular file; expected a PEM file"},
+        BadInput{"token_too_long",
+                 {"--nnodes=2", "--rdzv-endpoint=127.0.0.1:9", "--rdzv-token-file", "@token"},
+                 "a token of 20000 characters; expected 8 to 1024"},
+        BadInput{"config_dev_zero", {"--config=/dev/zero"}, "--config=/dev/zero: not a regular file"},
+        BadInput{"yaml_flag_maybe", {"--config", "@bad.yaml"}, "bad.yaml:1: no_python=maybe: expected true or false"},
+        BadInput{"yaml_flag_two", {"--config", "@bad.yaml"}, "bad.yaml:2: no_python=2x: expected true or false"},
+        BadInput{"yaml_flag_list", {"--config", "@bad.yaml"}, "bad.yaml:1: dry_run: expected true or false"},
+        BadInput{"yaml_args_mapping", {"--config", "@bad.yaml"}, "args: expected a list of arguments, not a mapping"},
+        BadInput{"yaml_two_documents",
+                 {"--config", "@bad.yaml"},
+                 "bad.yaml:3: a second YAML document; expected one mapping of settings"},
+        BadInput{"threads_per_worker_huge",
+                 {"--threads-per-worker=99999999"},
+                 "--threads-per-worker=99999999: expected an integer in 1..1024"},
+        BadInput{"flag_ambiguous", {"--n=2"}, "--n: ambiguous; it could be --nproc-per-node, --nnodes"}),
     [](const auto& info) { return info.param.name; });
+
+// An encrypted --tls-key made OpenSSL ask for its passphrase on the terminal, and launch waited
+// there for ever. It is refused at once, also with a terminal to ask on.
+TEST(Launch, AnEncryptedTlsKeyIsRefusedWithoutAPrompt) {
+  TempDir dir;
+  TestCerts certs(dir);
+  ASSERT_TRUE(certs.ok) << certs.error;
+  auto enc = RunCmd({"/usr/bin/openssl", "pkey", "-in", certs.server_key, "-aes256", "-passout", "pass:secret", "-out",
+                     dir / "encrypted.key"});
+  ASSERT_EQ(enc.exit_code, 0) << enc.err;
+  std::vector<std::string> argv = {kLaunch,           "--nnodes=2", "--rdzv-endpoint=127.0.0.1:9", "--tls-cert",
+                                   certs.server_cert, "--tls-key",  dir / "encrypted.key",         kWorker};
+  std::vector<char*> cargv;
+  for (auto& a : argv) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+  int master = -1;
+  const pid_t pid = ::forkpty(&master, nullptr, nullptr, nullptr);
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    execv(cargv[0], cargv.data());
+    _exit(127);
+  }
+  std::string out;
+  int status = 0;
+  const bool exited = WaitUntil(
+      [&] {
+        pollfd p{master, POLLIN, 0};
+        char buf[4096];
+        while (::poll(&p, 1, 10) == 1) {
+          const ssize_t n = ::read(master, buf, sizeof buf);
+          if (n <= 0) break;
+          out.append(buf, static_cast<size_t>(n));
+        }
+        return ::waitpid(pid, &status, WNOHANG) == pid;
+      },
+      std::chrono::seconds(30));
+  if (!exited) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+  }
+  ::close(master);
+  ASSERT_TRUE(exited) << "launch waited: " << out;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << out;
+  EXPECT_THAT(out, HasSubstr("encrypted.key: expected an unencrypted PEM private key")) << out;
+  EXPECT_THAT(out, Not(HasSubstr("pass phrase")));
+}
 
 // spdlog reads an unknown level as "off": every later error went silent.
 TEST(Launch, BadLogLevelIsAnError) {
@@ -267,8 +390,8 @@ TEST(GpuCheck, RefusesClearlyWithoutAGpu) {
 TEST(Launch, HelpListsTorchrunFlags) {
   auto r = RunCmd({kLaunch, "--help"});
   EXPECT_EQ(r.exit_code, 0);
-  for (const char* f : {"--nproc-per-node", "--max-restarts", "--rdzv-endpoint", "--redirects", "--tee",
-                        "--log-dir", "--stop-timeout", "--gpu-binding", "--dry-run"}) {
+  for (const char* f : {"--nproc-per-node", "--max-restarts", "--rdzv-endpoint", "--redirects", "--tee", "--log-dir",
+                        "--stop-timeout", "--gpu-binding", "--dry-run"}) {
     EXPECT_THAT(r.out, HasSubstr(f));
   }
   // The subcommands, each of which answers --help.
