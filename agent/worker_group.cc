@@ -106,7 +106,10 @@ class StartedWorkers {
     }
   }
   void Unregister(Slot& s) {
-    if (guard_ && s.pid > 0 && !s.unregistered) guard_->Remove(s.pid);
+    if (s.pid > 0 && !s.unregistered) {
+      if (guard_) guard_->Remove(s.pid);
+      RemoveStoppableGroup(s.pid);
+    }
     s.unregistered = true;
   }
 
@@ -373,6 +376,7 @@ class GroupRun {
   const std::vector<WorkerLaunch>& launches_;
   NoticesCleared notices_cleared_;  // first made, last gone: after the workers are
   std::unique_ptr<EventLoop> loop_;
+  uint64_t continued_seen_ = ContinuedCount();
   std::unique_ptr<EventLoop::Timer> grace_timer_, hang_timer_, stepping_timer_, stack_poll_timer_, partial_timer_;
   UniqueFd progress_read_, progress_write_;  // every worker's progress reports (one datagram socket)
   UniqueFd dev_null_;
@@ -550,6 +554,7 @@ void GroupRun::Adopt(size_t i, Pending* p) {
   s.out.fd = std::move(p->out.read);
   s.err.fd = std::move(p->err.read);
   s.result.pid = s.pid;
+  AddStoppableGroup(s.pid);  // Ctrl-Z and fg reach it through launch
   if (opts_.live) opts_.live->Spawned(i, s.pid);
   if (opts_.on_spawned) opts_.on_spawned(s.result);
   if (opts_.exit_notices) opts_.exit_notices->Watch(launches_[i].local_rank, s.pid);
@@ -827,6 +832,13 @@ void GroupRun::Reap() {
 void GroupRun::CheckHangs() {
   hang_timer_->Arm(opts_.hang.CheckPeriod());
   if (state_.phase != Phase::kRunning) return;
+  // Launch and its workers were stopped (Ctrl-Z) and continued: the time stopped is no silence.
+  if (const uint64_t continued = ContinuedCount(); continued != continued_seen_) {
+    continued_seen_ = continued;
+    for (Slot& s : slots_)
+      if (s.last_progress) s.last_progress = clock_->Now();
+    return;
+  }
   std::vector<ProgressSeen> seen(slots_.size());
   for (size_t i = 0; i < slots_.size(); ++i) {
     seen[i] = {!slots_[i].reaped, slots_[i].last_progress, Median(slots_[i].step_seconds)};

@@ -170,6 +170,7 @@ int main(int argc, char** argv) {
       return ExitStatus(LaunchOutcome::LaunchError());
     }
   }
+  launch::InstallJobControl();
   auto signals = launch::SignalFd::Create(parsed->config.signals_to_handle);
   if (!signals.ok()) {
     std::fprintf(stderr, "launch: %s\n", std::string(signals.status().message()).c_str());

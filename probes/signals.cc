@@ -4,6 +4,7 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 
@@ -83,6 +84,74 @@ void BlockLauncherSignals() {
   // instead of stopping launch, which relays the terminal to rank 0.
   signal(SIGTTIN, SIG_IGN);
 }
+
+namespace {
+
+constexpr int kMaxStoppableGroups = 8192;
+std::atomic<pid_t> g_stoppable[kMaxStoppableGroups];
+std::atomic<uint64_t> g_continued{0};
+
+void ForwardToGroups(int sig) {
+  for (auto& g : g_stoppable) {
+    const pid_t pgid = g.load(std::memory_order_relaxed);
+    if (pgid > 0) ::kill(-pgid, sig);
+  }
+}
+
+void OnStop(int) {
+  const int saved = errno;
+  ForwardToGroups(SIGTSTP);
+  // Stop as SIGTSTP's default would (the shell then says "Stopped"): SA_NODEFER leaves it
+  // unblocked here, so it is taken at once; the handler is back once launch is continued.
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  struct sigaction mine {};
+  ::sigaction(SIGTSTP, &dfl, &mine);
+  ::raise(SIGTSTP);
+  ::sigaction(SIGTSTP, &mine, nullptr);
+  errno = saved;
+}
+
+void OnContinue(int) {
+  const int saved = errno;
+  g_continued.fetch_add(1, std::memory_order_relaxed);
+  ForwardToGroups(SIGCONT);
+  errno = saved;
+}
+
+}  // namespace
+
+void InstallJobControl() {
+  struct sigaction stop {};
+  stop.sa_handler = OnStop;
+  sigemptyset(&stop.sa_mask);
+  stop.sa_flags = SA_RESTART | SA_NODEFER;
+  ::sigaction(SIGTSTP, &stop, nullptr);
+  struct sigaction cont {};
+  cont.sa_handler = OnContinue;
+  sigemptyset(&cont.sa_mask);
+  cont.sa_flags = SA_RESTART;
+  ::sigaction(SIGCONT, &cont, nullptr);
+}
+
+void AddStoppableGroup(pid_t pgid) {
+  if (pgid <= 0) return;
+  for (auto& g : g_stoppable) {
+    pid_t free = 0;
+    if (g.compare_exchange_strong(free, pgid)) return;
+  }
+}
+
+void RemoveStoppableGroup(pid_t pgid) {
+  if (pgid <= 0) return;
+  for (auto& g : g_stoppable) {
+    pid_t mine = pgid;
+    if (g.compare_exchange_strong(mine, 0)) return;
+  }
+}
+
+uint64_t ContinuedCount() { return g_continued.load(std::memory_order_relaxed); }
 
 int SignalFd::Pending() const {
   sigset_t pending;

@@ -4,6 +4,9 @@
 // at their defaults).
 #pragma once
 
+#include <sys/types.h>
+
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -24,6 +27,18 @@ absl::StatusOr<std::vector<int>> ParseSignalList(const std::string& list);
 std::string SignalListName(const std::vector<int>& signals);
 
 void BlockLauncherSignals();
+
+// Job control (Ctrl-Z, then fg or bg): the workers are in process groups of their own, which a
+// terminal's SIGTSTP and the shell's SIGCONT do not reach. Once installed, a SIGTSTP to launch is
+// sent on to every registered worker group before launch stops itself, and a SIGCONT to launch is
+// sent on to them as it continues. Handlers, not the signalfd: every wait stays as it is.
+void InstallJobControl();
+// A worker's process group, from its start until it is gone (async-signal-safe lists; at most
+// kMaxWorkersPerNode * 2 at once, more are not forwarded to).
+void AddStoppableGroup(pid_t pgid);
+void RemoveStoppableGroup(pid_t pgid);
+// How many times launch has been continued after a stop (SIGCONT): a clock that jumped.
+uint64_t ContinuedCount();
 
 class SignalFd {
  public:

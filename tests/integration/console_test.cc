@@ -40,13 +40,16 @@ TEST(Launch, LinesWrittenByteByByteComeOutWholeAndUnmixed) {
 TEST(Launch, AConsoleThatStopsReadingDoesNotDelayARestart) {
   TempDir dir;
   const std::string ready = dir / "ready.{restart}";
-  Child c(Cmd({"--nproc-per-node=2", "--max-restarts=1", "--stop-timeout=5"},
-              {"--spew", "100", "--pid-file", ready, "--wait-lines", ready, "2", "--fail-rank", "1", "3", "--spew", "0"}));
+  Child c(
+      Cmd({"--nproc-per-node=2", "--max-restarts=1", "--stop-timeout=5"},
+          {"--spew", "100", "--pid-file", ready, "--wait-lines", ready, "2", "--fail-rank", "1", "3", "--spew", "0"}));
   c.PauseStdout(true);
-  const bool ended = WaitUntil([&] {
-    c.Pump(20);
-    return absl::StrContains(c.err(), "worker group failed after 1 restart");
-  }, std::chrono::seconds(60));
+  const bool ended = WaitUntil(
+      [&] {
+        c.Pump(20);
+        return absl::StrContains(c.err(), "worker group failed after 1 restart");
+      },
+      std::chrono::seconds(60));
   EXPECT_TRUE(ended) << c.err();
   EXPECT_THAT(c.err(), HasSubstr("restarting the group (1 of 1 restarts)"));
   c.PauseStdout(false);
@@ -94,16 +97,18 @@ TEST(Launch, RankZeroReadsTheTerminal) {
   }
   std::string out;
   auto read_until = [&](const std::string& needle) {
-    return WaitUntil([&] {
-      pollfd p{master, POLLIN, 0};
-      char buf[4096];
-      while (::poll(&p, 1, 10) == 1) {
-        ssize_t n = ::read(master, buf, sizeof buf);
-        if (n <= 0) break;
-        out.append(buf, static_cast<size_t>(n));
-      }
-      return absl::StrContains(out, needle);
-    }, std::chrono::seconds(30));
+    return WaitUntil(
+        [&] {
+          pollfd p{master, POLLIN, 0};
+          char buf[4096];
+          while (::poll(&p, 1, 10) == 1) {
+            ssize_t n = ::read(master, buf, sizeof buf);
+            if (n <= 0) break;
+            out.append(buf, static_cast<size_t>(n));
+          }
+          return absl::StrContains(out, needle);
+        },
+        std::chrono::seconds(30));
   };
   EXPECT_TRUE(read_until("[0]:name? ")) << out;
   EXPECT_TRUE(read_until("got EOF")) << out;  // rank 1, on its prompt's line or its own
@@ -117,6 +122,112 @@ TEST(Launch, RankZeroReadsTheTerminal) {
   }
   EXPECT_TRUE(exited && WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
   ::close(master);
+}
+
+// The state letter of /proc/PID/stat ('T': stopped), or '?' when it cannot be read.
+char ProcessState(pid_t pid) {
+  const std::string stat = ReadFile("/proc/" + std::to_string(pid) + "/stat");
+  const size_t close = stat.rfind(')');
+  return close != std::string::npos && close + 2 < stat.size() ? stat[close + 2] : '?';
+}
+
+// Ctrl-Z stopped launch but not its workers (in process groups of their own, which the terminal's
+// SIGTSTP does not reach): they kept computing. They stop with launch now, and the shell's SIGCONT
+// (fg) to launch resumes them too.
+TEST(Launch, CtrlZStopsTheWorkersAndFgResumesThem) {
+  TempDir dir;
+  std::vector<std::string> argv = Cmd({"--nproc-per-node=2"},
+                                      {"--pid-file", dir / "pids", "--wait-lines", dir / "go", "1", "--exit", "0"});
+  std::vector<char*> cargv;
+  for (auto& a : argv) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+  const std::string launch_pid_file = dir / "launch.pid";
+  int master = -1;
+  // A shell of the terminal's session runs launch as its foreground job, in a process group of its
+  // own (a session leader's group would be orphaned, and the kernel ignores SIGTSTP there).
+  const pid_t shell = ::forkpty(&master, nullptr, nullptr, nullptr);
+  ASSERT_GE(shell, 0);
+  if (shell == 0) {
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    const pid_t job = ::fork();
+    if (job == 0) {
+      ::setpgid(0, 0);
+      WriteFile(launch_pid_file, std::to_string(::getpid()) + "\n");
+      execv(cargv[0], cargv.data());
+      _exit(127);
+    }
+    ::setpgid(job, job);
+    ::tcsetpgrp(STDIN_FILENO, job);
+    int st = 0;
+    while (::waitpid(job, &st, 0) != job) {
+    }
+    _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+  }
+  std::string out;
+  auto pump = [&] {
+    pollfd p{master, POLLIN, 0};
+    char buf[4096];
+    while (::poll(&p, 1, 10) == 1) {
+      const ssize_t n = ::read(master, buf, sizeof buf);
+      if (n <= 0) break;
+      out.append(buf, static_cast<size_t>(n));
+    }
+  };
+  std::vector<pid_t> workers;
+  pid_t pid = -1;
+  EXPECT_TRUE(WaitUntil(
+      [&] {
+        pump();
+        workers = ReadPids(dir / "pids");
+        const std::vector<pid_t> launch = ReadPids(launch_pid_file);
+        if (!launch.empty()) pid = launch[0];
+        return workers.size() == 2 && pid > 0;
+      },
+      std::chrono::seconds(60)))
+      << out;
+  if (workers.size() != 2 || pid <= 0) {
+    if (pid > 0) ::kill(-pid, SIGKILL);
+    ::kill(shell, SIGKILL);
+    ::waitpid(shell, nullptr, 0);
+    ::close(master);
+    FAIL() << "the workers did not start: " << out;
+  }
+  auto all_in = [&](bool stopped) {
+    return WaitUntil(
+        [&] {
+          pump();
+          bool all = (ProcessState(pid) == 'T') == stopped;
+          for (pid_t w : workers) all = all && (ProcessState(w) == 'T') == stopped;
+          return all;
+        },
+        std::chrono::seconds(30));
+  };
+  ASSERT_EQ(::write(master, "\x1a", 1), 1);  // Ctrl-Z: the terminal sends SIGTSTP to launch
+  EXPECT_TRUE(all_in(true)) << "launch " << ProcessState(pid) << ", workers " << ProcessState(workers[0])
+                            << ProcessState(workers[1]) << "\n"
+                            << out;
+  ::kill(-pid, SIGCONT);  // fg
+  EXPECT_TRUE(all_in(false)) << "launch " << ProcessState(pid) << ", workers " << ProcessState(workers[0])
+                             << ProcessState(workers[1]) << "\n"
+                             << out;
+  ::kill(-pid, SIGCONT);  // whatever happened above: the job must be able to end
+  WriteFile(dir / "go", "go\n");
+  int status = 0;
+  const bool exited = WaitUntil(
+      [&] {
+        pump();
+        return ::waitpid(shell, &status, WNOHANG) == shell;
+      },
+      std::chrono::seconds(60));
+  if (!exited) {
+    ::kill(-pid, SIGKILL);
+    ::kill(shell, SIGKILL);
+    ::waitpid(shell, &status, 0);
+  }
+  ::close(master);
+  EXPECT_TRUE(exited && WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
 }
 
 // stdin that is not a terminal (a pipe, a file) goes to rank 0 as it is; the others read EOF.
@@ -135,7 +246,7 @@ TEST(Launch, RankZeroReadsAPipedStdin) {
 TEST(Launch, LocalRanksFilterLimitsTheConsoleOnly) {
   TempDir dir;
   auto r = RunCmd(Cmd({"--nproc-per-node=2", "--local-ranks-filter=1", "--log-dir", dir.path(), "--rdzv-id", "f"},
-                   {"--print-env", "RANK"}));
+                      {"--print-env", "RANK"}));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, Not(HasSubstr("[0]:")));
   EXPECT_THAT(r.out, HasSubstr("[1]:RANK=1"));
@@ -144,8 +255,9 @@ TEST(Launch, LocalRanksFilterLimitsTheConsoleOnly) {
 
 // torchrun's --log-line-prefix-template, and the default that tells nodes apart on several.
 TEST(Launch, LogLinePrefixTemplateAndTheMultiNodeDefault) {
-  auto r = RunCmd(Cmd({"--nproc-per-node=2", "--role=trainer", "--log-line-prefix-template=<${role_name}:${local_rank}> "},
-                      {"--print-env", "RANK"}));
+  auto r = RunCmd(
+      Cmd({"--nproc-per-node=2", "--role=trainer", "--log-line-prefix-template=<${role_name}:${local_rank}> "},
+          {"--print-env", "RANK"}));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("<trainer:0> RANK=0\n"));
   EXPECT_THAT(r.out, HasSubstr("<trainer:1> RANK=1\n"));
@@ -162,8 +274,8 @@ TEST(Launch, LogLinePrefixTemplateAndTheMultiNodeDefault) {
   EXPECT_THAT(bad.err, HasSubstr("--log-line-prefix-template=${gpu}: '${gpu}' is unknown"));
   char host[256] = {};
   ASSERT_EQ(gethostname(host, sizeof host - 1), 0);
-  auto static_node = RunCmd(
-      Cmd({"--rdzv-backend=static", "--nnodes=2", "--node-rank=1", "--master-addr=127.0.0.1"}, {"--print-env", "RANK"}));
+  auto static_node = RunCmd(Cmd({"--rdzv-backend=static", "--nnodes=2", "--node-rank=1", "--master-addr=127.0.0.1"},
+                                {"--print-env", "RANK"}));
   ASSERT_EQ(static_node.exit_code, 0) << static_node.err;
   EXPECT_THAT(static_node.out, HasSubstr(std::string("[") + host + ":1]:RANK=1\n"));
 }
