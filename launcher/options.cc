@@ -755,6 +755,14 @@ absl::Status CheckCombinations(RawMap& raw, LaunchConfig& c) {
   if (c.rdzv_backend == "static" && c.node_rank >= c.max_nodes) {
     return Bad(raw["node_rank"], absl::StrCat("a node rank below --nnodes=", c.max_nodes));
   }
+  // Static ranks have no rendezvous to restart every node together: each node restarted alone,
+  // against a store its old workers hosted, and the job hung in its next round.
+  if (c.rdzv_backend == "static" && c.max_nodes > 1 && c.max_restarts > 0) {
+    return Bad(raw["max_restarts"],
+               absl::StrCat("0 with static ranks on ", c.max_nodes,
+                            " nodes, which cannot restart together; for restarts use the c10d backend on every node "
+                            "(--rdzv-backend=c10d --rdzv-endpoint=<node 0's address>:29400, --node-rank not needed)"));
+  }
   if (c.standalone && c.max_nodes > 1) {
     return Bad(raw["nnodes"], "1 with --standalone (a single-node run)");
   }

@@ -303,7 +303,13 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"threads_per_worker_huge",
                  {"--threads-per-worker=99999999"},
                  "--threads-per-worker=99999999: expected an integer in 1..1024"},
-        BadInput{"flag_ambiguous", {"--n=2"}, "--n: ambiguous; it could be --nproc-per-node, --nnodes"}),
+        BadInput{"flag_ambiguous", {"--n=2"}, "--n: ambiguous; it could be --nproc-per-node, --nnodes"},
+        // Each node restarted alone and the job hung in its second round (3 of 3 runs).
+        BadInput{"static_restarts",
+                 {"--rdzv-backend=static", "--nnodes=2", "--node-rank=0", "--master-addr=127.0.0.1",
+                  "--max-restarts=1"},
+                 "--max-restarts=1: expected 0 with static ranks on 2 nodes, which cannot restart together; for "
+                 "restarts use the c10d backend"}),
     [](const auto& info) { return info.param.name; });
 
 // An encrypted --tls-key made OpenSSL ask for its passphrase on the terminal, and launch waited
