@@ -39,6 +39,12 @@ absl::Status MakeDirs(const std::string& dir) {
   return absl::OkStatus();
 }
 
+// launch's stdout and stderr are one file: a terminal, or `2>&1` into a file or pipe.
+bool StdoutIsStderr() {
+  struct stat out, err;
+  return ::fstat(1, &out) == 0 && ::fstat(2, &err) == 0 && out.st_dev == err.st_dev && out.st_ino == err.st_ino;
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> MakeRunLogDir(const std::string& log_dir, const std::string& run_id) {
@@ -529,6 +535,7 @@ WorkerGroup::Options Agent::GroupOptions(const Attempt& at, int stop_fd) {
   gopts.stop_fd = stop_fd;
   gopts.live = &live_;
   gopts.exit_notices = exit_notices_.get();
+  gopts.one_console = StdoutIsStderr();
   gopts.stdout_filters = opts_.duplicate_stdout_filters;
   gopts.stderr_filters = opts_.duplicate_stderr_filters;
   gopts.filtered_stdout_file = at.dir + "/filtered_stdout.log";

@@ -76,6 +76,7 @@ struct Slot {
   bool reaped = false;
   bool group_gone = false;
   bool unregistered = false;  // removed from the orphan guard
+  bool merged = false;        // stdout and stderr through one pipe (Options::one_console)
   Clock::TimePoint start{};
   UniqueFd out_file, err_file;  // before the pipes: their relays write to these
   OutputPipe out, err;
@@ -466,10 +467,13 @@ absl::Status GroupRun::PrepareSlot(size_t i, Pending* p) {
   const std::string prefix = l.console_prefix ? *l.console_prefix
                                               : absl::StrReplaceAll(opts_.console_prefix_format,
                                                                     {{"{rank}", std::to_string(l.rank)}});
+  s.merged = opts_.one_console && l.stdout_console && l.stderr_console && l.stdout_file.empty() &&
+             l.stderr_file.empty() && opts_.stdout_filters.empty() && opts_.stderr_filters.empty();
   s.out.console = l.stdout_console ? console_out_ : nullptr;
   s.err.console = l.stderr_console ? console_err_ : nullptr;
-  s.out.relay = std::make_unique<LineRelay>(
-      LineRelay::Options{prefix, s.out.console, s.out_file.get(), 0, &opts_.stdout_filters, filtered_out_.get()});
+  s.out.relay = std::make_unique<LineRelay>(LineRelay::Options{prefix, s.out.console, s.out_file.get(),
+                                                               s.merged ? opts_.stderr_tail_lines : 0,
+                                                               &opts_.stdout_filters, filtered_out_.get()});
   s.err.relay = std::make_unique<LineRelay>(LineRelay::Options{prefix, s.err.console, s.err_file.get(),
                                                                opts_.stderr_tail_lines, &opts_.stderr_filters,
                                                                filtered_err_.get()});
@@ -490,12 +494,13 @@ absl::Status GroupRun::PrepareSlot(size_t i, Pending* p) {
 absl::Status GroupRun::SendWarm(std::vector<Pending>* pending) {
   for (size_t i = 0; i < launches_.size(); ++i) {
     Pending& p = (*pending)[i];
-    if (!MakePipe(&p.out) || !MakePipe(&p.err)) {
+    if (!MakePipe(&p.out) || (!slots_[i].merged && !MakePipe(&p.err))) {
       const absl::Status st = ErrnoStatus("pipe");
       TakeSent(pending);
       return st;
     }
-    p.sent = opts_.warm->Send(launches_[i], {progress_write_.get(), p.stdin_fd, p.out.write.get(), p.err.write.get()});
+    const int err_write = slots_[i].merged ? p.out.write.get() : p.err.write.get();
+    p.sent = opts_.warm->Send(launches_[i], {progress_write_.get(), p.stdin_fd, p.out.write.get(), err_write});
     p.out.write.Reset();
     p.err.write.Reset();
     if (!p.sent) {
@@ -526,7 +531,7 @@ void GroupRun::TakeSent(std::vector<Pending>* pending) {
 
 absl::Status GroupRun::SpawnCold(size_t i, Pending* p) {
   const WorkerLaunch& l = launches_[i];
-  if (!MakePipe(&p->out) || !MakePipe(&p->err)) return ErrnoStatus("pipe");
+  if (!MakePipe(&p->out) || (!slots_[i].merged && !MakePipe(&p->err))) return ErrnoStatus("pipe");
   slots_[i].start = clock_->Now();
   SpawnOptions so;
   so.cpus = l.cpus;
@@ -535,7 +540,7 @@ absl::Status GroupRun::SpawnCold(size_t i, Pending* p) {
   so.argv = l.argv;
   so.env = l.env;
   so.stdout_fd = p->out.write.get();
-  so.stderr_fd = p->err.write.get();
+  so.stderr_fd = slots_[i].merged ? p->out.write.get() : p->err.write.get();
   so.extra_fd = progress_write_.get();
   so.extra_fd_target = launch_sdk::kProgressFd;
   // Registered by the child itself before exec: a launch killed right after a worker started
@@ -562,7 +567,7 @@ void GroupRun::Adopt(size_t i, Pending* p) {
   if (p->in.write.valid()) stdin_relay_->SetWorker(std::move(p->in.write));
   p->in.read.Reset();
   WatchOutput(&s.out);
-  WatchOutput(&s.err);
+  if (s.err.fd.valid()) WatchOutput(&s.err);
 }
 
 void GroupRun::WatchOutput(OutputPipe* pipe) {
@@ -882,7 +887,7 @@ GroupOutcome GroupRun::Finish() {
   for (Slot& s : slots_) {
     Drain(&s.out, true);
     Drain(&s.err, true);
-    s.result.stderr_tail = s.err.relay->tail();
+    s.result.stderr_tail = (s.merged ? s.out.relay : s.err.relay)->tail();
     started_.Unregister(s);
     outcome.workers.push_back(s.result);
   }

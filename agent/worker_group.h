@@ -121,6 +121,10 @@ class WorkerGroup {
     // Where shown output goes (nullptr: launch's ConsoleOut() / ConsoleErr()).
     ConsoleStream* console_out = nullptr;
     ConsoleStream* console_err = nullptr;
+    // The two consoles are one file (2>&1, a terminal): a worker whose stdout and stderr both go
+    // there only (no log files, no filters) writes both into one pipe, so its lines keep the order
+    // it wrote them in, as under torchrun; its stderr tail is then its output's.
+    bool one_console = false;
     // Hang detection from the workers' progress reports: a worker that has reported at least one
     // step and then none for its timeout is hung: every worker's stacks are captured, then the
     // group is stopped as for a failure, with that worker (or the one its stacks blame) as the

@@ -230,6 +230,31 @@ TEST(Launch, CtrlZStopsTheWorkersAndFgResumesThem) {
   EXPECT_TRUE(exited && WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
 }
 
+// Under `2>&1` (or a terminal) a worker's stdout and stderr lines came out of order (2 of 3 runs):
+// two pipes, read as they came. One file for both means one pipe now, in the order written.
+TEST(Launch, StdoutAndStderrKeepTheirOrderWhenTheyAreOneFile) {
+  TempDir dir;
+  WriteFile(dir / "both.sh",
+            "#!/bin/sh\ni=0\nwhile [ $i -lt 200 ]; do echo out$i; echo err$i >&2; i=$((i+1)); done\nexit 3\n");
+  ASSERT_EQ(::chmod((dir / "both.sh").c_str(), 0755), 0);
+  auto r = RunCmd({"/bin/sh", "-c", std::string(kLaunch) + " --nproc-per-node=1 " + dir / "both.sh" + " 2>&1"});
+  EXPECT_EQ(r.exit_code, 3) << r.out;
+  std::string expected;
+  for (int i = 0; i < 200; ++i) expected += "[0]:out" + std::to_string(i) + "\n[0]:err" + std::to_string(i) + "\n";
+  std::string got;
+  for (const std::string& line : Lines(r.out))
+    if (line.rfind("[0]:", 0) == 0) got += line + "\n";
+  EXPECT_EQ(got, expected);
+  // The failure table still shows the last lines (of its output, stderr's among them).
+  EXPECT_THAT(r.out, HasSubstr("err199"));
+  // Two files: two pipes, each stream whole in its own.
+  auto apart = RunCmd({kLaunch, "--nproc-per-node=1", dir / "both.sh"});
+  EXPECT_EQ(apart.exit_code, 3);
+  EXPECT_THAT(apart.out, HasSubstr("[0]:out199\n"));
+  EXPECT_THAT(apart.out, Not(HasSubstr("err5\n")));
+  EXPECT_THAT(apart.err, HasSubstr("[0]:err199\n"));
+}
+
 // stdin that is not a terminal (a pipe, a file) goes to rank 0 as it is; the others read EOF.
 TEST(Launch, RankZeroReadsAPipedStdin) {
   Pipe in;
