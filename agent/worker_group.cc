@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -366,6 +367,7 @@ class GroupRun {
   void SetStatus(Slot* s, int exit_code, int signal);
   void CheckHangs();
   void TellStepping();
+  void SayNoSteps();
   void PollStackFiles();
   void ShowDuePartials();
 
@@ -378,7 +380,8 @@ class GroupRun {
   NoticesCleared notices_cleared_;  // first made, last gone: after the workers are
   std::unique_ptr<EventLoop> loop_;
   uint64_t continued_seen_ = ContinuedCount();
-  std::unique_ptr<EventLoop::Timer> grace_timer_, hang_timer_, stepping_timer_, stack_poll_timer_, partial_timer_;
+  std::unique_ptr<EventLoop::Timer> grace_timer_, hang_timer_, stepping_timer_, stack_poll_timer_, partial_timer_,
+      no_steps_timer_;
   UniqueFd progress_read_, progress_write_;  // every worker's progress reports (one datagram socket)
   UniqueFd dev_null_;
   ConsoleStream* console_out_;
@@ -401,6 +404,7 @@ absl::Status GroupRun::Open() {
   grace_timer_ = loop_->MakeTimer([this] { Apply(SupervisorEvent::GraceOver()); });
   hang_timer_ = loop_->MakeTimer([this] { CheckHangs(); });
   stepping_timer_ = loop_->MakeTimer([this] { TellStepping(); });
+  no_steps_timer_ = loop_->MakeTimer([this] { SayNoSteps(); });
   stack_poll_timer_ = loop_->MakeTimer([this] { PollStackFiles(); });
   partial_timer_ = loop_->MakeTimer([this] { ShowDuePartials(); });
   loop_->Watch(signals_->fd(), EPOLLIN, [this](uint32_t) { OnSignals(); });
@@ -452,6 +456,8 @@ absl::Status GroupRun::StartWorkers() {
   if (opts_.on_started) opts_.on_started();
   // Workers that report no steps: on_stepping once they have run for stepping_wait.
   if (opts_.on_stepping) stepping_timer_->Arm(opts_.stepping_wait);
+  // An explicit --hang-timeout does nothing for workers that report no steps: said once.
+  if (opts_.hang.timeout && opts_.hang.timeout->count() > 0) no_steps_timer_->Arm(*opts_.hang.timeout);
   return absl::OkStatus();
 }
 
@@ -858,6 +864,18 @@ void GroupRun::CheckHangs() {
       "capturing every worker's stacks, then stopping them",
       s.result.rank, s.pid, s.result.hung_after_seconds, s.result.last_step, hung->timeout.count() / 1000.0);
   Apply(SupervisorEvent::Hung(hung->worker));
+}
+
+void GroupRun::SayNoSteps() {
+  static std::atomic<bool> said{false};
+  const auto reported = [](const Slot& s) { return s.last_progress.has_value(); };
+  if (state_.phase != Phase::kRunning || std::any_of(slots_.begin(), slots_.end(), reported) || said.exchange(true)) {
+    return;
+  }
+  spdlog::warn(
+      "--hang-timeout={:g}: no rank has reported a step in that time, so none can be found hung; report steps with "
+      "launch_progress (Python) or worker_sdk's ProgressReporter",
+      opts_.hang.timeout->count() / 1000.0);
 }
 
 void GroupRun::TellStepping() {

@@ -64,6 +64,24 @@ TEST(Launch, ProgressReportsReachTheAgent) {
   EXPECT_TRUE(found) << r.err;
 }
 
+// --hang-timeout on workers that report no steps did nothing without a word.
+TEST(Launch, AHangTimeoutWithoutStepsIsSaidOnce) {
+  Child c(Cmd({"--nproc-per-node=2", "--hang-timeout=0.3"}, {"--sleep", "0"}));
+  EXPECT_TRUE(WaitUntil([&] {
+    c.Pump(10);
+    return absl::StrContains(c.err(), "--hang-timeout=0.3: no rank has reported a step in that time");
+  })) << c.err();
+  ::kill(c.pid(), SIGTERM);
+  auto r = c.Wait();
+  EXPECT_EQ(r.exit_code, 143) << r.err;
+  EXPECT_EQ(CountLines(r.err, "no rank has reported a step"), 1) << r.err;
+  auto stepping = RunCmd(Cmd({"--nproc-per-node=1", "--hang-timeout=5"}, {"--progress", "3", "--exit", "0"}));
+  EXPECT_EQ(stepping.exit_code, 0) << stepping.err;
+  EXPECT_THAT(stepping.err, Not(HasSubstr("no rank has reported a step")));
+  auto automatic = RunCmd(Cmd({"--nproc-per-node=1"}, {"--exit", "0"}));
+  EXPECT_THAT(automatic.err, Not(HasSubstr("no rank has reported a step")));
+}
+
 TEST(Launch, KilledWorkerExitCodeIs128PlusSignal) {
   auto r = RunCmd(Cmd({"--nproc-per-node=1"}, {"--kill-self", "9"}));
   EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r.err;
