@@ -830,7 +830,10 @@ absl::StatusOr<std::vector<std::string>> NormalizeArgs(const std::vector<std::st
     std::string name;
     const OptionDef* def;
   };
-  std::vector<Name> names;
+  // --help and --version are CLI11's and main's: shortened like the others.
+  static const OptionDef kHelp{"help", "--help", Kind::kFlag, ""};
+  static const OptionDef kVersion{"version", "--version", Kind::kFlag, ""};
+  std::vector<Name> names = {{"--help", &kHelp}, {"--version", &kVersion}};
   for (const auto& def : OptionTable()) {
     if (def.kind == Kind::kYamlOnly) continue;
     for (absl::string_view n : absl::StrSplit(def.names, ',', absl::SkipEmpty())) {

@@ -253,6 +253,12 @@ TEST(Options, AFlagsUnambiguousStartIsThatFlag) {
   EXPECT_THAT(ambiguous, HasSubstr("--n: ambiguous; it could be --nproc-per-node, --nnodes, "));
   EXPECT_THAT(ambiguous, HasSubstr("--node-rank"));
   EXPECT_THAT(Error({"--nproc-per-nodes=2", "./train"}), HasSubstr("unknown flag '--nproc-per-nodes=2'"));
+  // --help and --version count among the names, as argparse's: --h could be either of two.
+  EXPECT_THAT(Error({"--h", "./train"}), HasSubstr("--h: ambiguous; it could be --help, --hang-timeout"));
+  EXPECT_TRUE(AsksForVersion({"launch", "--vers", "--nproc=2"}));
+  EXPECT_TRUE(AsksForVersion({"launch", "--nproc", "2", "--version", "./train"}));
+  EXPECT_FALSE(AsksForVersion({"launch", "--nproc=2", "./train", "--version"}));  // the program's
+  EXPECT_FALSE(AsksForVersion({"launch", "--role", "--version", "./train"}));     // --role's value
 }
 
 // An empty prefix template is no prefix at all (it was the default).
