@@ -1,6 +1,7 @@
 #include "rendezvous/grpc_coordinator_client.h"
 
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -51,11 +52,23 @@ grpc::Status GrpcCoordinatorClient::Authed(std::optional<std::chrono::millisecon
       AddCredentials(&ctx, token, node_key_);
     }
     grpc::Status s = call(&ctx);
-    if (s.error_code() != grpc::StatusCode::UNAUTHENTICATED || local_port_ == 0 || attempt >= 2 ||
-        CurrentToken() == token) {
-      return s;
-    }
+    if (s.error_code() != grpc::StatusCode::UNAUTHENTICATED || local_port_ == 0) return s;
+    if (attempt < 2 && CurrentToken() != token) continue;  // a new coordinator published its token
+    return StaleLocalToken(s, token);
   }
+}
+
+// A refusal of the token this user's own file gave for the port: a coordinator restarted on it
+// (its agents called in the moment before it published its token) rather than another user's.
+// Unreachable for now, so the caller retries and reads the file again; without a token of ours
+// it is a refusal.
+grpc::Status GrpcCoordinatorClient::StaleLocalToken(const grpc::Status& s, const std::string& token) const {
+  if (s.error_code() != grpc::StatusCode::UNAUTHENTICATED || local_port_ == 0 || !token_.empty() || token.empty()) {
+    return s;
+  }
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                      absl::StrCat("the coordinator refused the token of its port's file (", s.error_message(),
+                                   "); it is new there and publishes its own"));
 }
 
 absl::StatusOr<v1::Assignment> GrpcCoordinatorClient::Join(const v1::JoinRequest& req, CallCanceller* cancel) {
@@ -119,8 +132,9 @@ namespace {
 
 class GrpcWatchStream final : public WatchStream {
  public:
-  GrpcWatchStream(v1::Rendezvous::Stub* stub, const std::string& token, const std::string& node_key, std::string target)
-      : target_(std::move(target)) {
+  GrpcWatchStream(v1::Rendezvous::Stub* stub, const std::string& token, const std::string& node_key, std::string target,
+                  std::function<grpc::Status(const grpc::Status&)> refused)
+      : target_(std::move(target)), refused_(std::move(refused)) {
     AddCredentials(&ctx_, token, node_key);
     stream_ = stub->Watch(&ctx_);
   }
@@ -137,7 +151,7 @@ class GrpcWatchStream final : public WatchStream {
   bool Receive(v1::HeartbeatResponse* resp) override { return stream_->Read(resp); }
   absl::Status Finish() override {
     finished_ = true;
-    return FromGrpc(stream_->Finish(), absl::StrCat("watch at ", target_));
+    return FromGrpc(refused_(stream_->Finish()), absl::StrCat("watch at ", target_));
   }
   void Cancel() override { ctx_.TryCancel(); }
 
@@ -145,6 +159,7 @@ class GrpcWatchStream final : public WatchStream {
   grpc::ClientContext ctx_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::HeartbeatRequest, v1::HeartbeatResponse>> stream_;
   std::string target_;
+  std::function<grpc::Status(const grpc::Status&)> refused_;
   bool finished_ = false;
 };
 
@@ -153,7 +168,8 @@ class GrpcWatchStream final : public WatchStream {
 std::unique_ptr<WatchStream> GrpcCoordinatorClient::Watch() {
   const std::string token = CurrentToken();
   std::lock_guard<std::mutex> lock(key_mu_);
-  return std::make_unique<GrpcWatchStream>(stub_.get(), token, node_key_, target_);
+  return std::make_unique<GrpcWatchStream>(stub_.get(), token, node_key_, target_,
+                                           [this, token](const grpc::Status& s) { return StaleLocalToken(s, token); });
 }
 
 absl::StatusOr<v1::ReportExitResponse> GrpcCoordinatorClient::ReportExit(const v1::ReportExitRequest& req,

@@ -38,6 +38,7 @@ class GrpcCoordinatorClient : public CoordinatorClient {
 
  private:
   std::string CurrentToken() const;
+  grpc::Status StaleLocalToken(const grpc::Status& s, const std::string& token) const;
   // One call with a fresh context carrying the credentials; a call refused with a local token
   // that has changed since is made again (the coordinator published it after the call was
   // prepared: it was starting, or restarted).

@@ -21,6 +21,8 @@
 #include "rendezvous/lease.h"
 #include "common/limits.h"
 #include "rendezvous/coordinator.h"
+#include "rendezvous/grpc_coordinator_client.h"
+#include "rendezvous/local_token.h"
 #include "rendezvous/grpc_log.h"
 #include "spdlog/sinks/ostream_sink.h"
 #include "spdlog/spdlog.h"
@@ -226,6 +228,43 @@ TEST_F(CoordinatorRpc, EveryRpcNeedsTheToken) {
   // With it, the run forms.
   EXPECT_TRUE(stub_->Join(Ctx("the-token").get(), Join("job", "a"), &resp).ok());
   EXPECT_EQ(resp.assignment().world_size(), 1);
+}
+
+// A coordinator restarted on its port serves a moment before it publishes its new token, and its
+// user's agents call in with the old one from the file: that refusal is "unavailable" to the
+// client (its callers retry, reading the file again), not the end of the job; a token the user
+// gave stays a refusal.
+TEST_F(CoordinatorRpc, AStaleLocalTokenIsUnavailableUntilTheNewOneIsPublished) {
+  Start("the-new-token");
+  const int port = server_->port();
+  auto stale = LocalTokenFile::Publish(port, "the-token-of-the-coordinator-before");
+  ASSERT_TRUE(stale.ok()) << stale.status();
+  const auto client_with = [&](const std::string& token) {
+    auto c = std::make_unique<GrpcCoordinatorClient>(grpc::CreateChannel(server_->address(),
+                                                                         grpc::InsecureChannelCredentials()),
+                                                     server_->address(), token, std::chrono::seconds(10));
+    c->UseLocalToken(port);
+    return c;
+  };
+  auto mine = client_with("");
+  v1::HeartbeatRequest hb;
+  hb.set_run_id("job");
+  absl::StatusOr<v1::HeartbeatResponse> got = mine->Heartbeat(hb);
+  EXPECT_TRUE(absl::IsUnavailable(got.status())) << got.status();
+  EXPECT_THAT(got.status().message(), HasSubstr("refused the token of its port's file"));
+  std::unique_ptr<WatchStream> watch = mine->Watch();
+  v1::HeartbeatResponse ignored;
+  EXPECT_FALSE(watch->Receive(&ignored));
+  const absl::Status finished = watch->Finish();
+  EXPECT_TRUE(absl::IsUnavailable(finished)) << finished;
+  // A token of the user's own is theirs to get right.
+  EXPECT_TRUE(absl::IsUnauthenticated(client_with("a-token-the-user-gave")->Heartbeat(hb).status()));
+  // Once the new coordinator's token is in the file, the same client is let in.
+  stale->reset();
+  auto fresh = LocalTokenFile::Publish(port, "the-new-token");
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  got = mine->Heartbeat(hb);
+  EXPECT_FALSE(absl::IsUnavailable(got.status()) || absl::IsUnauthenticated(got.status())) << got.status();
 }
 
 TEST_F(CoordinatorRpc, WatchStreamAnswersOnceWhenTheNodeMustStop) {
