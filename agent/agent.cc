@@ -156,6 +156,9 @@ absl::StatusOr<std::vector<WorkerLaunch>> Agent::PrepareAttempt(const v1::Assign
   if (file_timer_) {
     for (Env& env : plan.envs) env[kTimerFileEnv] = file_timer_->path();
   }
+  if (opts_.hang_timeout && opts_.hang_timeout->count() > 0) {
+    for (Env& env : plan.envs) env[launch_sdk::kCountedStacksEnv] = "1";
+  }
   if (worker_memory_) {
     for (int i = 0; i < n; ++i) {
       plan.envs[i][kCheckpointMemoryEnv] = worker_memory_->CheckpointEnvValue(i);
@@ -381,7 +384,7 @@ int Agent::Run() {
       if (dir.temporary()) dir.Keep();
       spdlog::warn(
           "the stacks of this node's workers{} are in {}/*/stacks.txt (py_stacks.txt for Python workers "
-          "that use launch_progress)",
+          "that write their own)",
           at.outcome.kind == GroupEnd::kCoordinatorStop ? ", stopped for a rank hung elsewhere," : "", at.dir);
     }
   }

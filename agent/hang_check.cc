@@ -28,7 +28,7 @@ std::optional<HungWorker> FindHung(const HangOptions& opts, const std::vector<Pr
   std::optional<Clock::TimePoint> hung_since;
   for (size_t i = 0; i < workers.size(); ++i) {
     const ProgressSeen& w = workers[i];
-    if (!w.running || !w.last_progress) continue;
+    if (!w.running || !w.last_progress || (w.counted && !opts.timeout)) continue;
     const std::chrono::milliseconds timeout = opts.TimeoutFor(w.median_step_seconds);
     if (now - *w.last_progress <= timeout) continue;
     if (hung && *w.last_progress >= *hung_since) continue;
@@ -114,22 +114,12 @@ std::vector<std::string> MainThreadFrames(const std::string& text) {
 bool WaitsInCollective(const std::vector<std::string>& frames) {
   // Collectives, process groups and data-parallel wrappers (whose Finish or backward hook waits
   // for the bucket allreduces).
-  static const char* kMarks[] = {"allreduce",
-                                 "all_reduce",
-                                 "broadcast",
-                                 "barrier",
-                                 "allgather",
-                                 "all_gather",
-                                 "reduce_scatter",
-                                 "alltoall",
-                                 "processgroup",
-                                 "c10d",
-                                 "gloo",
-                                 "nccl",
-                                 "distributeddataparallel",
-                                 "(ddp.cc:",
-                                 "reducer",
-                                 "(distributed.py:"};
+  static const char* kMarks[] = {"allreduce", "all_reduce", "broadcast", "barrier", "allgather", "all_gather",
+                                 "reduce_scatter", "alltoall", "processgroup", "c10d", "gloo", "nccl",
+                                 "distributeddataparallel", "(ddp.cc:", "reducer", "(distributed.py:",
+                                 // A Python rank in backward under DDP: its last bucket's all-reduce ends
+                                 // there (torch's Tensor.backward, and launch's timing of it).
+                                 "backward (_tensor.py:", "timed_backward (launch_progress.py:"};
   for (const std::string& f : frames) {
     const std::string lower = absl::AsciiStrToLower(f);
     for (const char* m : kMarks)

@@ -15,7 +15,7 @@
 namespace launch {
 
 // Hang detection from the workers' progress reports: a worker that has reported at least one
-// step and then none for its timeout is hung.
+// step and then none for its timeout is hung (steps launch counted: only with an explicit one).
 struct HangOptions {
   // --hang-timeout: nullopt: the larger of `factor` x the worker's median step time and `floor`;
   // zero: off.
@@ -38,6 +38,9 @@ struct ProgressSeen {
   bool running = true;                            // not reaped yet
   std::optional<Clock::TimePoint> last_progress;  // its latest step report; nullopt: none came
   double median_step_seconds = 0;
+  // Its steps are counted by launch (optimizer steps), not named by the program: only an explicit
+  // timeout applies (a script that pauses its optimizer, e.g. to evaluate, is not hung).
+  bool counted = false;
 };
 
 struct HungWorker {

@@ -84,6 +84,7 @@ struct Slot {
   WorkerResult result;
   // Progress: when the last report came, and the latest step times (for the median).
   std::optional<Clock::TimePoint> last_progress;
+  bool named_steps = false;  // the worker reports its own steps: launch's counted ones are ignored
   std::deque<double> step_seconds;
   int stack_signal = 0;  // the worker dumps its own stacks on this signal (StackDumpRecord)
 };
@@ -360,7 +361,7 @@ class GroupRun {
   void OnSignals();
   void OnExitNotices();
   void OnProgress();
-  void OnProgressRecord(const launch_sdk::ProgressRecord& rec);
+  void OnProgressRecord(const launch_sdk::ProgressRecord& rec, bool counted);
   void OnCoordinatorStop();
   void Drain(OutputPipe* pipe, bool final);
   void Reap();
@@ -753,7 +754,9 @@ void GroupRun::OnProgress() {
     launch_sdk::StackDumpRecord offer;
     if (got == static_cast<ssize_t>(sizeof rec) || got == static_cast<ssize_t>(launch_sdk::kProgressRecordV1Bytes)) {
       std::memcpy(&rec, datagram, static_cast<size_t>(got));  // a first-version record: no wait time
-      if (rec.magic == launch_sdk::ProgressRecord{}.magic) OnProgressRecord(rec);
+      if (rec.magic == launch_sdk::ProgressRecord{}.magic || rec.magic == launch_sdk::kCountedProgressMagic) {
+        OnProgressRecord(rec, rec.magic == launch_sdk::kCountedProgressMagic);
+      }
     } else if (got == static_cast<ssize_t>(sizeof offer)) {
       std::memcpy(&offer, datagram, sizeof offer);
       if (offer.magic != launch_sdk::StackDumpRecord{}.magic || offer.signal <= 0 || offer.signal >= 65) continue;
@@ -769,11 +772,15 @@ void GroupRun::OnProgress() {
   }
 }
 
-void GroupRun::OnProgressRecord(const launch_sdk::ProgressRecord& rec) {
+void GroupRun::OnProgressRecord(const launch_sdk::ProgressRecord& rec, bool counted) {
   const Clock::TimePoint now = clock_->Now();
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];
-    if (s.result.rank != rec.rank) continue;
+    if (s.result.rank != rec.rank || (counted && s.named_steps)) continue;
+    if (!counted && !s.named_steps) {
+      s.named_steps = true;  // its own step numbers and times from now on
+      s.step_seconds.clear();
+    }
     s.result.last_step = rec.step;
     s.result.last_loss = rec.loss;
     s.result.last_step_seconds = rec.step_seconds;
@@ -852,7 +859,7 @@ void GroupRun::CheckHangs() {
   }
   std::vector<ProgressSeen> seen(slots_.size());
   for (size_t i = 0; i < slots_.size(); ++i) {
-    seen[i] = {!slots_[i].reaped, slots_[i].last_progress, Median(slots_[i].step_seconds)};
+    seen[i] = {!slots_[i].reaped, slots_[i].last_progress, Median(slots_[i].step_seconds), !slots_[i].named_steps};
   }
   const std::optional<HungWorker> hung = FindHung(opts_.hang, seen, clock_->Now());
   if (!hung) return;
@@ -874,7 +881,8 @@ void GroupRun::SayNoSteps() {
   }
   spdlog::warn(
       "--hang-timeout={:g}: no rank has reported a step in that time, so none can be found hung; report steps with "
-      "launch_progress (Python) or worker_sdk's ProgressReporter",
+      "launch_progress (Python), worker_sdk's ProgressReporter, or run Python workers warm (their optimizer steps "
+      "count)",
       opts_.hang.timeout->count() / 1000.0);
 }
 

@@ -56,6 +56,9 @@ def main():
         ("launch_progress._STACK_FILE_ENV", p._STACK_FILE_ENV, env["kStackFileEnv"]),
         ("launch_progress._PROGRESS.size", p._PROGRESS.size, prog["ProgressRecord.bytes"]),
         ("launch_progress._PROGRESS_MAGIC", p._PROGRESS_MAGIC, prog["ProgressRecord.magic"]),
+        ("launch_progress._COUNTED_MAGIC", p._COUNTED_MAGIC, prog["kCountedProgressMagic"]),
+        ("launch_progress._COUNT_STACKS_ENV", p._COUNT_STACKS_ENV, env["kCountedStacksEnv"]),
+        ("_launch_standby._PROGRESS_FD_ENV", s._PROGRESS_FD_ENV, env["kProgressFdEnv"]),
         ("launch_progress._STACKS.size", p._STACKS.size, prog["StackDumpRecord.bytes"]),
         ("launch_progress._STACKS_MAGIC", p._STACKS_MAGIC, prog["StackDumpRecord.magic"]),
     ]

@@ -72,6 +72,7 @@ int main() {
   std::printf("  },\n  \"progress\": {\n");
   Field("ProgressRecord.bytes", static_cast<long long>(sizeof(ProgressRecord)));
   Field("ProgressRecord.magic", ProgressRecord{}.magic);
+  Field("kCountedProgressMagic", kCountedProgressMagic);
   Field("StackDumpRecord.bytes", static_cast<long long>(sizeof(StackDumpRecord)));
   Field("StackDumpRecord.magic", StackDumpRecord{}.magic, true);
   std::printf("  }\n}\n");

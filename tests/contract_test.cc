@@ -58,7 +58,7 @@ TEST(ContractNames, AreDistinctAndLaunchs) {
     EXPECT_TRUE(seen.insert(n.value).second) << n.value;
     EXPECT_EQ(std::strncmp(n.value, "LAUNCH_", 7), 0) << n.value;
   }
-  EXPECT_EQ(seen.size(), 19u);
+  EXPECT_EQ(seen.size(), 20u);
 }
 
 TEST(ContractExitNotice, TheSlotIsTheContractsLayout) {

@@ -34,6 +34,25 @@ TEST(Sdk, ASlowRankIsReportedAsAStragglerOnceWithItsRatio) {
   EXPECT_THAT(r.err, ::testing::ContainsRegex("\n0 +[^ ]+ +60 +[0-9.]+ ms +- +0\n"));
 }
 
+// An unmodified Python DDP script (no launch_progress) whose rank 1 loads each batch 20 ms later:
+// launch counts both ranks' optimizer steps and takes their time in backward as the wait, so rank
+// 1 is named a straggler and rank 0 is not.
+TEST(Sdk, AnUnmodifiedPythonScriptsSlowRankIsAStraggler) {
+  LAUNCH_NEED_PYTHON_TORCH();
+  TempDir dir;
+  auto r = RunCmd({LAUNCH_BIN, "--nproc-per-node=2", "--monitor-interval", "1", "--log-dir", dir / "logs", "--rdzv-id",
+                   "pyslow", std::string(TESTS_DIR) + "/python/ddp_steps.py", "--steps", "300", "--slow-rank", "1",
+                   "--slow-ms", "20"},
+                  PythonTorchEnv(), std::chrono::seconds(180));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, ::testing::ContainsRegex("rank 1 \\(on [^)]+\\) is a straggler: its own work per step takes "
+                                              "[0-9.]+x the job's median"));
+  EXPECT_THAT(r.err, ::testing::Not(HasSubstr("rank 0 (on")));
+  // The end-of-run table counts every optimizer step of both ranks.
+  EXPECT_THAT(r.err, ::testing::ContainsRegex("\n1 +[^ ]+ +300 +[0-9.]+ ms +[1-9][0-9]*x +0\n"));
+  EXPECT_THAT(r.err, ::testing::ContainsRegex("\n0 +[^ ]+ +300 +[0-9.]+ ms +- +0\n"));
+}
+
 TEST(Sdk, ANormalRunReportsNoStragglerAndWritesItsSamples) {
   TempDir dir;
   auto r = RunCmd({LAUNCH_BIN, "--nproc-per-node=2", "--monitor-interval", "1", "--log-dir", dir / "logs", "--rdzv-id",

@@ -40,11 +40,12 @@ TEST(HangOptions, TimeoutsAndCheckPeriods) {
 }
 
 TEST(FindHung, TheRunningWorkerSilentPastItsTimeoutAndLongestFirst) {
-  const auto seen = [](bool running, std::optional<int> last_ms, double median = 0) {
+  const auto seen = [](bool running, std::optional<int> last_ms, double median = 0, bool counted = false) {
     ProgressSeen p;
     p.running = running;
     if (last_ms) p.last_progress = At(milliseconds(*last_ms));
     p.median_step_seconds = median;
+    p.counted = counted;
     return p;
   };
   HangOptions fixed;
@@ -68,6 +69,10 @@ TEST(FindHung, TheRunningWorkerSilentPastItsTimeoutAndLongestFirst) {
       {"past the floor", derived, {seen(true, 0, 0.5)}, 300001, 0},
       {"slow steps get 10 x their median", derived, {seen(true, 0, 60.0)}, 500000, -1},
       {"and no more", derived, {seen(true, 0, 60.0)}, 600001, 0},
+      // Steps launch counted (optimizer steps) arm only an explicit timeout.
+      {"counted steps: the explicit timeout", fixed, {seen(true, 950, 0, true), seen(true, 899, 0, true)}, 1000, 1},
+      {"counted steps never arm the automatic one", derived, {seen(true, 0, 0.5, true)}, 10000000, -1},
+      {"a named worker beside a counted one", derived, {seen(true, 0, 0.5, true), seen(true, 1, 0.5)}, 10000000, 1},
   };
   for (const Row& r : rows) {
     const std::optional<HungWorker> got = FindHung(r.opts, r.workers, At(milliseconds(r.now_ms)));
@@ -84,6 +89,9 @@ TEST(BlameFromStacks, TheRankOutsideTheCollectiveThatTheSilentOneWaitsIn) {
                                           "train (train_mlp.cc:80)"};
   const std::vector<std::string> computes = {"nanosleep (libc.so.6)", "HangForever (train_mlp.cc:42)"};
   const std::vector<std::string> none;
+  const std::vector<std::string> py_backward = {"backward (__init__.py:197)", "timed_backward (launch_progress.py:170)",
+                                                "backward (_tensor.py:487)", "main (train.py:40)"};
+  const std::vector<std::string> py_sleeps = {"stop_here (train.py:12)", "main (train.py:30)"};
   struct Row {
     const char* what;
     int hung;
@@ -97,6 +105,7 @@ TEST(BlameFromStacks, TheRankOutsideTheCollectiveThatTheSilentOneWaitsIn) {
       {"a worker whose stacks were not captured is not blamed", 0, {waits, none}, 0},
       {"no hung worker", -1, {waits, computes}, -1},
       {"an index past the stacks", 3, {waits}, 3},
+      {"a Python DDP rank in its backward waits", 0, {py_backward, py_sleeps}, 1},
   };
   for (const Row& r : rows) EXPECT_EQ(BlameFromStacks(r.hung, r.frames), r.want) << r.what;
 }

@@ -41,6 +41,44 @@ TEST(Launch, AHungPythonRankIsNamedWithItsPythonStack) {
   EXPECT_THAT(stacks, HasSubstr("in stop_here")) << stacks;
 }
 
+// An unmodified DDP script (no launch_progress): launch counts its optimizer steps, so an explicit
+// --hang-timeout finds rank 1 stopped before a step, names it (not rank 0, which waits for it in
+// its backward's all-reduce) with its Python stack, and says it was hung.
+TEST(Launch, AnUnmodifiedDdpScriptsHungRankIsNamedWithItsStack) {
+  LAUNCH_NEED_PYTHON_TORCH();
+  TempDir dir;
+  auto r = RunCmd({kLaunch, "--nproc-per-node=2", "--hang-timeout", "3", "--log-dir", dir / "logs", "--rdzv-id",
+                   "plainhang", std::string(TESTS_DIR) + "/python/ddp_steps.py", "--steps", "100000", "--stop-rank",
+                   "1", "--stop-step", "6"},
+                  PythonTorchEnv(), std::chrono::seconds(120));
+  EXPECT_NE(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, ::testing::ContainsRegex("reported no step for [0-9.]+ s \\(last step [1-9][0-9]*, hang timeout "
+                                              "3.0 s\\): hung"));
+  EXPECT_THAT(r.err, ::testing::ContainsRegex("\n  1 +1 +[0-9]+ +hung .*<- root cause\n"));
+  EXPECT_THAT(r.err, HasSubstr("[1] stack: stop_here (ddp_steps.py:"));
+  EXPECT_THAT(r.err, Not(HasSubstr("no rank has reported a step")));
+  const std::string stacks = ReadFile(dir / "logs/plainhang/attempt_0/1/py_stacks.txt");
+  EXPECT_THAT(stacks, HasSubstr("in stop_here")) << stacks;
+}
+
+// Without --hang-timeout a script's counted steps never arm the automatic one (a script that
+// pauses its optimizer to evaluate is not hung), and the worker is given no stack-dump handler:
+// SIGUSR1 keeps its default action, as under torchrun.
+TEST(Launch, CountedStepsAloneChangeNoSignalOfTheScript) {
+  LAUNCH_NEED_PYTHON_TORCH();
+  TempDir dir;
+  WriteFile(dir / "usr1.py",
+            "import signal, sys, torch\n"
+            "import os\n"
+            "print('counted stacks', os.environ.get('LAUNCH_COUNTED_STACKS', 'unset'), flush=True)\n"
+            "os.kill(os.getpid(), signal.SIGUSR1)\n"
+            "print('survived SIGUSR1', flush=True)\n");
+  auto r = RunCmd({kLaunch, "--nproc-per-node=1", dir / "usr1.py"}, PythonTorchEnv(), std::chrono::seconds(120));
+  EXPECT_EQ(r.exit_code, 128 + 10) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("counted stacks unset"));
+  EXPECT_THAT(r.out, Not(HasSubstr("survived")));
+}
+
 // Outside launch the module is a no-op, so a script that uses it runs anywhere.
 TEST(Launch, TheProgressModuleIsANoOpOutsideLaunch) {
   auto r = RunCmd({"/usr/bin/python3", "-c",

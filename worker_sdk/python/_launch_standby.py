@@ -39,6 +39,7 @@ _STANDBY_FD_ENV = "LAUNCH_STANDBY_FD"
 _STANDBY_FORK_ENV = "LAUNCH_STANDBY_FORK"
 _STANDBY_IMPORTS_ENV = "LAUNCH_STANDBY_IMPORTS"
 _EXIT_NOTICE_ENV = "LAUNCH_EXIT_NOTICE"
+_PROGRESS_FD_ENV = "LAUNCH_PROGRESS_FD"
 _PROGRESS_FD = 3  # where a cold worker finds its progress socket too
 _GO_MAGIC = b"LGOV"
 _GO_MAGIC_V1 = b"LGO1"  # contract version 1's go, which carried no version
@@ -329,6 +330,20 @@ def _follow_thread_settings():
     environ_type.__setitem__ = __setitem__
 
 
+def _count_steps():
+    """Optimizer steps as progress (launch_progress._count_optimizer_steps), where the standby
+    imported torch and the worker has launch's progress socket."""
+    torch = sys.modules.get("torch")
+    if torch is None or not os.environ.get(_PROGRESS_FD_ENV):
+        return
+    try:
+        import launch_progress
+
+        launch_progress._count_optimizer_steps(torch)
+    except Exception:
+        pass  # steps the script reports itself still count
+
+
 def _hold_exit_notice():
     """Holds this rank's exit notice for launch (LAUNCH_EXIT_NOTICE), as worker_sdk's Context::Init
     does: a robust, process-shared mutex in launch's file that the kernel hands over when this
@@ -469,6 +484,7 @@ def main():
     del env, sock, args, flags, fds, replay
     _hold_exit_notice()
     _follow_thread_settings()
+    _count_steps()
 
     try:
         if module:

@@ -13,6 +13,11 @@ every call is a no-op, so a script keeps working anywhere. The reports feed the 
 is stopped the agent asks for its stacks, which faulthandler writes for every Python thread to
 LAUNCH_STACK_FILE (SIGUSR1 is used for that only when the program has not taken it itself).
 
+Without this module a script's steps are still seen: a worker started from a standby (launch's
+warm start, on by default) counts its optimizer's steps (see _count_optimizer_steps), and the agent
+uses them for live step rates, stragglers and an explicit --hang-timeout. The first step the script
+reports itself ends that counting.
+
 No dependencies beyond the standard library; the wire format is worker_sdk's
 launch_sdk/progress.h (host byte order: the agent is on the same machine).
 """
@@ -22,6 +27,7 @@ import os
 import signal
 import struct
 import time
+import weakref
 
 __all__ = ["Reporter", "step"]
 
@@ -31,7 +37,11 @@ _STACK_FILE_ENV = "LAUNCH_STACK_FILE"
 _PROGRESS = struct.Struct("=Iiqddd")  # magic, rank, step, loss, step_seconds, wait_seconds
 _STACKS = struct.Struct("=Iiii")  # magic, rank, signal, reserved
 _PROGRESS_MAGIC = 0x4C50524F  # "LPRO"
+_COUNTED_MAGIC = 0x4C505243  # "LPRC": a step counted by launch, not named by the script
 _STACKS_MAGIC = 0x4C53544B  # "LSTK"
+_COUNT_STACKS_ENV = "LAUNCH_COUNTED_STACKS"  # "1": counted steps offer stacks too (--hang-timeout given)
+
+_named = False  # the script reported a step itself: counted steps are no longer sent
 
 
 def _env_int(name, default):
@@ -64,6 +74,8 @@ class Reporter:
         all-reduces), where the script measures it. launch compares the rest (each rank's own
         work) across ranks to find stragglers: under DDP every rank's whole step takes as long as
         the slowest one's."""
+        global _named
+        _named = True
         if self._fd < 0:
             return
         now = time.monotonic()
@@ -91,6 +103,93 @@ class Reporter:
         except (OSError, RuntimeError, ValueError):
             return
         self._send(_STACKS.pack(_STACKS_MAGIC, self._rank, int(signal.SIGUSR1), 0))
+
+
+class _OptimizerSteps:
+    """Counts the steps of the script's first optimizer to step (while it lives) and reports each
+    as a counted step. Of a step's time, the time spent in autograd's backward counts as waiting:
+    DDP's gradient all-reduces end inside it, so a rank slower in its forward, data loading or
+    optimizer shows as a straggler (one slower only in its backward does not)."""
+
+    def __init__(self, fd, rank):
+        self._fd = fd
+        self._rank = rank
+        self._count = 0
+        self._last = None
+        self._lead = None
+        self._backward = 0.0
+
+    def stepped(self, optimizer):
+        if _named or self._fd < 0:
+            return
+        lead = self._lead() if self._lead is not None else None
+        if lead is None:
+            try:
+                self._lead = weakref.ref(optimizer)
+            except TypeError:
+                return
+        elif lead is not optimizer:
+            return
+        now = time.monotonic()
+        step_seconds = 0.0 if self._last is None else now - self._last
+        wait = min(self._backward, step_seconds)
+        self._last, self._backward = now, 0.0
+        self._count += 1
+        try:
+            os.write(self._fd, _PROGRESS.pack(_COUNTED_MAGIC, self._rank, self._count, 0.0, step_seconds, wait))
+        except BlockingIOError:
+            pass
+        except OSError:
+            self._fd = -1
+
+    def in_backward(self, seconds):
+        self._backward += seconds
+
+
+def _count_optimizer_steps(torch):
+    """Reports every optimizer step of this process as a counted step (the worker's environment is
+    in place; `torch` is imported). torch 2's global optimizer-step hook where it has one, else
+    torch 1.13's profiler entry point that every optimizer's step calls when done. Returns whether
+    steps are counted. Outside launch: nothing."""
+    fd = _env_int(_PROGRESS_FD_ENV, -1)
+    optim = getattr(torch, "optim", None)
+    autograd = getattr(torch, "autograd", None)
+    if fd < 0 or optim is None or autograd is None or not callable(getattr(autograd, "backward", None)):
+        return False
+    counter = _OptimizerSteps(fd, _env_int("RANK", 0))
+    register = getattr(getattr(optim, "optimizer", None), "register_optimizer_step_post_hook", None)
+    if register is not None:
+        register(lambda optimizer, args, kwargs: counter.stepped(optimizer))
+    else:
+        base = getattr(optim, "Optimizer", None)
+        step_code = getattr(base, "_optimizer_step_code", None)
+        if step_code is None:
+            return False
+
+        def _optimizer_step_code(self):
+            step_code(self)
+            counter.stepped(self)
+
+        base._optimizer_step_code = _optimizer_step_code
+    backward = autograd.backward
+
+    def timed_backward(*args, **kwargs):
+        start = time.monotonic()
+        try:
+            return backward(*args, **kwargs)
+        finally:
+            counter.in_backward(time.monotonic() - start)
+
+    for name in ("__module__", "__name__", "__qualname__", "__doc__", "__wrapped__"):
+        try:
+            setattr(timed_backward, name, getattr(backward, name) if name != "__wrapped__" else backward)
+        except AttributeError:
+            pass
+    autograd.backward = timed_backward
+    if os.environ.get(_COUNT_STACKS_ENV) == "1":
+        global _default
+        _default = Reporter()  # offers the stacks the agent asks a hung worker for
+    return True
 
 
 _default = None

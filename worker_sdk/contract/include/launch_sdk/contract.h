@@ -26,6 +26,9 @@ inline constexpr char kRoundEnv[] = "LAUNCH_ROUND";             // the rendezvou
 inline constexpr char kLogDirEnv[] = "LAUNCH_LOG_DIR";          // the rank's log directory
 // Where a hung Python rank's stacks go.
 inline constexpr char kStackFileEnv[] = "LAUNCH_STACK_FILE";
+// "1" where --hang-timeout was given: a Python worker whose optimizer steps launch counts offers
+// its stacks (faulthandler on SIGUSR1) as one using launch_progress does.
+inline constexpr char kCountedStacksEnv[] = "LAUNCH_COUNTED_STACKS";
 inline constexpr char kGpuBindingEnv[] = "LAUNCH_GPU_BINDING";  // "shared" or "isolate"
 // Scaled training (train.base_lr and its batch in the config).
 inline constexpr char kLrEnv[] = "LAUNCH_LR";
@@ -61,6 +64,7 @@ inline constexpr ContractName kContractEnvNames[] = {
     {"kRoundEnv", kRoundEnv},
     {"kLogDirEnv", kLogDirEnv},
     {"kStackFileEnv", kStackFileEnv},
+    {"kCountedStacksEnv", kCountedStacksEnv},
     {"kGpuBindingEnv", kGpuBindingEnv},
     {"kLrEnv", kLrEnv},
     {"kLrScaleEnv", kLrScaleEnv},

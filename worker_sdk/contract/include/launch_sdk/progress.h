@@ -21,6 +21,10 @@ struct ProgressRecord {
   double wait_seconds = 0;
 };
 constexpr size_t kProgressRecordV1Bytes = 32;
+// A ProgressRecord with this magic is a step launch counted (a Python worker's optimizer steps),
+// not one the program named: it feeds step rates, stragglers and an explicit --hang-timeout, but
+// never arms the automatic one.
+constexpr uint32_t kCountedProgressMagic = 0x4c505243u;  // "LPRC"
 
 // Sent once by a worker that writes its own stacks to LAUNCH_STACK_FILE when it gets `signal`
 // (the Python module does, through faulthandler): when the worker hangs, the agent sends it that
