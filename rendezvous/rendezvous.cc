@@ -594,6 +594,9 @@ v1::HeartbeatResponse Rendezvous::Heartbeat(const v1::HeartbeatRequest& req) {
 
 void Rendezvous::ForgivePause(Clock::TimePoint::duration d) {
   for (Member& m : members_) m.last_seen += d;
+  // An ended run is kept close_timeout for its nodes' last reports: a node stopped with the
+  // coordinator (Ctrl-Z of the launch that hosts it) reports once both run again.
+  if (ended()) ended_at_ += d;
 }
 
 bool Rendezvous::RenewLease(const std::string& node_id, long round, uint64_t seq) {

@@ -84,7 +84,8 @@ class Rendezvous {
   // than any before (a replay renews nothing).
   bool RenewLease(const std::string& node_id, long round, uint64_t seq);
   // The coordinator itself did not run for `d` (stopped, a paused VM): that time does not count
-  // against anyone's lease, so every member's lease is extended by it.
+  // against anyone's lease, so every member's lease is extended by it, nor against an ended
+  // run's close_timeout.
   void ForgivePause(Clock::TimePoint::duration d);
   v1::StatusResponse Status() const;
 

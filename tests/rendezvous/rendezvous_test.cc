@@ -228,6 +228,28 @@ TEST(Rendezvous, TimeTheCoordinatorDidNotRunDoesNotCountAgainstLeases) {
   EXPECT_NE(r.reason().find("lost node b"), std::string::npos) << r.reason();
 }
 
+// An ended run is kept close_timeout for the last reports; a coordinator stopped with its node
+// (Ctrl-Z of the launch that hosts it) does not count the stop against it.
+TEST(Rendezvous, TimeTheCoordinatorDidNotRunDoesNotCloseAnEndedRun) {
+  FakeClock clock;
+  RendezvousConfig cfg;
+  cfg.min_nodes = cfg.max_nodes = 1;
+  Rendezvous r("job", cfg, &clock);
+  ASSERT_TRUE(r.Join(JoinOf("a", 1, 1)).ok());
+  r.ReportExit(Report("a", 1, false));
+  ASSERT_TRUE(r.ended());
+  const Clock::TimePoint ended = r.ended_at();
+  clock.Advance(std::chrono::seconds(40));
+  r.ForgivePause(std::chrono::seconds(40));
+  EXPECT_EQ(r.ended_at(), ended + std::chrono::seconds(40));
+  // A running run has no end to move.
+  Rendezvous running("job2", cfg, &clock);
+  ASSERT_TRUE(running.Join(JoinOf("a", 1, 1)).ok());
+  const Clock::TimePoint before = running.ended_at();
+  running.ForgivePause(std::chrono::seconds(5));
+  EXPECT_EQ(running.ended_at(), before);
+}
+
 // Found by fuzz_rendezvous (kept in its corpus as rendezvous/regression-member-beyond-max): with
 // --nnodes 1, a leaves, the spare b takes its place, and a joins again before the round formed. a
 // was let in as a member of the last round and the round formed with 2 nodes. Now a waits as a
