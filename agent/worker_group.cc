@@ -2,9 +2,11 @@
 
 #include <fcntl.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -213,14 +215,73 @@ std::vector<std::string> WorkerFrames(const WorkerLaunch& l) {
   return {};
 }
 
-// A terminal on launch's stdin, relayed to the worker that reads stdin through a pipe: launch is
-// in the terminal's foreground group, the workers are not (each leads its own group). The terminal
-// is read while the worker's pipe is open and not backed up; the pipe is watched while it holds
-// back what the worker has not read.
+// A terminal on launch's stdin, relayed to the worker that reads stdin: launch is in the
+// terminal's foreground group, the workers are not (each leads its own group). The terminal is
+// read while the worker's end is open and not backed up; that end is watched while it holds back
+// what the worker has not read.
+//
+// When launch's stdout is that terminal too, the worker gets a pseudo-terminal of its own (its
+// stdin, stdout and stderr, and its controlling terminal), as it has the terminal itself under
+// torchrun: isatty() is true, the size is the terminal's (followed when it changes), and pdb,
+// readline and progress bars behave. launch's terminal then passes keys on as typed (no echo, no
+// line editing: the worker's terminal does those, or readline does) while Ctrl-C and Ctrl-Z still
+// signal launch, and gets its settings back when the worker is gone.
 class StdinRelay {
  public:
   StdinRelay(EventLoop* loop, ConsoleStream* out, ConsoleStream* err) : loop_(loop), out_(out), err_(err) {}
-  ~StdinRelay() { Close(); }
+  ~StdinRelay() {
+    Close();
+    RestoreTerminal();
+  }
+
+  // A pseudo-terminal for the worker that reads stdin, sized and set as launch's terminal (its
+  // output without CR-LF translation: launch's terminal does that), when launch's stdin and
+  // stdout are that terminal and launch is in its foreground; {} otherwise.
+  struct Pty {
+    UniqueFd master, slave;
+  };
+  std::optional<Pty> OpenPty(int stdout_fd) {
+    if (!tty_.valid() || !::isatty(stdout_fd) || ::tcgetpgrp(tty_.get()) != ::getpgrp()) return std::nullopt;
+    termios mode{};
+    winsize size{};
+    if (::tcgetattr(tty_.get(), &mode) != 0) return std::nullopt;
+    if (::ioctl(stdout_fd, TIOCGWINSZ, &size) != 0) size = winsize{};
+    Pty pty;
+    pty.master.Reset(::posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC));
+    char name[128];
+    if (!pty.master.valid() || ::grantpt(pty.master.get()) != 0 || ::unlockpt(pty.master.get()) != 0 ||
+        ::ptsname_r(pty.master.get(), name, sizeof name) != 0) {
+      spdlog::debug("no pseudo-terminal for the worker that reads stdin: {}", std::strerror(errno));
+      return std::nullopt;
+    }
+    pty.slave.Reset(::open(name, O_RDWR | O_NOCTTY | O_CLOEXEC));
+    if (!pty.slave.valid()) return std::nullopt;
+    mode.c_oflag &= ~static_cast<tcflag_t>(ONLCR);
+    ::tcsetattr(pty.slave.get(), TCSANOW, &mode);
+    if (size.ws_row > 0 && size.ws_col > 0) ::ioctl(pty.master.get(), TIOCSWINSZ, &size);
+    size_ = size;
+    size_from_ = stdout_fd;
+    return pty;
+  }
+  // The worker's pseudo-terminal (its master side): keys go there as typed, and its size follows
+  // launch's terminal.
+  void SetWorkerTerminal(UniqueFd master) {
+    if (!saved_) {
+      termios mode{};
+      if (::tcgetattr(tty_.get(), &mode) == 0) {
+        saved_ = mode;
+        mode.c_lflag &= ~static_cast<tcflag_t>(ICANON | ECHO | ECHOE | ECHOK | ECHONL | IEXTEN);
+        mode.c_iflag &= ~static_cast<tcflag_t>(ICRNL | INLCR | IGNCR | IXON);
+        mode.c_cc[VMIN] = 1;
+        mode.c_cc[VTIME] = 0;
+        ::tcsetattr(tty_.get(), TCSADRAIN, &mode);
+      }
+    }
+    pty_master_ = master.get();
+    SetWorker(std::move(master));
+    if (!resize_timer_) resize_timer_ = loop_->MakeTimer([this] { FollowSize(); });
+    resize_timer_->Arm(kResizePoll);
+  }
 
   // Opens the terminal on `stdin_fd` with a description of its own (non-blocking without touching
   // the shell's), when it is one.
@@ -261,9 +322,12 @@ class StdinRelay {
     ssize_t got = ::read(tty_.get(), in, sizeof in);
     if (got > 0) {
       pending_.append(in, static_cast<size_t>(got));
-      // The terminal echoed the line: the prompt's line is over on the screen.
-      out_->LineEndedElsewhere();
-      err_->LineEndedElsewhere();
+      // The terminal echoed the line: the prompt's line is over on the screen. (The worker's own
+      // terminal echoes in its output instead.)
+      if (pty_master_ < 0) {
+        out_->LineEndedElsewhere();
+        err_->LineEndedElsewhere();
+      }
     } else if (got == 0 || (errno != EAGAIN && errno != EINTR)) {
       // EOF (Ctrl-D) reaches the worker as EOF; EIO: launch was put in the background.
       done_ = true;
@@ -287,22 +351,45 @@ class StdinRelay {
       if (writing_) loop_->Unwatch(to_worker_.get());
       writing_ = false;
       to_worker_.Reset();  // the worker reads EOF
+      RestoreTerminal();   // its terminal is gone: launch's echoes and edits lines again
     }
   }
   void Close() {
     if (reading_) loop_->Unwatch(tty_.get());
     if (writing_) loop_->Unwatch(to_worker_.get());
+    reading_ = writing_ = false;
   }
+  void RestoreTerminal() {
+    if (saved_) ::tcsetattr(tty_.get(), TCSADRAIN, &*saved_);
+    saved_.reset();
+  }
+  // launch's terminal changed size: so does the worker's (whose foreground group gets SIGWINCH).
+  void FollowSize() {
+    if (!to_worker_.valid() || to_worker_.get() != pty_master_) return;
+    winsize now{};
+    if (::ioctl(size_from_, TIOCGWINSZ, &now) == 0 && now.ws_row > 0 && now.ws_col > 0 &&
+        (now.ws_row != size_.ws_row || now.ws_col != size_.ws_col)) {
+      ::ioctl(pty_master_, TIOCSWINSZ, &now);
+      size_ = now;
+    }
+    resize_timer_->Arm(kResizePoll);
+  }
+  static constexpr std::chrono::milliseconds kResizePoll{200};
 
   EventLoop* loop_;
   ConsoleStream* out_;
   ConsoleStream* err_;
   UniqueFd tty_;
-  UniqueFd to_worker_;    // the pipe's write end, non-blocking
-  std::string pending_;   // read from the terminal, not yet taken by the worker
-  bool reading_ = false;  // the terminal is watched
-  bool writing_ = false;  // the pipe is watched (the worker has not taken everything)
-  bool done_ = false;     // EOF, or the worker closed its end
+  UniqueFd to_worker_;            // the pipe's write end, non-blocking
+  std::string pending_;           // read from the terminal, not yet taken by the worker
+  bool reading_ = false;          // the terminal is watched
+  bool writing_ = false;          // the pipe is watched (the worker has not taken everything)
+  bool done_ = false;             // EOF, or the worker closed its end
+  std::optional<termios> saved_;  // launch's terminal as it was, while keys pass as typed
+  int pty_master_ = -1;           // to_worker_ when it is the worker's pseudo-terminal
+  int size_from_ = -1;            // launch's terminal, whose size the worker's follows
+  winsize size_{};
+  std::unique_ptr<EventLoop::Timer> resize_timer_;
 };
 
 // Removes the group's workers from the exit notices however Run ends.
@@ -344,6 +431,8 @@ class GroupRun {
     Pipe in, out, err;
     int stdin_fd = -1;
     bool sent = false;  // its standby has its go
+    // The worker's pseudo-terminal (StdinRelay): its stdin, stdout and stderr; started cold.
+    UniqueFd pty_master, pty_slave;
   };
   absl::Status PrepareSlot(size_t i, Pending* p);
   absl::Status SendWarm(std::vector<Pending>* pending);
@@ -485,7 +574,13 @@ absl::Status GroupRun::PrepareSlot(size_t i, Pending* p) {
                                                                opts_.stderr_tail_lines, &opts_.stderr_filters,
                                                                filtered_err_.get()});
   p->stdin_fd = dev_null_.get();
-  if (l.reads_stdin && stdin_relay_->active()) {
+  std::optional<StdinRelay::Pty> pty;
+  if (l.reads_stdin && s.merged) pty = stdin_relay_->OpenPty(STDOUT_FILENO);
+  if (pty) {
+    p->pty_master = std::move(pty->master);
+    p->pty_slave = std::move(pty->slave);
+    p->stdin_fd = p->pty_slave.get();
+  } else if (l.reads_stdin && stdin_relay_->active()) {
     if (!MakePipe(&p->in)) return ErrnoStatus("pipe");
     p->stdin_fd = p->in.read.get();
   } else if (l.reads_stdin) {
@@ -501,6 +596,7 @@ absl::Status GroupRun::PrepareSlot(size_t i, Pending* p) {
 absl::Status GroupRun::SendWarm(std::vector<Pending>* pending) {
   for (size_t i = 0; i < launches_.size(); ++i) {
     Pending& p = (*pending)[i];
+    if (p.pty_slave.valid()) continue;  // a standby's worker cannot take a controlling terminal
     if (!MakePipe(&p.out) || (!slots_[i].merged && !MakePipe(&p.err))) {
       const absl::Status st = ErrnoStatus("pipe");
       TakeSent(pending);
@@ -538,7 +634,13 @@ void GroupRun::TakeSent(std::vector<Pending>* pending) {
 
 absl::Status GroupRun::SpawnCold(size_t i, Pending* p) {
   const WorkerLaunch& l = launches_[i];
-  if (!MakePipe(&p->out) || (!slots_[i].merged && !MakePipe(&p->err))) return ErrnoStatus("pipe");
+  if (p->pty_slave.valid()) {
+    // Its terminal's master side is read as its output and written with launch's keys.
+    p->out.read.Reset(::fcntl(p->pty_master.get(), F_DUPFD_CLOEXEC, 0));
+    if (!p->out.read.valid()) return ErrnoStatus("dup");
+  } else if (!MakePipe(&p->out) || (!slots_[i].merged && !MakePipe(&p->err))) {
+    return ErrnoStatus("pipe");
+  }
   slots_[i].start = clock_->Now();
   SpawnOptions so;
   so.cpus = l.cpus;
@@ -548,6 +650,10 @@ absl::Status GroupRun::SpawnCold(size_t i, Pending* p) {
   so.env = l.env;
   so.stdout_fd = p->out.write.get();
   so.stderr_fd = slots_[i].merged ? p->out.write.get() : p->err.write.get();
+  if (p->pty_slave.valid()) {
+    so.stdout_fd = so.stderr_fd = p->pty_slave.get();
+    so.controlling_terminal = true;
+  }
   so.extra_fd = progress_write_.get();
   so.extra_fd_target = launch_sdk::kProgressFd;
   // Registered by the child itself before exec: a launch killed right after a worker started
@@ -566,13 +672,15 @@ void GroupRun::Adopt(size_t i, Pending* p) {
   s.out.fd = std::move(p->out.read);
   s.err.fd = std::move(p->err.read);
   s.result.pid = s.pid;
-  AddStoppableGroup(s.pid);  // Ctrl-Z and fg reach it through launch
+  AddStoppableGroup(s.pid, p->pty_master.valid());  // Ctrl-Z and fg reach it through launch
   if (opts_.live) opts_.live->Spawned(i, s.pid);
   if (opts_.on_spawned) opts_.on_spawned(s.result);
   if (opts_.exit_notices) opts_.exit_notices->Watch(launches_[i].local_rank, s.pid);
   ++state_.running;
   if (p->in.write.valid()) stdin_relay_->SetWorker(std::move(p->in.write));
   p->in.read.Reset();
+  if (p->pty_master.valid()) stdin_relay_->SetWorkerTerminal(std::move(p->pty_master));
+  p->pty_slave.Reset();
   WatchOutput(&s.out);
   if (s.err.fd.valid()) WatchOutput(&s.err);
 }

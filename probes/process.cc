@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <linux/mempolicy.h>
 #include <sched.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/stat.h>
@@ -209,7 +210,11 @@ void ArrangeDescriptors(const SpawnOptions& opts, int status_fd) {
 
 [[noreturn]] void RunChild(const SpawnOptions& opts, const ChildPlan& plan) {
   const int status_fd = plan.status_fd;
-  if (opts.new_process_group) ::setpgid(0, 0);
+  if (opts.controlling_terminal) {
+    if (::setsid() < 0) FailChild(status_fd);
+  } else if (opts.new_process_group) {
+    ::setpgid(0, 0);
+  }
   if (opts.guard_fd >= 0 && opts.new_process_group) RegisterWithGuard(opts.guard_fd, status_fd);
   if (opts.parent_death_signal != 0) {
     ::prctl(PR_SET_PDEATHSIG, opts.parent_death_signal);
@@ -217,6 +222,7 @@ void ArrangeDescriptors(const SpawnOptions& opts, int status_fd) {
   }
   ResetSignalDispositions();
   ArrangeDescriptors(opts, status_fd);
+  if (opts.controlling_terminal && ::ioctl(STDIN_FILENO, TIOCSCTTY, 0) != 0) FailChild(status_fd);
   if (plan.cwd && ::chdir(plan.cwd) != 0) FailChild(status_fd);
   if (plan.cpuset && ::sched_setaffinity(0, plan.cpuset_size, plan.cpuset.get()) != 0) FailChild(status_fd);
   if (!plan.nodemask.empty() &&

@@ -24,6 +24,9 @@ struct SpawnOptions {
   int extra_fd = -1;  // given to the child as fd `extra_fd_target` (e.g. progress socket)
   int extra_fd_target = 3;
   bool new_process_group = true;
+  // stdin_fd is a terminal that becomes the child's controlling terminal: the child leads a new
+  // session (and so its own process group) instead of only a new process group.
+  bool controlling_terminal = false;
   int parent_death_signal = SIGKILL;  // 0: none
   // The orphan guard's pipe (OrphanGuard::fd()): the child registers its new process group there
   // before it execs, so the group is known to the guard before any of the worker's code runs.

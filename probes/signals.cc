@@ -88,13 +88,17 @@ void BlockLauncherSignals() {
 namespace {
 
 constexpr int kMaxStoppableGroups = 8192;
+// A group id, with kOwnSession set for a group that leads its own session (pids are below 2^22).
+constexpr pid_t kOwnSession = pid_t{1} << 30;
 std::atomic<pid_t> g_stoppable[kMaxStoppableGroups];
 std::atomic<uint64_t> g_continued{0};
 
 void ForwardToGroups(int sig) {
   for (auto& g : g_stoppable) {
-    const pid_t pgid = g.load(std::memory_order_relaxed);
-    if (pgid > 0) ::kill(-pgid, sig);
+    const pid_t entry = g.load(std::memory_order_relaxed);
+    if (entry <= 0) continue;
+    const bool own_session = (entry & kOwnSession) != 0;
+    ::kill(-(entry & ~kOwnSession), own_session && sig == SIGTSTP ? SIGSTOP : sig);
   }
 }
 
@@ -135,18 +139,21 @@ void InstallJobControl() {
   ::sigaction(SIGCONT, &cont, nullptr);
 }
 
-void AddStoppableGroup(pid_t pgid) {
-  if (pgid <= 0) return;
+void AddStoppableGroup(pid_t pgid, bool own_session) {
+  if (pgid <= 0 || pgid >= kOwnSession) return;
+  const pid_t entry = own_session ? pgid | kOwnSession : pgid;
   for (auto& g : g_stoppable) {
     pid_t free = 0;
-    if (g.compare_exchange_strong(free, pgid)) return;
+    if (g.compare_exchange_strong(free, entry)) return;
   }
 }
 
 void RemoveStoppableGroup(pid_t pgid) {
-  if (pgid <= 0) return;
+  if (pgid <= 0 || pgid >= kOwnSession) return;
   for (auto& g : g_stoppable) {
     pid_t mine = pgid;
+    if (g.compare_exchange_strong(mine, 0)) return;
+    mine = pgid | kOwnSession;
     if (g.compare_exchange_strong(mine, 0)) return;
   }
 }

@@ -35,7 +35,9 @@ void BlockLauncherSignals();
 void InstallJobControl();
 // A worker's process group, from its start until it is gone (async-signal-safe lists; at most
 // kMaxWorkersPerNode * 2 at once, more are not forwarded to).
-void AddStoppableGroup(pid_t pgid);
+// `own_session`: the group leads a session of its own (a worker on its own terminal), where the
+// kernel drops a SIGTSTP (its group is orphaned): it is stopped with SIGSTOP.
+void AddStoppableGroup(pid_t pgid, bool own_session = false);
 void RemoveStoppableGroup(pid_t pgid);
 // How many times launch has been continued after a stop (SIGCONT): a clock that jumped.
 uint64_t ContinuedCount();

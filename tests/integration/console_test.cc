@@ -4,6 +4,8 @@
 #include <poll.h>
 #include <pty.h>
 #include <signal.h>
+#include <termios.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -121,6 +123,73 @@ TEST(Launch, RankZeroReadsTheTerminal) {
     ::waitpid(pid, &status, 0);
   }
   EXPECT_TRUE(exited && WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  ::close(master);
+}
+
+// Under a terminal, the rank that reads stdin is on a terminal of its own, as it is on the user's
+// under torchrun: isatty() on its stdin, stdout and stderr, the terminal's size, and a new size
+// when the terminal's changes; what is typed reaches it. The other rank is not on one.
+TEST(Launch, RankZeroGetsATerminalOfTheTerminalsSize) {
+  int master = -1;
+  winsize size{};
+  size.ws_row = 33;
+  size.ws_col = 111;
+  std::vector<std::string> argv = {kLaunch, "--nproc-per-node=2", "--no-python", "/bin/sh", "-c",
+                                   "for fd in 0 1 2; do test -t $fd && echo \"tty $fd\"; done; echo \"size $(stty size)\"; "
+                                   "[ \"$RANK\" = 0 ] || exit 0; "
+                                   "while read line; do echo \"got $line size $(stty size)\"; "
+                                   "[ \"$line\" = end ] && exit 0; done"};
+  std::vector<char*> cargv;
+  for (auto& a : argv) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+  const pid_t pid = ::forkpty(&master, nullptr, nullptr, &size);
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    execv(cargv[0], cargv.data());
+    _exit(127);
+  }
+  std::string out;
+  auto read_until = [&](const std::string& needle, const std::string& send = "") {
+    return WaitUntil(
+        [&] {
+          if (!send.empty() && ::write(master, send.data(), send.size()) < 0) return false;
+          pollfd p{master, POLLIN, 0};
+          char buf[4096];
+          while (::poll(&p, 1, 10) == 1) {
+            ssize_t n = ::read(master, buf, sizeof buf);
+            if (n <= 0) break;
+            out.append(buf, static_cast<size_t>(n));
+          }
+          return absl::StrContains(out, needle);
+        },
+        std::chrono::seconds(30));
+  };
+  EXPECT_TRUE(read_until("[0]:size 33 111")) << out;
+  EXPECT_TRUE(read_until("[1]:size")) << out;
+  for (const char* line : {"[0]:tty 0", "[0]:tty 1", "[0]:tty 2"}) EXPECT_THAT(out, HasSubstr(line));
+  EXPECT_THAT(out, Not(HasSubstr("[1]:tty")));
+  EXPECT_TRUE(read_until("[0]:got hello size 33 111", "hello\n")) << out;
+  size.ws_row = 40;
+  size.ws_col = 120;
+  ASSERT_EQ(::ioctl(master, TIOCSWINSZ, &size), 0);
+  // The worker's terminal follows: each line typed is answered with its size until it is new.
+  EXPECT_TRUE(read_until("size 40 120", "again\n")) << out;
+  ASSERT_EQ(::write(master, "end\n", 4), 4);
+  int status = 0;
+  const bool exited = WaitUntil([&] { return ::waitpid(pid, &status, WNOHANG) == pid; });
+  if (!exited) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+  }
+  EXPECT_TRUE(exited && WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  // The terminal is launch's again as it was: it echoes and edits lines.
+  termios mode{};
+  ASSERT_EQ(::tcgetattr(master, &mode), 0);
+  EXPECT_NE(mode.c_lflag & ICANON, 0u);
+  EXPECT_NE(mode.c_lflag & ECHO, 0u);
   ::close(master);
 }
 
