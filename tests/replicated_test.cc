@@ -782,7 +782,11 @@ TEST(ReplicatedCoordinators, TrainingSurvivesALeaderKillWithoutARestartAndAWorke
         return NewestCheckpoint(cp.dir / "disturbed-ckpt") > at_failover;
       },
       std::chrono::seconds(60)));
-  EXPECT_EQ(TrainWorkers(agent_pids), workers) << "the failover restarted workers";
+  EXPECT_EQ(TrainWorkers(agent_pids), workers)
+      << "the failover restarted workers\n"
+      << cp.Logs() << "\nagent 0:\n"
+      << agents[0]->err() << "\nagent 1:\n"
+      << agents[1]->err();
 
   // A worker killed now: the new leader runs the restart, from the last checkpoint.
   ASSERT_EQ(::kill(workers[1], SIGKILL), 0);
