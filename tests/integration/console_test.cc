@@ -79,118 +79,106 @@ TEST(Launch, TwoHundredMegabytesWithoutANewlineKeepLaunchSmall) {
   EXPECT_EQ(r.out.size(), static_cast<size_t>(kBytes) + pieces * std::string("[0]:\n").size());
 }
 
+// `argv` run on a new pseudo-terminal (of `size`, or the default), as from a shell.
+class OnPty {
+ public:
+  OnPty(std::vector<std::string> argv, const winsize* size = nullptr) {
+    std::vector<char*> cargv;
+    for (auto& a : argv) cargv.push_back(a.data());
+    cargv.push_back(nullptr);
+    pid_ = ::forkpty(&master_, nullptr, nullptr, size);
+    if (pid_ == 0) {
+      sigset_t none;
+      sigemptyset(&none);
+      sigprocmask(SIG_SETMASK, &none, nullptr);
+      execv(cargv[0], cargv.data());
+      _exit(127);
+    }
+  }
+  ~OnPty() {
+    if (pid_ > 0 && !reaped_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    if (master_ >= 0) ::close(master_);
+  }
+  bool started() const { return pid_ > 0; }
+  int master() const { return master_; }
+  const std::string& out() const { return out_; }
+  // Reads until `needle` has shown (writing `send` before each look), at most 30 s.
+  bool ReadUntil(const std::string& needle, const std::string& send = "") {
+    return WaitUntil(
+        [&] {
+          if (!send.empty() && ::write(master_, send.data(), send.size()) < 0) return false;
+          pollfd p{master_, POLLIN, 0};
+          char buf[4096];
+          while (::poll(&p, 1, 10) == 1) {
+            ssize_t n = ::read(master_, buf, sizeof buf);
+            if (n <= 0) break;
+            out_.append(buf, static_cast<size_t>(n));
+          }
+          return absl::StrContains(out_, needle);
+        },
+        std::chrono::seconds(30));
+  }
+  // Whether it exited 0 in time (it is killed otherwise).
+  bool ExitedZero() {
+    int status = 0;
+    reaped_ = WaitUntil([&] { return ::waitpid(pid_, &status, WNOHANG) == pid_; });
+    return reaped_ && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+
+ private:
+  int master_ = -1;
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+  std::string out_;
+};
+
 // With pdb.set_trace() or input(), a worker read the terminal from its own process group and was
 // stopped by SIGTTIN: launch hung. Rank 0 now reads the terminal through launch (the prompt is
 // shown though it has no newline), the other ranks read /dev/null.
 TEST(Launch, RankZeroReadsTheTerminal) {
-  int master = -1;
-  std::vector<std::string> argv = Cmd({"--nproc-per-node=2"}, {"--read-line", "name? "});
-  std::vector<char*> cargv;
-  for (auto& a : argv) cargv.push_back(a.data());
-  cargv.push_back(nullptr);
-  const pid_t pid = ::forkpty(&master, nullptr, nullptr, nullptr);
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    execv(cargv[0], cargv.data());
-    _exit(127);
-  }
-  std::string out;
-  auto read_until = [&](const std::string& needle) {
-    return WaitUntil(
-        [&] {
-          pollfd p{master, POLLIN, 0};
-          char buf[4096];
-          while (::poll(&p, 1, 10) == 1) {
-            ssize_t n = ::read(master, buf, sizeof buf);
-            if (n <= 0) break;
-            out.append(buf, static_cast<size_t>(n));
-          }
-          return absl::StrContains(out, needle);
-        },
-        std::chrono::seconds(30));
-  };
-  EXPECT_TRUE(read_until("[0]:name? ")) << out;
-  EXPECT_TRUE(read_until("got EOF")) << out;  // rank 1, on its prompt's line or its own
-  ASSERT_EQ(::write(master, "hello\n", 6), 6);
-  EXPECT_TRUE(read_until("[0]:got hello")) << out;
-  int status = 0;
-  const bool exited = WaitUntil([&] { return ::waitpid(pid, &status, WNOHANG) == pid; });
-  if (!exited) {
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, &status, 0);
-  }
-  EXPECT_TRUE(exited && WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
-  ::close(master);
+  OnPty t(Cmd({"--nproc-per-node=2"}, {"--read-line", "name? "}));
+  ASSERT_TRUE(t.started());
+  EXPECT_TRUE(t.ReadUntil("[0]:name? ")) << t.out();
+  EXPECT_TRUE(t.ReadUntil("got EOF")) << t.out();  // rank 1, on its prompt's line or its own
+  ASSERT_EQ(::write(t.master(), "hello\n", 6), 6);
+  EXPECT_TRUE(t.ReadUntil("[0]:got hello")) << t.out();
+  EXPECT_TRUE(t.ExitedZero()) << t.out();
 }
 
 // Under a terminal, the rank that reads stdin is on a terminal of its own, as it is on the user's
 // under torchrun: isatty() on its stdin, stdout and stderr, the terminal's size, and a new size
 // when the terminal's changes; what is typed reaches it. The other rank is not on one.
 TEST(Launch, RankZeroGetsATerminalOfTheTerminalsSize) {
-  int master = -1;
   winsize size{};
   size.ws_row = 33;
   size.ws_col = 111;
-  std::vector<std::string> argv = {kLaunch, "--nproc-per-node=2", "--no-python", "/bin/sh", "-c",
-                                   "for fd in 0 1 2; do test -t $fd && echo \"tty $fd\"; done; echo \"size $(stty size)\"; "
-                                   "[ \"$RANK\" = 0 ] || exit 0; "
-                                   "while read line; do echo \"got $line size $(stty size)\"; "
-                                   "[ \"$line\" = end ] && exit 0; done"};
-  std::vector<char*> cargv;
-  for (auto& a : argv) cargv.push_back(a.data());
-  cargv.push_back(nullptr);
-  const pid_t pid = ::forkpty(&master, nullptr, nullptr, &size);
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    execv(cargv[0], cargv.data());
-    _exit(127);
-  }
-  std::string out;
-  auto read_until = [&](const std::string& needle, const std::string& send = "") {
-    return WaitUntil(
-        [&] {
-          if (!send.empty() && ::write(master, send.data(), send.size()) < 0) return false;
-          pollfd p{master, POLLIN, 0};
-          char buf[4096];
-          while (::poll(&p, 1, 10) == 1) {
-            ssize_t n = ::read(master, buf, sizeof buf);
-            if (n <= 0) break;
-            out.append(buf, static_cast<size_t>(n));
-          }
-          return absl::StrContains(out, needle);
-        },
-        std::chrono::seconds(30));
-  };
-  EXPECT_TRUE(read_until("[0]:size 33 111")) << out;
-  EXPECT_TRUE(read_until("[1]:size")) << out;
-  for (const char* line : {"[0]:tty 0", "[0]:tty 1", "[0]:tty 2"}) EXPECT_THAT(out, HasSubstr(line));
-  EXPECT_THAT(out, Not(HasSubstr("[1]:tty")));
-  EXPECT_TRUE(read_until("[0]:got hello size 33 111", "hello\n")) << out;
+  OnPty t({kLaunch, "--nproc-per-node=2", "--no-python", "/bin/sh", "-c",
+           "for fd in 0 1 2; do test -t $fd && echo \"tty $fd\"; done; echo \"size $(stty size)\"; "
+           "[ \"$RANK\" = 0 ] || exit 0; "
+           "while read line; do echo \"got $line size $(stty size)\"; "
+           "[ \"$line\" = end ] && exit 0; done"},
+          &size);
+  ASSERT_TRUE(t.started());
+  EXPECT_TRUE(t.ReadUntil("[0]:size 33 111")) << t.out();
+  EXPECT_TRUE(t.ReadUntil("[1]:size")) << t.out();
+  for (const char* line : {"[0]:tty 0", "[0]:tty 1", "[0]:tty 2"}) EXPECT_THAT(t.out(), HasSubstr(line));
+  EXPECT_THAT(t.out(), Not(HasSubstr("[1]:tty")));
+  EXPECT_TRUE(t.ReadUntil("[0]:got hello size 33 111", "hello\n")) << t.out();
   size.ws_row = 40;
   size.ws_col = 120;
-  ASSERT_EQ(::ioctl(master, TIOCSWINSZ, &size), 0);
+  ASSERT_EQ(::ioctl(t.master(), TIOCSWINSZ, &size), 0);
   // The worker's terminal follows: each line typed is answered with its size until it is new.
-  EXPECT_TRUE(read_until("size 40 120", "again\n")) << out;
-  ASSERT_EQ(::write(master, "end\n", 4), 4);
-  int status = 0;
-  const bool exited = WaitUntil([&] { return ::waitpid(pid, &status, WNOHANG) == pid; });
-  if (!exited) {
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, &status, 0);
-  }
-  EXPECT_TRUE(exited && WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  EXPECT_TRUE(t.ReadUntil("size 40 120", "again\n")) << t.out();
+  ASSERT_EQ(::write(t.master(), "end\n", 4), 4);
+  EXPECT_TRUE(t.ExitedZero()) << t.out();
   // The terminal is launch's again as it was: it echoes and edits lines.
   termios mode{};
-  ASSERT_EQ(::tcgetattr(master, &mode), 0);
+  ASSERT_EQ(::tcgetattr(t.master(), &mode), 0);
   EXPECT_NE(mode.c_lflag & ICANON, 0u);
   EXPECT_NE(mode.c_lflag & ECHO, 0u);
-  ::close(master);
 }
 
 // The state letter of /proc/PID/stat ('T': stopped), or '?' when it cannot be read.

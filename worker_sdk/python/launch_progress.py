@@ -23,6 +23,7 @@ launch_sdk/progress.h (host byte order: the agent is on the same machine).
 """
 
 import faulthandler
+import functools
 import os
 import signal
 import struct
@@ -55,12 +56,12 @@ def _env_int(name, default):
 class Reporter:
     """Sends progress to launch's agent; a no-op when not run under launch."""
 
-    def __init__(self):
+    def __init__(self, _offer_stacks=True):
         self._fd = _env_int(_PROGRESS_FD_ENV, -1)
         self._rank = _env_int("RANK", 0)
         self._last = None
         self._stack_file = None
-        if self._fd >= 0:
+        if self._fd >= 0 and _offer_stacks:
             self._offer_stacks()
 
     @property
@@ -107,20 +108,19 @@ class Reporter:
 
 class _OptimizerSteps:
     """Counts the steps of the script's first optimizer to step (while it lives) and reports each
-    as a counted step. Of a step's time, the time spent in autograd's backward counts as waiting:
-    DDP's gradient all-reduces end inside it, so a rank slower in its forward, data loading or
-    optimizer shows as a straggler (one slower only in its backward does not)."""
+    as a counted step through `reporter`. Of a step's time, the time spent in autograd's backward
+    counts as waiting: DDP's gradient all-reduces end inside it, so a rank slower in its forward,
+    data loading or optimizer shows as a straggler (one slower only in its backward does not)."""
 
-    def __init__(self, fd, rank):
-        self._fd = fd
-        self._rank = rank
+    def __init__(self, reporter):
+        self._reporter = reporter
         self._count = 0
         self._last = None
         self._lead = None
         self._backward = 0.0
 
     def stepped(self, optimizer):
-        if _named or self._fd < 0:
+        if _named or not self._reporter.enabled:
             return
         lead = self._lead() if self._lead is not None else None
         if lead is None:
@@ -135,12 +135,8 @@ class _OptimizerSteps:
         wait = min(self._backward, step_seconds)
         self._last, self._backward = now, 0.0
         self._count += 1
-        try:
-            os.write(self._fd, _PROGRESS.pack(_COUNTED_MAGIC, self._rank, self._count, 0.0, step_seconds, wait))
-        except BlockingIOError:
-            pass
-        except OSError:
-            self._fd = -1
+        r = self._reporter
+        r._send(_PROGRESS.pack(_COUNTED_MAGIC, r._rank, self._count, 0.0, step_seconds, wait))
 
     def in_backward(self, seconds):
         self._backward += seconds
@@ -149,30 +145,29 @@ class _OptimizerSteps:
 def _count_optimizer_steps(torch):
     """Reports every optimizer step of this process as a counted step (the worker's environment is
     in place; `torch` is imported). torch 2's global optimizer-step hook where it has one, else
-    torch 1.13's profiler entry point that every optimizer's step calls when done. Returns whether
-    steps are counted. Outside launch: nothing."""
-    fd = _env_int(_PROGRESS_FD_ENV, -1)
+    torch 1.13's profiler entry point that every optimizer's step calls when done. With
+    --hang-timeout (LAUNCH_COUNTED_STACKS=1) the worker also offers its stacks, as a Reporter
+    does. Returns whether steps are counted. Outside launch: nothing."""
     optim = getattr(torch, "optim", None)
     autograd = getattr(torch, "autograd", None)
-    if fd < 0 or optim is None or autograd is None or not callable(getattr(autograd, "backward", None)):
+    if _env_int(_PROGRESS_FD_ENV, -1) < 0 or optim is None or not callable(getattr(autograd, "backward", None)):
         return False
-    counter = _OptimizerSteps(fd, _env_int("RANK", 0))
     register = getattr(getattr(optim, "optimizer", None), "register_optimizer_step_post_hook", None)
+    step_code = getattr(getattr(optim, "Optimizer", None), "_optimizer_step_code", None)
+    if register is None and step_code is None:
+        return False
+    counter = _OptimizerSteps(Reporter(_offer_stacks=os.environ.get(_COUNT_STACKS_ENV) == "1"))
     if register is not None:
         register(lambda optimizer, args, kwargs: counter.stepped(optimizer))
     else:
-        base = getattr(optim, "Optimizer", None)
-        step_code = getattr(base, "_optimizer_step_code", None)
-        if step_code is None:
-            return False
-
         def _optimizer_step_code(self):
             step_code(self)
             counter.stepped(self)
 
-        base._optimizer_step_code = _optimizer_step_code
+        optim.Optimizer._optimizer_step_code = _optimizer_step_code
     backward = autograd.backward
 
+    @functools.wraps(backward)
     def timed_backward(*args, **kwargs):
         start = time.monotonic()
         try:
@@ -180,15 +175,7 @@ def _count_optimizer_steps(torch):
         finally:
             counter.in_backward(time.monotonic() - start)
 
-    for name in ("__module__", "__name__", "__qualname__", "__doc__", "__wrapped__"):
-        try:
-            setattr(timed_backward, name, getattr(backward, name) if name != "__wrapped__" else backward)
-        except AttributeError:
-            pass
     autograd.backward = timed_backward
-    if os.environ.get(_COUNT_STACKS_ENV) == "1":
-        global _default
-        _default = Reporter()  # offers the stacks the agent asks a hung worker for
     return True
 
 
